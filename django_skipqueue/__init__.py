@@ -1,0 +1,15 @@
+"""django-skipqueue: a background-job queue for Django on PostgreSQL (SKIP LOCKED).
+
+The public API. Importing this module never imports models, so `@task` can be used
+in any module, whether or not the app registry is ready.
+"""
+
+from __future__ import annotations
+
+from django_skipqueue.base import Task, TaskContext, task
+from django_skipqueue.exceptions import Retry
+from django_skipqueue.retry import RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = ["Retry", "RetryPolicy", "Task", "TaskContext", "__version__", "task"]

@@ -1,0 +1,354 @@
+"""Tasks: the @task decorator, Task (a frozen, configurable handle) and TaskContext.
+
+Importing this module never imports models: `@task` runs at import time of user
+modules, possibly before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
+from django_skipqueue.payload import normalize_arguments
+from django_skipqueue.registry import registry
+from django_skipqueue.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from django_skipqueue.models import Job
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_QUEUE_NAME = "default"
+#: Longest queue name: LISTEN/NOTIFY channels are "skipqueue_<queue>" within 63 bytes.
+QUEUE_NAME_MAX_LENGTH = 48
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+#: The claim's ORDER BY, which the claim index mirrors.
+CLAIM_ORDER = ("-priority", "run_at", "id")
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    DONE = "done", _("done")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+def validate_queue_name(name: object) -> str:
+    """`name` if it is a valid queue name, else InvalidJobError saying why."""
+    if not isinstance(name, str) or not QUEUE_NAME_PATTERN.fullmatch(name):
+        raise InvalidJobError(
+            f"queue name {name!r} is invalid: use letters, digits, '_', '-' and '.', "
+            f"starting with a letter or digit"
+        )
+    if len(name.encode()) > QUEUE_NAME_MAX_LENGTH:
+        raise InvalidJobError(
+            f"queue name {name!r} is {len(name.encode())} bytes; at most "
+            f"{QUEUE_NAME_MAX_LENGTH} are allowed"
+        )
+    return name
+
+
+def _validate_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidJobError(f"priority must be an integer, got {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJobError(
+            f"priority {priority} is out of range: use {MIN_PRIORITY} to {MAX_PRIORITY} "
+            f"(higher runs first)"
+        )
+    return priority
+
+
+def _validate_run_after(run_after: object) -> datetime | timedelta | None:
+    if run_after is None:
+        return None
+    if isinstance(run_after, timedelta):
+        if run_after < timedelta(0):
+            raise InvalidJobError(f"run_after is a negative delay ({run_after}); use >= 0")
+        return run_after
+    if isinstance(run_after, datetime):
+        if settings.USE_TZ and timezone.is_naive(run_after):
+            raise InvalidJobError(
+                f"run_after {run_after.isoformat()} is a naive datetime while USE_TZ is on; "
+                f"pass an aware datetime (django.utils.timezone.make_aware) or a timedelta"
+            )
+        return run_after
+    raise InvalidJobError(
+        f"run_after must be an aware datetime or a timedelta, got {type(run_after).__name__}"
+    )
+
+
+def _validate_max_attempts(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJobError(f"max_attempts must be a positive integer, got {value!r}")
+    return value
+
+
+def _validate_lease(value: object) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = timedelta(seconds=value) if math.isfinite(value) else None
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise InvalidJobError(f"lease must be a positive timedelta or seconds, got {value!r}")
+    return value
+
+
+def default_retry_policy() -> RetryPolicy:
+    """The project-wide policy from SKIPQUEUE's RETRY_* settings."""
+    conf = get_settings()
+    return RetryPolicy(
+        base=conf.RETRY_BASE_SECONDS, cap=conf.RETRY_CAP_SECONDS, jitter=conf.RETRY_JITTER
+    )
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task declared with `takes_context=True` receives as its first argument."""
+
+    job_id: int
+    attempt: int
+    max_attempts: int
+    task_name: str
+    queue_name: str
+    database: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every attempt of this job: hand it to external services."""
+        return f"skipqueue-job-{self.job_id}"
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def extend_lease(self, lease: timedelta | float | None = None) -> bool:
+        """Push this attempt's lease to now + `lease` (the job's own lease by default).
+
+        Fenced like an ack: False means this attempt no longer owns the job, and the
+        task should stop; its result would be refused.
+        """
+        from django_skipqueue.models import Job
+
+        return Job.objects.db_manager(self.database).renew(
+            self.job_id, self.attempt, _validate_lease(lease)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task(Generic[P, R]):
+    """A registered task. `using()` returns a configured copy; the original is unchanged.
+
+    Options left as None take the project defaults from SKIPQUEUE at enqueue time.
+    """
+
+    func: Callable[P, R]
+    name: str
+    queue_name: str = DEFAULT_QUEUE_NAME
+    priority: int = 0
+    run_after: datetime | timedelta | None = None
+    max_attempts: int | None = None
+    lease: timedelta | None = None
+    retry: RetryPolicy | None = None
+    non_retryable: tuple[type[BaseException], ...] = ()
+    takes_context: bool = False
+    database: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.queue_name)
+        _validate_priority(self.priority)
+        _validate_run_after(self.run_after)
+        _validate_max_attempts(self.max_attempts)
+        object.__setattr__(self, "lease", _validate_lease(self.lease))
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a RetryPolicy, got {self.retry!r}")
+        if isinstance(self.non_retryable, type):
+            object.__setattr__(self, "non_retryable", (self.non_retryable,))
+        for kind in self.non_retryable:
+            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+                raise ConfigurationError(f"non_retryable holds {kind!r}, not an exception class")
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here and now, as if it were not a task."""
+        return self.func(*args, **kwargs)
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here and now (django.tasks' name for it)."""
+        return self.func(*args, **kwargs)
+
+    def using(
+        self,
+        *,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | timedelta | None = None,
+        max_attempts: int | None = None,
+        lease: timedelta | float | None = None,
+        database: str | None = None,
+    ) -> Task[P, R]:
+        """A copy with these options changed; options left out (None) are kept."""
+        changes = {
+            key: value
+            for key, value in {
+                "queue_name": queue_name,
+                "priority": priority,
+                "run_after": run_after,
+                "max_attempts": max_attempts,
+                "lease": lease,
+                "database": database,
+            }.items()
+            if value is not None
+        }
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return self.retry if self.retry is not None else default_retry_policy()
+
+    def get_database(self) -> str:
+        return self.database or get_settings().DATABASE_ALIAS
+
+    def build(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """An unsaved, checked Job for this call. Raises InvalidJobError before any SQL."""
+        from django_skipqueue.models import Job
+
+        conf = get_settings()
+        plain_args, plain_kwargs = normalize_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES)
+        job = Job(
+            task=self.name,
+            args=plain_args,
+            kwargs=plain_kwargs,
+            queue_name=self.queue_name,
+            priority=self.priority,
+            max_attempts=self.max_attempts or conf.MAX_ATTEMPTS,
+            lease=self.lease or timedelta(seconds=conf.LEASE_SECONDS),
+        )
+        if self.run_after is not None:
+            from django_skipqueue.managers import _run_at
+
+            job.run_at = _run_at(self.run_after)
+        return job
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """INSERT a pending job in the caller's transaction and return it.
+
+        Nothing is written if the arguments do not survive JSON; the job exists if and
+        only if the caller's transaction commits.
+        """
+        job = self.build(*args, **kwargs)
+        job.save(force_insert=True, using=self.get_database())
+        return job
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], *, batch_size: int = 1000
+    ) -> list[Job]:
+        """Enqueue many calls, each `(args, kwargs)`, with one INSERT per `batch_size`.
+
+        Every call is checked before the first row is written.
+        """
+        from django_skipqueue.models import Job
+
+        jobs = [self.build(*args, **kwargs) for args, kwargs in calls]
+        return Job.objects.db_manager(self.get_database()).enqueue_many(jobs, batch_size=batch_size)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue_name}>"
+
+
+@overload
+def task(function: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = ...,
+    queue_name: str = ...,
+    priority: int = ...,
+    max_attempts: int | None = ...,
+    lease: timedelta | float | None = ...,
+    retry: RetryPolicy | None = ...,
+    non_retryable: tuple[type[BaseException], ...] = ...,
+    takes_context: bool = ...,
+    database: str | None = ...,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+def task(
+    function: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue_name: str = DEFAULT_QUEUE_NAME,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    lease: timedelta | float | None = None,
+    retry: RetryPolicy | None = None,
+    non_retryable: tuple[type[BaseException], ...] = (),
+    takes_context: bool = False,
+    database: str | None = None,
+) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    """Register a module-level function as a task, bare (`@task`) or with options.
+
+    The task is registered under its dotted path, or `name`. Options are defaults for
+    each enqueue and can be changed per call with `using()`.
+    """
+
+    def wrap(func: Callable[P, R]) -> Task[P, R]:
+        if not callable(func) or not hasattr(func, "__qualname__"):
+            raise ConfigurationError(f"@task takes a function, got {func!r}")
+        if "<locals>" in func.__qualname__ or "." in func.__qualname__:
+            raise ConfigurationError(
+                f"@task needs a module-level function; {func.__qualname__} is nested in "
+                f"another function or class, so a worker could not find it by name"
+            )
+        if func.__module__ == "__main__" and name is None:
+            raise ConfigurationError(
+                f"@task on {func.__qualname__} in __main__: a worker cannot import __main__; "
+                f"move it into a module"
+            )
+        new = Task(
+            func=func,
+            name=name or f"{func.__module__}.{func.__qualname__}",
+            queue_name=queue_name,
+            priority=priority,
+            max_attempts=max_attempts,
+            lease=_validate_lease(lease),
+            retry=retry,
+            non_retryable=tuple(non_retryable),
+            takes_context=takes_context,
+            database=database,
+        )
+        registry.register(new)
+        return new
+
+    if function is not None:
+        return wrap(function)
+    return wrap

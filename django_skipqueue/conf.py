@@ -1,0 +1,105 @@
+"""Settings: the sole reader of `settings.SKIPQUEUE`.
+
+Defaults live here and only here. Values are read at call time (never cached), so
+`override_settings(SKIPQUEUE=...)` just works. Bad keys and values are reported by
+the system checks in `checks.py` (skipqueue.E001/E002), not by a crash at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+
+def _positive_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+
+
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(_name(item) for item in value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkipQueueSettings:
+    """Every key of the `SKIPQUEUE` setting, with its default. Units are in the names."""
+
+    #: The database alias that holds the job table.
+    DATABASE_ALIAS: str = "default"
+    #: How long a claim owns a job before the reaper may take it back.
+    LEASE_SECONDS: float = 300.0
+    #: Attempts (claims) a job gets before it ends failed, unless its task says otherwise.
+    MAX_ATTEMPTS: int = 5
+    #: Backoff of the default retry policy: base * 2**(attempt-1), capped, +/- jitter.
+    RETRY_BASE_SECONDS: float = 1.0
+    RETRY_CAP_SECONDS: float = 3600.0
+    RETRY_JITTER: float = 0.1
+    #: Largest JSON encoding of a job's args and kwargs together, and of a return value.
+    MAX_PAYLOAD_BYTES: int = 256 * 1024
+    #: How many error entries (one per failed attempt) a job keeps; the oldest go first.
+    ERROR_HISTORY_LENGTH: int = 10
+    #: Modules imported at start-up to register tasks, besides each app's `tasks` module.
+    TASK_MODULES: tuple[str, ...] = ()
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, what is wrong) for each value of the wrong type or out of range."""
+        rules: dict[str, tuple[Callable[[Any], bool], str]] = {
+            "DATABASE_ALIAS": (_name, "a database alias (non-empty string)"),
+            "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
+            "MAX_ATTEMPTS": (_positive_int, "a positive integer"),
+            "RETRY_BASE_SECONDS": (_positive_number, "a positive number of seconds"),
+            "RETRY_CAP_SECONDS": (_positive_number, "a positive number of seconds"),
+            "RETRY_JITTER": (_fraction, "a fraction in [0, 1)"),
+            "MAX_PAYLOAD_BYTES": (_positive_int, "a positive integer (bytes)"),
+            "ERROR_HISTORY_LENGTH": (_positive_int, "a positive integer"),
+            "TASK_MODULES": (_names, "a list of dotted module paths"),
+        }
+        found = []
+        for key, (valid, expected) in rules.items():
+            value = getattr(self, key)
+            if not valid(value):
+                found.append((key, f"must be {expected}, got {value!r}"))
+        if not found and self.RETRY_CAP_SECONDS < self.RETRY_BASE_SECONDS:
+            found.append(("RETRY_CAP_SECONDS", "must be >= RETRY_BASE_SECONDS"))
+        return found
+
+
+KNOWN_KEYS = frozenset(field.name for field in dataclasses.fields(SkipQueueSettings))
+
+
+def user_settings() -> dict[str, Any]:
+    """The project's `SKIPQUEUE` dict as written (empty if unset)."""
+    value = getattr(settings, "SKIPQUEUE", {})
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def get_settings() -> SkipQueueSettings:
+    """The project's SKIPQUEUE dict laid over our defaults. Call it; never cache it.
+
+    Unknown keys are left out here and reported by the system check skipqueue.E001.
+    """
+    known = {key: value for key, value in user_settings().items() if key in KNOWN_KEYS}
+    if "TASK_MODULES" in known and isinstance(known["TASK_MODULES"], list):
+        known["TASK_MODULES"] = tuple(known["TASK_MODULES"])
+    return SkipQueueSettings(**known)

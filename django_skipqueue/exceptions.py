@@ -1,0 +1,44 @@
+"""Exceptions raised by django-skipqueue, and `Retry`, which tasks raise."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class SkipQueueError(Exception):
+    """Base class of every error django-skipqueue raises."""
+
+
+class ConfigurationError(SkipQueueError):
+    """A task or setting is declared in a way that cannot work."""
+
+
+class UnknownTaskError(SkipQueueError, LookupError):
+    """A job names a task that is not registered in this process."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"no task named {name!r} is registered in this process; register it with "
+            f"@task in an installed app's tasks module or in SKIPQUEUE['TASK_MODULES']"
+        )
+        self.name = name
+
+
+class InvalidJobError(SkipQueueError, ValueError):
+    """An enqueue was refused before anything was written: bad arguments or options."""
+
+
+class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Retry)
+    """Raise from a task to run it again after `delay`, without spending an attempt.
+
+    The attempt is given back by raising the job's `max_attempts` by one (the attempt
+    counter is the fence and never goes down). `delay` is seconds or a timedelta.
+    """
+
+    def __init__(self, delay: float | timedelta = 0, reason: str = "") -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not seconds >= 0:  # also rejects NaN
+            raise InvalidJobError(f"Retry delay must be zero or positive seconds, got {delay!r}")
+        super().__init__(reason or f"retry requested in {seconds:g}s")
+        self.delay = timedelta(seconds=seconds)
+        self.reason = reason

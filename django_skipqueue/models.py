@@ -1,0 +1,148 @@
+"""The job table and the worker registry."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.base import (
+    CLAIM_ORDER,
+    DEFAULT_QUEUE_NAME,
+    FINISHED_STATES,
+    QUEUE_NAME_MAX_LENGTH,
+    JobState,
+)
+from django_skipqueue.managers import JobManager, WorkerProcessQuerySet
+
+__all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "WorkerProcess"]
+
+
+class WorkerProcess(models.Model):
+    """One running `Worker` (a `runworker` process), as recorded in the database."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.PositiveSmallIntegerField(default=1)
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+
+    objects = WorkerProcessQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("worker process")
+        verbose_name_plural = _("worker processes")
+        ordering = ("-started_at",)
+        indexes = [models.Index(fields=["heartbeat_at"], name="skipqueue_worker_beat_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid} ({str(self.id)[:8]})"
+
+
+class Job(models.Model):
+    """A call of a registered task, from enqueue to its final state.
+
+    `attempts` counts claims and is the fence: it never goes down. A finished attempt
+    is written only where id, state, attempts and an unexpired lease all still match.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.CharField(_("task"), max_length=255, help_text=_("The registered task name."))
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, default=DEFAULT_QUEUE_NAME)
+    priority = models.SmallIntegerField(default=0, help_text=_("-100 to 100; higher runs first."))
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    run_at = models.DateTimeField(db_default=Now(), help_text=_("Not claimed before this."))
+    lease = models.DurationField(help_text=_("How long each claim owns the job."))
+    leased_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text=_("Claims so far."))
+    max_attempts = models.PositiveIntegerField()
+    expirations = models.PositiveIntegerField(
+        default=0, help_text=_("Leases that ran out and were taken back by the reaper.")
+    )
+    releases = models.PositiveIntegerField(
+        default=0, help_text=_("Attempts given back (graceful shutdown or Retry).")
+    )
+    last_error = models.TextField(blank=True, default="")
+    errors = models.JSONField(
+        default=list, blank=True, help_text=_("The latest errors, one entry per failed attempt.")
+    )
+    result = models.JSONField(null=True, blank=True, help_text=_("The return value when done."))
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Start of the last claim.")
+    )
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.ForeignKey(
+        WorkerProcess,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # worker rows are pruned; jobs keep the id as history
+    )
+
+    objects = JobManager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # The claim: WHERE state = 'pending' AND queue_name = ... AND run_at <= now()
+            # ORDER BY priority DESC, run_at, id.
+            models.Index(
+                fields=["queue_name", "-priority", "run_at", "id"],
+                name="skipqueue_job_claim_idx",
+                condition=Q(state="pending"),
+            ),
+            # The reaper: WHERE state = 'running' AND leased_until < now().
+            models.Index(
+                fields=["leased_until"],
+                name="skipqueue_job_lease_idx",
+                condition=Q(state="running"),
+            ),
+            # Pruning: WHERE state IN (finished) AND finished_at < ...
+            models.Index(
+                fields=["finished_at"],
+                name="skipqueue_job_finished_idx",
+                condition=Q(state__in=["done", "failed", "cancelled"]),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100),
+                name="skipqueue_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="skipqueue_job_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__lte=models.F("max_attempts")),
+                name="skipqueue_job_attempt_budget",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="skipqueue_job_max_attempts_min"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        # Never the arguments: they may hold secrets.
+        return f"{self.task} #{self.id} ({self.state})"
+
+    def __repr__(self) -> str:
+        return f"<Job id={self.id} task={self.task} state={self.state} attempts={self.attempts}>"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every attempt of this job: hand it to external services."""
+        return f"skipqueue-job-{self.id}"

@@ -1,0 +1,38 @@
+"""Retry policy: exponential backoff with jitter. Pure functions, no database."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """Wait `base * 2**(attempt - 1)` seconds, at most `cap`, spread by +/- `jitter`.
+
+    `jitter` is a fraction: 0.1 spreads each delay uniformly over 90 % to 110 % so that
+    jobs that failed together do not retry together.
+    """
+
+    base: float = 1.0
+    cap: float = 3600.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.base >= 0:
+            raise ValueError(f"RetryPolicy.base must be >= 0 seconds, got {self.base!r}")
+        if not self.cap >= self.base:
+            raise ValueError(f"RetryPolicy.cap must be >= base ({self.base}), got {self.cap!r}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"RetryPolicy.jitter must be in [0, 1), got {self.jitter!r}")
+
+    def nominal_delay(self, attempt: int) -> float:
+        """The delay in seconds after failed attempt `attempt` (1-based), before jitter."""
+        exponent = min(max(attempt, 1) - 1, 64)  # 2**64 already exceeds any cap
+        return min(self.cap, self.base * 2.0**exponent)
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> timedelta:
+        """The jittered delay before the attempt after `attempt`."""
+        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        return timedelta(seconds=min(self.cap, self.nominal_delay(attempt) * spread))

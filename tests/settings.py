@@ -1,0 +1,78 @@
+"""Settings for the test suite: a real PostgreSQL, from DATABASE_URL or embedded."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import django
+import environ
+
+env = environ.Env()
+
+if "DATABASE_URL" not in os.environ:
+    from django_skipqueue.embedded import embedded_database_url
+
+    # Kept between runs, so the suite starts in about a second; one database per
+    # Django version so tox environments never share a schema.
+    data_dir = Path(tempfile.gettempdir()) / f"skipqueue-test-pg-{os.getuid()}"
+    os.environ["DATABASE_URL"] = embedded_database_url(
+        data_dir, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}"
+    )
+
+database = env.db_url("DATABASE_URL")
+if "host" in database.get("OPTIONS", {}):  # a unix socket directory (embedded server)
+    database["HOST"] = database["OPTIONS"].pop("host")
+database["CONN_HEALTH_CHECKS"] = True
+DATABASES = {"default": database}
+
+SECRET_KEY = "tests-only-not-secret"  # noqa: S105
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_skipqueue",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+SKIPQUEUE = {
+    "LEASE_SECONDS": 30,
+    "RETRY_BASE_SECONDS": 0.05,
+    "RETRY_CAP_SECONDS": 1.0,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_skipqueue": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -1,0 +1,198 @@
+"""The task API: @task, Task.using/enqueue/enqueue_many/call, argument checks."""
+
+from __future__ import annotations
+
+import decimal
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+from django_skipqueue import task
+from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
+from django_skipqueue.models import Job, JobState
+from django_skipqueue.registry import registry
+from tests.testapp import tasks
+
+
+def test_bare_decorator_registers_under_the_dotted_path():
+    assert registry.get("tests.testapp.tasks.add") is tasks.add
+    assert tasks.add.name == "tests.testapp.tasks.add"
+
+
+def test_decorator_with_options_registers_under_an_explicit_name():
+    assert registry.get("tests.named") is tasks.named
+    assert (tasks.named.queue_name, tasks.named.priority) == ("other", 10)
+
+
+def test_calling_a_task_runs_the_function_in_process():
+    assert tasks.add(2, 3) == 5
+    assert tasks.add.call(2, 3) == 5
+
+
+def test_nested_functions_are_refused():
+    def outer() -> None:
+        @task
+        def inner() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="module-level function"):
+        outer()
+
+
+def test_a_second_function_under_a_registered_name_is_refused():
+    def other() -> None: ...
+
+    other.__module__, other.__qualname__ = "tests.elsewhere", "other"
+    with pytest.raises(ConfigurationError, match="two tasks are named 'tests.named'"):
+        task(name="tests.named")(other)
+
+
+def test_using_returns_a_configured_copy_and_leaves_the_task_alone():
+    urgent = tasks.add.using(priority=90, queue_name="urgent", max_attempts=2)
+    assert (urgent.priority, urgent.queue_name, urgent.max_attempts) == (90, "urgent", 2)
+    assert (tasks.add.priority, tasks.add.queue_name, tasks.add.max_attempts) == (
+        0,
+        "default",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"priority": 101}, "priority 101 is out of range"),
+        ({"priority": -101}, "priority -101 is out of range"),
+        ({"queue_name": "bad name;"}, "queue name 'bad name;' is invalid"),
+        ({"queue_name": "q" * 49}, "at most 48"),
+        ({"run_after": timedelta(seconds=-1)}, "negative delay"),
+        ({"run_after": datetime(2030, 1, 1)}, "naive datetime while USE_TZ is on"),  # noqa: DTZ001
+        ({"max_attempts": 0}, "max_attempts must be a positive integer"),
+        ({"lease": -5}, "lease must be a positive"),
+    ],
+)
+def test_bad_options_are_refused_with_a_message_naming_the_problem(options, message):
+    with pytest.raises(InvalidJobError, match=message):
+        tasks.add.using(**options)
+
+
+@pytest.mark.django_db
+def test_enqueue_writes_a_pending_job_with_the_project_defaults(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_ATTEMPTS": 7, "LEASE_SECONDS": 42}
+
+    job = tasks.add.enqueue(1, b=2)
+
+    job.refresh_from_db()
+    assert (job.task, job.args, job.kwargs, job.state) == (
+        "tests.testapp.tasks.add",
+        [1],
+        {"b": 2},
+        JobState.PENDING,
+    )
+    assert (job.max_attempts, job.lease, job.attempts) == (7, timedelta(seconds=42), 0)
+    assert job.run_at == job.created_at  # both the database's now()
+
+
+@pytest.mark.django_db
+def test_run_after_as_a_timedelta_counts_from_the_database_clock():
+    job = tasks.add.using(run_after=timedelta(hours=2)).enqueue(1, 2)
+    job.refresh_from_db()
+    assert job.run_at - job.created_at == timedelta(hours=2)
+    assert not Job.objects.due().exists()
+
+
+@pytest.mark.django_db
+def test_run_after_as_an_aware_datetime_is_stored_as_given():
+    when = datetime.fromisoformat("2031-05-04T03:02:01+00:00")
+    job = tasks.add.using(run_after=when).enqueue(1, 2)
+    job.refresh_from_db()
+    assert job.run_at == when
+
+
+@pytest.mark.django_db
+def test_tuples_come_back_as_lists():
+    job = tasks.add.enqueue((1, 2), {"nested": (3,)})
+    job.refresh_from_db()
+    assert job.args == [[1, 2], {"nested": [3]}]
+
+
+NOT_JSON = [
+    (object(), "argument 0 is a builtins.object"),
+    ({1, 2}, "argument 0 is a builtins.set"),
+    (b"raw", "argument 0 is a builtins.bytes"),
+    (decimal.Decimal("1.5"), "argument 0 is a decimal.Decimal"),
+    (datetime.fromisoformat("2030-01-01T00:00:00+00:00"), "argument 0 is a datetime.datetime"),
+    (uuid.UUID(int=1), "argument 0 is a uuid.UUID"),
+    (float("nan"), "argument 0 is nan"),
+    (float("inf"), "argument 0 is inf"),
+    ("a\x00b", "argument 0 contains a NUL character"),
+    ("\ud800", "argument 0 is not valid Unicode"),
+    ({1: "a"}, "argument 0 has the key 1"),
+    ([{"deep": object()}], r"argument 0\[0\]\['deep'\] is a builtins.object"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("value", "message"), NOT_JSON)
+def test_arguments_that_are_not_json_are_refused_before_any_sql(value, message):
+    with transaction.atomic():
+        with (
+            CaptureQueriesContext(connection) as queries,
+            pytest.raises(InvalidJobError, match=message),
+        ):
+            tasks.add.enqueue(value, 1)
+        assert [q for q in queries if "INSERT" in q["sql"]] == []
+        assert Job.objects.count() == 0  # the caller's transaction is still usable
+
+
+@pytest.mark.django_db
+def test_a_keyword_argument_is_named_in_the_error():
+    with pytest.raises(InvalidJobError, match="argument 'when' is a datetime.datetime"):
+        tasks.add.enqueue(1, when=datetime.fromisoformat("2030-01-01T00:00:00+00:00"))
+
+
+@pytest.mark.django_db
+def test_payload_at_the_limit_round_trips_and_one_byte_more_is_refused(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PAYLOAD_BYTES": 100}
+    overhead = len('[["' + '"],{}]')  # [["...."],{}]
+    exact = "x" * (100 - overhead)
+
+    job = tasks.add.enqueue(exact)
+    job.refresh_from_db()
+    assert job.args == [exact]
+
+    with pytest.raises(InvalidJobError, match="101 bytes of JSON, over the limit of 100"):
+        tasks.add.enqueue(exact + "x")
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_many_writes_all_calls_in_one_insert():
+    calls = [((n, n), {}) for n in range(500)]
+    with CaptureQueriesContext(connection) as queries:
+        jobs = tasks.add.enqueue_many(calls)
+    assert len([q for q in queries if q["sql"].startswith("INSERT")]) == 1
+    assert len({job.id for job in jobs}) == 500
+    assert Job.objects.due().count() == 500
+
+
+@pytest.mark.django_db
+def test_enqueue_many_writes_nothing_when_one_call_is_bad():
+    calls = [((1, 2), {}), ((object(), 2), {})]
+    with pytest.raises(InvalidJobError, match="argument 0 is a builtins.object"):
+        tasks.add.enqueue_many(calls)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_enqueue_many_honours_run_after_from_the_database_clock():
+    tasks.add.using(run_after=timedelta(minutes=5)).enqueue_many([((1, 2), {})])
+    assert Job.objects.filter(run_at__gt=Now() + timedelta(minutes=4)).count() == 1
+
+
+def test_job_str_and_repr_never_show_arguments():
+    job = Job(id=3, task="t", args=["hunter2"], kwargs={"password": "hunter2"}, state="pending")
+    assert "hunter2" not in str(job)
+    assert "hunter2" not in repr(job)

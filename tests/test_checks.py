@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from django.core.checks import run_checks
+
+from django_skipqueue.checks import check_database, check_settings
+
+
+def ids(errors) -> list[str]:
+    return [error.id for error in errors]
+
+
+def test_valid_settings_pass(settings):
+    assert check_settings() == []
+    assert check_database() == []
+
+
+def test_unknown_key_is_reported_with_the_nearest_valid_one(settings):
+    settings.SKIPQUEUE = {"LEASE_SECOND": 10}
+    [error] = check_settings()
+    assert error.id == "skipqueue.E001"
+    assert "LEASE_SECOND" in error.msg
+    assert error.hint == "Did you mean 'LEASE_SECONDS'?"
+
+
+def test_values_of_the_wrong_type_are_reported_not_raised(settings):
+    settings.SKIPQUEUE = {"LEASE_SECONDS": "soon", "MAX_ATTEMPTS": 0, "RETRY_JITTER": 2}
+    errors = check_settings()
+    assert ids(errors) == ["skipqueue.E002"] * 3
+    assert "LEASE_SECONDS" in errors[0].msg
+    assert all(len(error.msg) < 80 for error in errors)
+
+
+def test_skipqueue_must_be_a_dict(settings):
+    settings.SKIPQUEUE = ["LEASE_SECONDS"]
+    assert ids(check_settings()) == ["skipqueue.E003"]
+
+
+def test_an_unknown_database_alias_is_reported(settings):
+    settings.SKIPQUEUE = {"DATABASE_ALIAS": "queue"}
+    assert ids(check_database()) == ["skipqueue.E004"]
+
+
+def test_checks_run_through_djangos_framework(settings):
+    settings.SKIPQUEUE = {"MAX_ATTEMPT": 3}
+    assert "skipqueue.E001" in ids(run_checks())

@@ -1,0 +1,447 @@
+"""The queue protocol against a real PostgreSQL: claim, ack, renew, fail, release, reap."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+from django_skipqueue.managers import ErrorInfo
+from django_skipqueue.models import CLAIM_ORDER, Job, JobState
+from tests.conftest import set_lease
+from tests.factories import JobFactory
+from tests.processes import start_python
+
+ERROR = ErrorInfo("builtins.RuntimeError", "boom", "Traceback ...")
+
+
+def claim_one(**kwargs: object) -> Job:
+    [job] = Job.objects.claim(queues=["default"], **kwargs)
+    return job
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_marks_job_running_with_attempt_lease_and_worker(worker_process):
+    JobFactory(lease=timedelta(seconds=60))
+
+    job = claim_one(worker=worker_process)
+
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert job.attempts == 1
+    assert job.worker_id == worker_process.id
+    assert job.started_at is not None
+    lease_left = Job.objects.filter(id=job.id, leased_until__gt=Now() + timedelta(seconds=55))
+    assert lease_left.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_orders_by_priority_then_run_at_then_id():
+    low = JobFactory(priority=-5)
+    first_high = JobFactory(priority=50)
+    second_high = JobFactory(priority=50)
+    earlier = JobFactory(priority=0, run_at=Now() - timedelta(hours=1))
+    later = JobFactory(priority=0)
+
+    claimed = [job.id for job in Job.objects.claim(queues=["default"], limit=10)]
+
+    assert claimed == [first_high.id, second_high.id, earlier.id, later.id, low.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_takes_only_due_pending_jobs_of_the_given_queues():
+    due = JobFactory()
+    JobFactory(run_at=Now() + timedelta(minutes=5))
+    JobFactory(queue_name="other")
+    JobFactory(running=True)
+    JobFactory(done=True)
+
+    claimed = Job.objects.claim(queues=["default"], limit=10)
+
+    assert [job.id for job in claimed] == [due.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_from_several_queues_takes_from_each():
+    a, b = JobFactory(queue_name="a"), JobFactory(queue_name="b")
+    claimed = Job.objects.claim(queues=["a", "b"], limit=10)
+    assert {job.id for job in claimed} == {a.id, b.id}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_honours_limit():
+    JobFactory.create_batch(30)  # 1 + 7 + 16 leaves 6 unclaimed
+    for limit in (1, 7, 16):
+        assert len(Job.objects.claim(queues=["default"], limit=limit)) == limit
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_costs_the_same_statements_for_one_job_or_fifty():
+    JobFactory.create_batch(60)
+
+    def statements(limit: int) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert len(Job.objects.claim(queues=["default"], limit=limit)) == limit
+        return len(queries)
+
+    assert statements(1) == statements(50)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_commits_before_returning():
+    JobFactory()
+    claim_one()
+    assert not connection.in_atomic_block
+    # Another connection sees the claim at once: nothing is held open.
+    seen: list[str] = []
+
+    def look() -> None:
+        try:
+            seen.append(Job.objects.get().state)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join(10)
+    assert seen == [JobState.RUNNING]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_claim_each_job_exactly_once(worker_process):
+    Job.objects.bulk_create(JobFactory.build_batch(2000))
+    start, lock, claimed = threading.Barrier(8), threading.Lock(), []
+
+    def claimer() -> None:
+        try:
+            start.wait(timeout=10)
+            while batch := Job.objects.claim(queues=["default"], worker=worker_process, limit=10):
+                with lock:
+                    claimed.extend(job.id for job in batch)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert len(claimed) == len(set(claimed)) == 2000
+    assert Job.objects.filter(state=JobState.RUNNING, attempts=1).count() == 2000
+
+
+CLAIMER = """
+import os, time
+from pathlib import Path
+from django_skipqueue.models import Job
+go = Path(os.environ["GO_FILE"])
+deadline = time.monotonic() + 30
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)
+ids = []
+while batch := Job.objects.claim(queues=["default"], limit=5):
+    ids.extend(job.id for job in batch)
+print(" ".join(map(str, ids)))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_four_processes_claim_each_job_exactly_once(tmp_path: Path):
+    Job.objects.bulk_create(JobFactory.build_batch(2000))
+    go = tmp_path / "go"
+    children = [start_python(CLAIMER, GO_FILE=str(go)) for _ in range(4)]
+    try:
+        time.sleep(0.5)  # let the interpreters start; the go file releases them together
+        go.touch()
+        outputs = [child.communicate(timeout=90) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    assert [child.returncode for child in children] == [0, 0, 0, 0], [err for _, err in outputs]
+    claimed = [int(word) for out, _ in outputs for word in out.split()]
+    assert len(claimed) == len(set(claimed)) == 2000
+    assert sum(1 for out, _ in outputs if out.strip()) >= 2  # the work was really shared
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ack_marks_done_with_result():
+    JobFactory()
+    job = claim_one()
+
+    assert Job.objects.ack(job.id, job.attempts, {"sent": True}) is True
+
+    job.refresh_from_db()
+    assert (job.state, job.result, job.leased_until) == (JobState.DONE, {"sent": True}, None)
+    assert job.finished_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stale_attempt_cannot_ack_fail_renew_or_release_but_the_new_one_can():
+    JobFactory()
+    stale = claim_one()
+    set_lease(stale.id, -1)
+    assert Job.objects.reap().requeued == 1
+    fresh = claim_one()
+    assert fresh.attempts == stale.attempts + 1
+
+    assert Job.objects.ack(stale.id, stale.attempts) is False
+    assert Job.objects.fail(stale.id, stale.attempts, error=ERROR, retry_in=None) is None
+    assert Job.objects.renew(stale.id, stale.attempts) is False
+    assert Job.objects.release(stale.id, stale.attempts) is False
+    assert Job.objects.get(id=fresh.id).state == JobState.RUNNING
+
+    assert Job.objects.renew(fresh.id, fresh.attempts) is True
+    assert Job.objects.ack(fresh.id, fresh.attempts, 7) is True
+    assert Job.objects.get(id=fresh.id).result == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ack_after_the_lease_ran_out_is_refused_even_before_a_reap():
+    JobFactory()
+    job = claim_one()
+    set_lease(job.id, -0.001)
+
+    assert Job.objects.ack(job.id, job.attempts) is False
+    assert Job.objects.get(id=job.id).state == JobState.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_short_real_lease_runs_out():
+    JobFactory()
+    job = claim_one(lease=timedelta(seconds=0.3))
+    assert Job.objects.renew(job.id, job.attempts, timedelta(seconds=0.3)) is True
+    time.sleep(0.5)  # the lease itself is what runs out here, not a synchronisation
+    assert Job.objects.ack(job.id, job.attempts) is False
+    assert Job.objects.reap().requeued == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ack_of_a_finished_job_is_refused():
+    JobFactory()
+    job = claim_one()
+    assert Job.objects.ack(job.id, job.attempts)
+    assert Job.objects.ack(job.id, job.attempts) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_renew_moves_the_lease_end_on_the_database_clock():
+    JobFactory(lease=timedelta(seconds=5))
+    job = claim_one()
+
+    assert Job.objects.renew(job.id, job.attempts, timedelta(hours=1))
+
+    assert Job.objects.filter(id=job.id, leased_until__gt=Now() + timedelta(minutes=59)).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fail_schedules_a_retry_while_attempts_remain():
+    JobFactory(max_attempts=2)
+    job = claim_one()
+
+    state = Job.objects.fail(job.id, job.attempts, error=ERROR, retry_in=timedelta(minutes=10))
+
+    assert state == JobState.PENDING
+    job.refresh_from_db()
+    assert job.leased_until is None
+    assert job.last_error == "builtins.RuntimeError: boom"
+    assert job.errors[0]["attempt"] == 1
+    assert job.errors[0]["traceback"] == "Traceback ..."
+    assert Job.objects.scheduled().filter(id=job.id, run_at__gt=Now() + timedelta(minutes=9))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fail_at_the_last_attempt_ends_failed():
+    JobFactory(max_attempts=1)
+    job = claim_one()
+
+    state = Job.objects.fail(job.id, job.attempts, error=ERROR, retry_in=timedelta(0))
+
+    assert state == JobState.FAILED
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert job.finished_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fail_without_retry_ends_failed_even_with_attempts_left():
+    JobFactory(max_attempts=5)
+    job = claim_one()
+    assert Job.objects.fail(job.id, job.attempts, error=ERROR, retry_in=None) == JobState.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_error_history_is_capped_to_the_latest_entries(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "ERROR_HISTORY_LENGTH": 3}
+    JobFactory(max_attempts=6)
+    for attempt in range(1, 6):
+        job = claim_one()
+        assert job.attempts == attempt
+        error = ErrorInfo("E", f"failure {attempt}")
+        Job.objects.fail(job.id, attempt, error=error, retry_in=timedelta(0))
+
+    errors = Job.objects.get().errors
+    assert [entry["message"] for entry in errors] == ["failure 3", "failure 4", "failure 5"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release_gives_the_attempt_back_without_lowering_attempts():
+    JobFactory(max_attempts=3)
+    job = claim_one()
+
+    assert Job.objects.release(job.id, job.attempts) is True
+
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.max_attempts, job.releases) == (JobState.PENDING, 1, 4, 1)
+    again = claim_one()
+    assert again.attempts == 2  # a new fence value: the released attempt 1 stays stale
+    assert Job.objects.ack(job.id, 1) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reap_requeues_expired_leases_and_counts_each_expiry():
+    expired = JobFactory(expired=True)
+    held = JobFactory(running=True)
+    done = JobFactory(done=True)
+
+    result = Job.objects.reap()
+
+    assert (result.requeued, result.failed) == (1, 0)
+    expired.refresh_from_db()
+    assert (expired.state, expired.expirations, expired.attempts) == (JobState.PENDING, 1, 1)
+    assert expired.errors[-1]["type"] == "LeaseExpired"
+    assert Job.objects.get(id=held.id).state == JobState.RUNNING
+    assert Job.objects.get(id=done.id).state == JobState.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reap_fails_an_expired_job_on_its_last_attempt():
+    job = JobFactory(expired=True, attempts=3, max_attempts=3)
+
+    result = Job.objects.reap()
+
+    assert (result.requeued, result.failed) == (0, 1)
+    job.refresh_from_db()
+    assert (job.state, job.expirations) == (JobState.FAILED, 1)
+    assert job.finished_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_reapers_at_once_count_nothing_twice():
+    Job.objects.bulk_create(JobFactory.build_batch(3000, expired=True))
+    start, results = threading.Barrier(2), []
+
+    def reaper() -> None:
+        try:
+            start.wait(timeout=10)
+            results.append(Job.objects.reap())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=reaper) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert sum(result.requeued for result in results) == 3000
+    assert set(Job.objects.values_list("expirations", flat=True)) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reap_never_revives_a_job_acked_meanwhile():
+    JobFactory()
+    job = claim_one()
+    assert Job.objects.ack(job.id, job.attempts)
+    set_lease(job.id, -60)  # even with a lease end in the past, done is final
+
+    assert Job.objects.reap().total == 0
+    assert Job.objects.get(id=job.id).state == JobState.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_attempts_can_never_exceed_max_attempts_in_the_database():
+    from django.db import IntegrityError
+
+    with pytest.raises(IntegrityError, match="skipqueue_job_attempt_budget"):
+        JobFactory(attempts=6, max_attempts=5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_uses_the_claim_index_with_100000_done_and_10000_pending_rows():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+                lease, attempts, max_attempts, expirations, releases, last_error, errors,
+                created_at, finished_at)
+            SELECT 'tests.testapp.tasks.add', '[]', '{}', 'default', 0,
+                   CASE WHEN n <= 100000 THEN 'done' ELSE 'pending' END,
+                   now() - (n * interval '1 millisecond'), interval '5 minutes',
+                   CASE WHEN n <= 100000 THEN 1 ELSE 0 END, 5, 0, 0, '', '[]', now(),
+                   CASE WHEN n <= 100000 THEN now() END
+            FROM generate_series(1, 110000) AS n
+            """
+        )
+        cursor.execute("ANALYZE skipqueue_job")
+    with transaction.atomic():
+        plan = (
+            Job.objects.due()
+            .for_queues(["default"])
+            .order_by(*CLAIM_ORDER)
+            .select_for_update(skip_locked=True, no_key=True)
+            .values_list("id", flat=True)[:10]
+            .explain()
+        )
+    assert "skipqueue_job_claim_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    assert "Sort" not in plan, plan  # the index gives the claim's order
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reap_uses_the_lease_index():
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")  # an empty table: ask whether it can
+        plan = Job.objects.expired().explain()
+        cursor.execute("RESET enable_seqscan")
+    assert "skipqueue_job_lease_idx" in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_enqueued_in_a_rolled_back_transaction_never_exists():
+    from tests.testapp.tasks import add
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        add.enqueue(1, 2)
+        raise RuntimeError("the business write failed")
+
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_in_an_open_transaction_cannot_be_claimed_until_commit():
+    from tests.testapp.tasks import add
+
+    claimed_before: list[list[Job]] = []
+
+    def claim_elsewhere() -> None:
+        try:
+            claimed_before.append(Job.objects.claim(queues=["default"]))
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        job = add.enqueue(1, 2)
+        thread = threading.Thread(target=claim_elsewhere)
+        thread.start()
+        thread.join(10)
+
+    assert claimed_before == [[]]
+    assert [claimed.id for claimed in Job.objects.claim(queues=["default"])] == [job.id]
