@@ -1,0 +1,212 @@
+"""Run one claimed job: look it up, call it, then ack, fail or release through the fence.
+
+The worker loops over this; tests and `run_jobs()` call it directly. It never raises
+for anything the task does: every outcome is written (or refused by the fence) and
+returned. Only registered tasks run (see registry.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+
+from django_skipqueue import signals
+from django_skipqueue.base import TaskContext, default_retry_policy
+from django_skipqueue.conf import get_settings
+from django_skipqueue.exceptions import InvalidJobError, Retry, UnknownTaskError
+from django_skipqueue.managers import ErrorInfo
+from django_skipqueue.payload import encoded_size, normalize
+from django_skipqueue.registry import registry
+
+if TYPE_CHECKING:
+    from django_skipqueue.base import Task
+    from django_skipqueue.models import Job
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_MAX_CHARS = 8 * 1024
+TRACEBACK_MAX_CHARS = 32 * 1024
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"  # acked: done
+    RETRYING = "retrying"  # failed attempt, pending again after a backoff
+    FAILED = "failed"  # ended failed
+    RELEASED = "released"  # attempt given back (Retry)
+    LOST = "lost"  # the fence refused the write: this attempt had lost the job
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What one call of `execute` did."""
+
+    job_id: int
+    attempt: int
+    outcome: Outcome
+    duration: float
+    error: ErrorInfo | None = None
+
+
+def describe_error(error: BaseException) -> ErrorInfo:
+    """The class path, message and traceback of `error`, capped in size; no frame locals."""
+    kind = type(error)
+    text = "".join(traceback.format_exception(kind, error, error.__traceback__))
+    if len(text) > TRACEBACK_MAX_CHARS:
+        text = "...(truncated)\n" + text[-TRACEBACK_MAX_CHARS:]
+    return ErrorInfo(
+        type=f"{kind.__module__}.{kind.__qualname__}",
+        message=str(error)[:MESSAGE_MAX_CHARS],
+        traceback=text,
+    )
+
+
+def execute(job: Job, *, database: str | None = None) -> Execution:
+    """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome."""
+    from django_skipqueue.models import Job
+
+    database = database or get_settings().DATABASE_ALIAS
+    jobs = Job.objects.db_manager(database)
+    attempt = job.attempts
+    started = time.monotonic()  # durations only; no decision uses the process clock
+    signals.job_started.send(sender=Job, job=job)
+    logger.info("job started id=%s task=%s attempt=%d", job.id, job.task, attempt)
+
+    task: Task[Any, Any] | None = None
+    try:
+        task = registry.get(job.task)
+        value = _call(task, job, database)
+        result = normalize(value, "the return value")
+        limit = get_settings().MAX_PAYLOAD_BYTES
+        if encoded_size(result) > limit:
+            raise InvalidJobError(
+                f"the return value encodes to more than {limit} bytes of JSON "
+                f"(SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
+            )
+    except Retry as request:
+        duration = time.monotonic() - started
+        if not jobs.release(job.id, attempt, delay=request.delay):
+            return _lost(job, attempt, duration)
+        logger.info(
+            "job released id=%s task=%s attempt=%d delay=%.3fs reason=%s",
+            job.id,
+            job.task,
+            attempt,
+            request.delay.total_seconds(),
+            request,
+        )
+        signals.job_released.send(sender=Job, job=job, delay=request.delay)
+        return Execution(job.id, attempt, Outcome.RELEASED, duration)
+    except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
+        duration = time.monotonic() - started
+        execution = _record_failure(jobs, job, attempt, task, raised, duration)
+        if (
+            isinstance(raised, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()
+        ):
+            raise
+        return execution
+
+    duration = time.monotonic() - started
+    if not jobs.ack(job.id, attempt, result):
+        return _lost(job, attempt, duration)
+    logger.info(
+        "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
+    )
+    signals.job_succeeded.send(sender=Job, job=job, result=result, duration=duration)
+    return Execution(job.id, attempt, Outcome.SUCCEEDED, duration)
+
+
+def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
+    if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+        raise InvalidJobError(
+            f"job {job.id} has malformed arguments: args must be a JSON array and kwargs a "
+            f"JSON object, got {type(job.args).__name__} and {type(job.kwargs).__name__}"
+        )
+    args: list[Any] = list(job.args)
+    if task.takes_context:
+        context = TaskContext(
+            job_id=job.id,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            task_name=job.task,
+            queue_name=job.queue_name,
+            database=database,
+        )
+        args.insert(0, context)
+    if task.is_async:
+        return async_to_sync(task.func)(*args, **job.kwargs)
+    return task.func(*args, **job.kwargs)
+
+
+def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
+    if isinstance(error, InvalidJobError):
+        return False  # malformed row or result: another attempt would fail the same way
+    if isinstance(error, UnknownTaskError):
+        return True  # a rolling deploy: a newer worker may know the task
+    return task is None or not isinstance(error, task.non_retryable)
+
+
+def _record_failure(
+    jobs: Any,
+    job: Job,
+    attempt: int,
+    task: Task[Any, Any] | None,
+    raised: BaseException,
+    duration: float,
+) -> Execution:
+    from django_skipqueue.models import Job, JobState
+
+    error = describe_error(raised)
+    retry_in: timedelta | None = None
+    if _is_retryable(task, raised):
+        policy = task.retry_policy if task is not None else default_retry_policy()
+        retry_in = policy.delay(attempt)
+    state = jobs.fail(job.id, attempt, error=error, retry_in=retry_in)
+    if state is None:
+        return _lost(job, attempt, duration, error)
+    if isinstance(raised, UnknownTaskError):
+        logger.error("job task unknown id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    else:
+        logger.error(
+            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s",
+            job.id,
+            job.task,
+            attempt,
+            duration,
+            error.type,
+            exc_info=(type(raised), raised, raised.__traceback__),
+        )
+    if state == JobState.PENDING:
+        logger.info(
+            "job retrying id=%s task=%s attempt=%d in=%.3fs",
+            job.id,
+            job.task,
+            attempt,
+            retry_in.total_seconds() if retry_in else 0.0,
+        )
+        signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+        return Execution(job.id, attempt, Outcome.RETRYING, duration, error)
+    logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    signals.job_failed.send(sender=Job, job=job, error=error)
+    return Execution(job.id, attempt, Outcome.FAILED, duration, error)
+
+
+def _lost(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:
+    from django_skipqueue.models import Job
+
+    logger.warning(
+        "job lease lost id=%s task=%s attempt=%d: outcome refused by the fence",
+        job.id,
+        job.task,
+        attempt,
+    )
+    signals.job_lost.send(sender=Job, job=job)
+    return Execution(job.id, attempt, Outcome.LOST, duration, error)

@@ -1,0 +1,22 @@
+"""Signals about jobs. Sent only by executor.py and reaper.py; sender is the Job class.
+
+- job_started(job): an attempt is about to run.
+- job_succeeded(job, result, duration): the attempt returned and its ack was accepted.
+- job_retried(job, error, run_after): the attempt failed; the job will run again.
+- job_failed(job, error): the job ended failed (last attempt, or a non-retryable error).
+- job_released(job, delay): the attempt was given back (Retry, or a graceful stop).
+- job_lost(job): the attempt had lost its lease; its outcome was refused by the fence.
+- job_reaped(requeued, failed): the reaper took back expired leases.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+job_started = Signal()
+job_succeeded = Signal()
+job_retried = Signal()
+job_failed = Signal()
+job_released = Signal()
+job_lost = Signal()
+job_reaped = Signal()

@@ -1,0 +1,236 @@
+"""Running one claimed job: lookup, call, and the fenced outcome."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+
+from django_skipqueue import signals
+from django_skipqueue.executor import Outcome, execute
+from django_skipqueue.models import Job, JobState
+from tests.conftest import set_lease
+from tests.factories import JobFactory
+from tests.testapp import tasks
+from tests.testapp.models import Run
+
+
+def claim_one() -> Job:
+    [job] = Job.objects.claim(queues=["default"])
+    return job
+
+
+def run() -> tuple[Job, Outcome]:
+    claimed = claim_one()
+    execution = execute(claimed)
+    claimed.refresh_from_db()
+    return claimed, execution.outcome
+
+
+def run_when_due(deadline: float = 10.0) -> tuple[Job, Outcome]:
+    """Run the next job once its retry backoff (on the database clock) has passed."""
+    give_up = time.monotonic() + deadline
+    while not Job.objects.due().exists():
+        assert time.monotonic() < give_up, "no job became due in time"
+        time.sleep(0.01)
+    return run()
+
+
+@pytest.fixture
+def received():
+    """Every job signal sent during the test, as (signal name, kwargs)."""
+    seen: list[tuple[str, dict]] = []
+    receivers = {}
+    for name in (
+        "job_started",
+        "job_succeeded",
+        "job_retried",
+        "job_failed",
+        "job_released",
+        "job_lost",
+    ):
+
+        def receiver(sender, _name=name, **kwargs):
+            kwargs.pop("signal")
+            seen.append((_name, kwargs))
+
+        receivers[name] = receiver
+        getattr(signals, name).connect(receiver, weak=False)
+    yield seen
+    for name, receiver in receivers.items():
+        getattr(signals, name).disconnect(receiver)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_that_returns_is_acked_with_its_result(received):
+    tasks.add.enqueue(2, 3)
+
+    job, outcome = run()
+
+    assert outcome is Outcome.SUCCEEDED
+    assert (job.state, job.result) == (JobState.DONE, 5)
+    assert [name for name, _ in received] == ["job_started", "job_succeeded"]
+    assert received[1][1]["result"] == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_context_task_gets_its_job_id_attempt_and_a_stable_key():
+    job = tasks.record.enqueue()
+
+    done, outcome = run()
+
+    assert outcome is Outcome.SUCCEEDED
+    assert done.result == {"job_id": job.id, "attempt": 1, "key": f"skipqueue-job-{job.id}"}
+    assert done.idempotency_key == done.result["key"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_task_runs_to_completion():
+    tasks.async_add.enqueue(4, 5)
+    job, outcome = run()
+    assert (outcome, job.result) == (Outcome.SUCCEEDED, 9)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_raising_task_is_retried_after_a_backoff_then_fails(received):
+    tasks.always_fails.enqueue("bad gateway")  # max_attempts=3, base 0.01 s
+
+    job, outcome = run()
+    assert outcome is Outcome.RETRYING
+    assert job.state == JobState.PENDING
+    assert job.errors[0]["type"] == "builtins.RuntimeError"
+    assert "bad gateway" in job.errors[0]["traceback"]
+    assert job.last_error == "builtins.RuntimeError: bad gateway"
+
+    outcomes = [run_when_due()[1], run_when_due()[1]]
+    job.refresh_from_db()
+    assert outcomes == [Outcome.RETRYING, Outcome.FAILED]
+    assert (job.state, job.attempts) == (JobState.FAILED, 3)
+    assert [entry["attempt"] for entry in job.errors] == [1, 2, 3]
+    names = [name for name, _ in received]
+    assert names.count("job_retried") == 2 and names.count("job_failed") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_retry_delay_follows_the_tasks_policy():
+    tasks.always_fails.using().enqueue()
+    job = claim_one()
+    execute(job)
+    job.refresh_from_db()
+    # base 0.01 s +/- 10 %, measured on the database clock from the failure entry's time.
+    assert Job.objects.filter(id=job.id, run_at__lte=Now() + timedelta(seconds=0.011)).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_non_retryable_error_fails_at_once():
+    tasks.rejects_input.enqueue("x")  # max_attempts=5
+    job, outcome = run()
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    assert job.last_error == "builtins.ValueError: cannot use 'x'"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_gives_the_attempt_back_and_runs_again(received):
+    tasks.retry_once.enqueue()
+
+    job, outcome = run()
+    assert outcome is Outcome.RELEASED
+    assert (job.state, job.attempts, job.max_attempts, job.releases) == (
+        JobState.PENDING,
+        1,
+        job.max_attempts,
+        1,
+    )
+    assert "job_released" in [name for name, _ in received]
+
+    job, outcome = run()
+    assert (outcome, job.result, job.attempts) == (Outcome.SUCCEEDED, "second time", 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_with_a_delay_is_not_claimed_before_it():
+    tasks.retry_once.enqueue(delay=3600)
+    run()
+    assert Job.objects.claim(queues=["default"]) == []
+    assert Job.objects.scheduled().count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unknown_task_name_fails_that_attempt_with_a_clear_error(caplog):
+    JobFactory(task="os.system", args=["touch /tmp/pwned"], max_attempts=2)
+
+    job, outcome = run()
+
+    assert outcome is Outcome.RETRYING  # a newer worker may know it (rolling deploy)
+    assert job.errors[0]["type"] == "django_skipqueue.exceptions.UnknownTaskError"
+    assert "no task named 'os.system' is registered" in job.last_error
+    assert "job task unknown" in caplog.text
+    job, outcome = run_when_due()
+    assert (outcome, job.state) == (Outcome.FAILED, JobState.FAILED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_malformed_arguments_in_a_row_fail_without_retry():
+    JobFactory(args={"not": "a list"})
+    job, outcome = run()
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    assert "malformed arguments" in job.last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_return_value_that_is_not_json_fails_the_job():
+    tasks.returns_object.enqueue()
+    job, outcome = run()
+    assert (outcome, job.state) == (Outcome.FAILED, JobState.FAILED)
+    assert "the return value is a builtins.object" in job.last_error
+    assert job.result is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_system_exit_from_a_task_is_recorded_as_a_failure():
+    tasks.exits.enqueue()
+    job, outcome = run()
+    assert outcome is Outcome.RETRYING
+    assert job.errors[0]["type"] == "builtins.SystemExit"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_that_lost_its_lease_is_not_reported_done(received):
+    tasks.record.enqueue()
+    job = claim_one()
+    set_lease(job.id, -1)
+    Job.objects.reap()
+    newer = claim_one()
+
+    execution = execute(job)  # the body runs, but its ack is refused by the fence
+
+    assert execution.outcome is Outcome.LOST
+    newer.refresh_from_db()
+    assert (newer.state, newer.attempts) == (JobState.RUNNING, 2)
+    assert [name for name, _ in received] == ["job_started", "job_lost"]
+    assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_can_extend_its_own_lease():
+    tasks.extends_lease.enqueue(3600)  # its own lease is 1 s
+    job, outcome = run()
+    assert (outcome, job.result) == (Outcome.SUCCEEDED, True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_logs_carry_id_task_and_attempt_but_never_arguments(caplog):
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
+    job = tasks.add.enqueue(40, 2)
+    tasks.always_fails.enqueue("secret-token-123")
+
+    run()
+    run()
+
+    assert f"job succeeded id={job.id} task=tests.testapp.tasks.add attempt=1" in caplog.text
+    assert "job raised" in caplog.text
+    messages = "\n".join(record.getMessage() for record in caplog.records)
+    assert "secret-token-123" not in messages
