@@ -25,6 +25,14 @@ def _positive_number(value: Any) -> bool:
     )
 
 
+def _zero_or_more(value: Any) -> bool:
+    return value == 0 or _positive_number(value)
+
+
+def _boolean(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -61,6 +69,20 @@ class SkipQueueSettings:
     ERROR_HISTORY_LENGTH: int = 10
     #: Modules imported at start-up to register tasks, besides each app's `tasks` module.
     TASK_MODULES: tuple[str, ...] = ()
+    #: Worker: the longest idle wait between claims when no NOTIFY arrives (jittered).
+    POLL_INTERVAL_SECONDS: float = 5.0
+    #: Worker: LISTEN for new jobs (needs a direct connection, not a transaction pooler).
+    LISTEN: bool = True
+    #: Worker: how often the built-in housekeeper reaps expired leases (0 turns it off).
+    REAP_INTERVAL_SECONDS: float = 10.0
+    #: Worker: how often a worker records that it is alive.
+    HEARTBEAT_SECONDS: float = 10.0
+    #: A worker whose heartbeat is older than this is shown as dead.
+    WORKER_DEAD_AFTER_SECONDS: float = 60.0
+    #: Rows of workers dead for longer than this are deleted by the housekeeper.
+    WORKER_PRUNE_AFTER_SECONDS: float = 24 * 3600.0
+    #: Worker: seconds jobs in flight get to finish after SIGTERM before they are released.
+    GRACE_SECONDS: float = 30.0
 
     def problems(self) -> list[tuple[str, str]]:
         """(key, what is wrong) for each value of the wrong type or out of range."""
@@ -74,6 +96,13 @@ class SkipQueueSettings:
             "MAX_PAYLOAD_BYTES": (_positive_int, "a positive integer (bytes)"),
             "ERROR_HISTORY_LENGTH": (_positive_int, "a positive integer"),
             "TASK_MODULES": (_names, "a list of dotted module paths"),
+            "POLL_INTERVAL_SECONDS": (_positive_number, "a positive number of seconds"),
+            "LISTEN": (_boolean, "True or False"),
+            "REAP_INTERVAL_SECONDS": (_zero_or_more, "zero (off) or more seconds"),
+            "HEARTBEAT_SECONDS": (_positive_number, "a positive number of seconds"),
+            "WORKER_DEAD_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
+            "WORKER_PRUNE_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
+            "GRACE_SECONDS": (_zero_or_more, "zero or more seconds"),
         }
         found = []
         for key, (valid, expected) in rules.items():

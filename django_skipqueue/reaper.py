@@ -1,0 +1,105 @@
+"""Housekeeping: reap expired leases and prune old jobs and dead workers, in batches.
+
+One housekeeper at a time does it, under a transaction-level advisory lock (safe
+behind a transaction pooler); another that finds the lock taken skips its turn.
+Reaping is correct without the lock too (each row moves once); the lock only avoids
+doing the same work twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections, transaction
+from django.db.models.functions import Now
+
+from django_skipqueue import signals
+from django_skipqueue.conf import get_settings
+from django_skipqueue.managers import ReapResult
+from django_skipqueue.sql import try_advisory_xact_lock
+
+logger = logging.getLogger(__name__)
+
+PRUNE_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class HousekeepingResult:
+    """What one pass did. `locked_out`: another housekeeper held the lock; nothing done."""
+
+    requeued: int = 0
+    failed: int = 0
+    pruned_done: int = 0
+    pruned_failed: int = 0
+    pruned_workers: int = 0
+    locked_out: bool = False
+
+
+class Reaper:
+    """Reaps and prunes on one database. Each method is one short pass."""
+
+    def __init__(self, *, database: str | None = None, batch_size: int = PRUNE_BATCH_SIZE):
+        self.database = database or get_settings().DATABASE_ALIAS
+        self.batch_size = batch_size
+
+    def reap(self) -> HousekeepingResult:
+        """Take back expired leases (pending again, or failed with no attempt left)."""
+        from django_skipqueue.models import Job
+
+        with transaction.atomic(using=self.database):
+            if not self._locked():
+                return HousekeepingResult(locked_out=True)
+            result: ReapResult = Job.objects.db_manager(self.database).reap()
+        if result.total:
+            signals.job_reaped.send(sender=Job, requeued=result.requeued, failed=result.failed)
+        return HousekeepingResult(requeued=result.requeued, failed=result.failed)
+
+    def prune(
+        self,
+        *,
+        done_older_than: timedelta | None = None,
+        failed_older_than: timedelta | None = None,
+        workers_dead_for: timedelta | None = None,
+        dry_run: bool = False,
+    ) -> HousekeepingResult:
+        """Delete finished jobs and dead worker rows older than the given ages.
+
+        Jobs go in batches of `batch_size` ids, each DELETE its own short transaction,
+        so a large backlog never becomes one huge statement or one long lock. With
+        `dry_run`, count what would go and delete nothing.
+        """
+        from django_skipqueue.models import JobState, WorkerProcess
+
+        done = self._prune_jobs([JobState.DONE, JobState.CANCELLED], done_older_than, dry_run)
+        failed = self._prune_jobs([JobState.FAILED], failed_older_than, dry_run)
+        workers = 0
+        if workers_dead_for is not None:
+            dead = WorkerProcess.objects.using(self.database).dead(workers_dead_for)
+            workers = dead.count() if dry_run else dead.delete()[0]
+        return HousekeepingResult(pruned_done=done, pruned_failed=failed, pruned_workers=workers)
+
+    def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:
+        from django_skipqueue.models import Job
+
+        if older_than is None:
+            return 0
+        old = Job.objects.db_manager(self.database).filter(
+            state__in=states, finished_at__lt=Now() - older_than
+        )
+        if dry_run:
+            return old.count()
+        deleted = 0
+        while True:
+            with transaction.atomic(using=self.database):
+                ids = list(old.values_list("id", flat=True)[: self.batch_size])
+                if not ids:
+                    return deleted
+                # Re-check state in the DELETE itself: a job retried meanwhile stays.
+                deleted += old.filter(id__in=ids).delete()[0]
+            logger.info("pruned jobs count=%d states=%s", deleted, ",".join(states))
+
+    def _locked(self) -> bool:
+        with connections[self.database].cursor() as cursor:
+            return try_advisory_xact_lock(cursor)
