@@ -12,11 +12,13 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import async_to_sync
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from django_skipqueue import signals
 from django_skipqueue.base import TaskContext, default_retry_policy
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from django_skipqueue.models import Job
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MESSAGE_MAX_CHARS = 8 * 1024
 TRACEBACK_MAX_CHARS = 32 * 1024
@@ -70,7 +73,7 @@ def describe_error(error: BaseException) -> ErrorInfo:
 
 def execute(job: Job, *, database: str | None = None) -> Execution:
     """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome."""
-    from django_skipqueue.models import Job
+    from django_skipqueue.models import Job, JobState
 
     database = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.db_manager(database)
@@ -91,8 +94,9 @@ def execute(job: Job, *, database: str | None = None) -> Execution:
                 f"(SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
             )
     except Retry as request:
-        duration = time.monotonic() - started
-        if not jobs.release(job.id, attempt, delay=request.delay):
+        duration, delay = time.monotonic() - started, request.delay
+        released = _persist(lambda: jobs.release(job.id, attempt, delay=delay), job, database)
+        if not released:
             return _lost(job, attempt, duration)
         logger.info(
             "job released id=%s task=%s attempt=%d delay=%.3fs reason=%s",
@@ -106,7 +110,7 @@ def execute(job: Job, *, database: str | None = None) -> Execution:
         return Execution(job.id, attempt, Outcome.RELEASED, duration)
     except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
         duration = time.monotonic() - started
-        execution = _record_failure(jobs, job, attempt, task, raised, duration)
+        execution = _record_failure(jobs, job, attempt, task, raised, duration, database)
         if (
             isinstance(raised, KeyboardInterrupt)
             and threading.current_thread() is threading.main_thread()
@@ -115,8 +119,11 @@ def execute(job: Job, *, database: str | None = None) -> Execution:
         return execution
 
     duration = time.monotonic() - started
-    if not jobs.ack(job.id, attempt, result):
-        return _lost(job, attempt, duration)
+    if not _persist(lambda: jobs.ack(job.id, attempt, result), job, database):
+        # A retried ack is refused if the first one committed before its connection died.
+        acked = jobs.filter(id=job.id, state=JobState.DONE, attempts=attempt)
+        if not _persist(acked.exists, job, database):
+            return _lost(job, attempt, duration)
     logger.info(
         "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
     )
@@ -161,6 +168,7 @@ def _record_failure(
     task: Task[Any, Any] | None,
     raised: BaseException,
     duration: float,
+    database: str,
 ) -> Execution:
     from django_skipqueue.models import Job, JobState
 
@@ -169,7 +177,9 @@ def _record_failure(
     if _is_retryable(task, raised):
         policy = task.retry_policy if task is not None else default_retry_policy()
         retry_in = policy.delay(attempt)
-    state = jobs.fail(job.id, attempt, error=error, retry_in=retry_in)
+    state = _persist(
+        lambda: jobs.fail(job.id, attempt, error=error, retry_in=retry_in), job, database
+    )
     if state is None:
         return _lost(job, attempt, duration, error)
     if isinstance(raised, UnknownTaskError):
@@ -197,6 +207,34 @@ def _record_failure(
     logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
     signals.job_failed.send(sender=Job, job=job, error=error)
     return Execution(job.id, attempt, Outcome.FAILED, duration, error)
+
+
+def _persist(write: Callable[[], T], job: Job, database: str) -> T | None:
+    """Run a fenced write, retrying through connection errors, never dropping it.
+
+    A connection error leaves the outcome unknown, so the write is retried with backoff
+    (the fence makes a repeat harmless) until it is answered, or until a whole lease
+    has passed: by then the lease has surely run out and the write would be refused
+    anyway, and the reaper owns the job. Returns None in that case.
+    """
+    give_up = time.monotonic() + job.lease.total_seconds()
+    delay = 0.05
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as error:
+            try:
+                connections[database].close()
+            except DatabaseError:
+                pass
+            if time.monotonic() + delay > give_up:
+                logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
+                return None
+            logger.warning(
+                "job outcome write failed id=%s, retrying in %.2fs: %s", job.id, delay, error
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def _lost(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -47,3 +49,58 @@ def start_python(code: str, **extra_env: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+class WorkerHandle:
+    """A real `python -m django runworker` process whose output goes to a file."""
+
+    def __init__(self, args: list[str], log_path: Path, **extra_env: str) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworker", *args],
+            env=child_env(**extra_env),
+            cwd=REPO_ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_output(self, text: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited {self.process.returncode}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no {text!r} in worker output after {timeout}s:\n{self.output()}"
+                )
+            time.sleep(0.02)
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, message: str = "") -> None:
+    """Poll `predicate` until true, failing the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(message or f"condition not met within {timeout}s")
+        time.sleep(interval)

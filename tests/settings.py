@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -68,6 +69,8 @@ SKIPQUEUE = {
     "LEASE_SECONDS": 30,
     "RETRY_BASE_SECONDS": 0.05,
     "RETRY_CAP_SECONDS": 1.0,
+    # Tests hand worker subprocesses their own values (a short heartbeat, say).
+    **json.loads(os.environ.get("SKIPQUEUE_TEST_SETTINGS", "{}")),
 }
 
 LOGGING = {

@@ -21,10 +21,10 @@ def named() -> str:
 
 
 @task(takes_context=True)
-def record(context: TaskContext, sleep: float = 0.0) -> dict[str, object]:
-    """Log this execution (before the ack), then sleep."""
+def record(context: TaskContext, sleep: float = 0.0, first_only: bool = False) -> dict[str, object]:
+    """Log this execution (before the ack), then sleep (on the first attempt only, if asked)."""
     Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
-    if sleep:
+    if sleep and not (first_only and context.attempt > 1):
         time.sleep(sleep)
     return {"job_id": context.job_id, "attempt": context.attempt, "key": context.idempotency_key}
 

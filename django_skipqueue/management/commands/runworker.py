@@ -1,0 +1,227 @@
+"""python manage.py runworker: run jobs until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_skipqueue.base import validate_queue_name
+from django_skipqueue.exceptions import InvalidJobError
+from django_skipqueue.executor import Outcome
+from django_skipqueue.worker import Worker
+
+logger = logging.getLogger("django_skipqueue")
+LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more seconds")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than zero seconds")
+    return value
+
+
+def megabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of megabytes")
+    return value
+
+
+def queue_name(text: str) -> str:
+    try:
+        return validate_queue_name(text)
+    except InvalidJobError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def configure_logging(command: BaseCommand, verbosity: int) -> None:
+    """Map --verbosity to our loggers' level; log to stdout unless a handler exists."""
+    logger.setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(command.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
+class Command(BaseCommand):
+    help = (
+        "Run background jobs. Claims due jobs from the given queues, runs them on "
+        "threads, and stops gracefully on SIGTERM or SIGINT (a second signal exits at once)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            "-q",
+            dest="queues",
+            action="append",
+            type=queue_name,
+            metavar="NAME",
+            help="Queue to take jobs from; repeat for several. Default: the 'default' queue.",
+        )
+        parser.add_argument(
+            "--concurrency",
+            "-c",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="Threads running jobs, each with its own database connection. Default: 1.",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Run until no due job is left, then exit 0.",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=positive_int,
+            metavar="N",
+            help="Exit cleanly after claiming N jobs (a supervisor starts a fresh process).",
+        )
+        parser.add_argument(
+            "--max-memory",
+            type=megabytes,
+            metavar="MB",
+            help="Exit cleanly once the process uses more than MB megabytes of memory.",
+        )
+        parser.add_argument(
+            "--grace",
+            type=seconds,
+            metavar="SECONDS",
+            help="After SIGTERM, seconds jobs in flight get to finish before they are "
+            "released back to pending. Default: SKIPQUEUE['GRACE_SECONDS'] (30).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=positive_seconds,
+            metavar="SECONDS",
+            help="Longest wait between claims when no notification arrives. "
+            "Default: SKIPQUEUE['POLL_INTERVAL_SECONDS'] (5).",
+        )
+        parser.add_argument(
+            "--no-listen",
+            action="store_true",
+            help="Do not LISTEN for new jobs; poll only (for example behind PgBouncer in "
+            "transaction mode).",
+        )
+        parser.add_argument(
+            "--reap-interval",
+            type=seconds,
+            metavar="SECONDS",
+            help="How often this worker reaps expired leases; 0 leaves it to 'reapjobs'. "
+            "Default: SKIPQUEUE['REAP_INTERVAL_SECONDS'] (10).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(self, options["verbosity"])
+        try:
+            worker = Worker(
+                queues=options["queues"] or ["default"],
+                concurrency=options["concurrency"],
+                burst=options["burst"],
+                max_jobs=options["max_jobs"],
+                max_memory_mb=options["max_memory"],
+                grace=options["grace"],
+                poll_interval=options["poll_interval"],
+                listen=False if options["no_listen"] else None,
+                reap_interval=options["reap_interval"],
+            )
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        if threading.current_thread() is threading.main_thread():
+            worker.install_signal_handlers()
+        progress = None
+        if options["burst"] and self.stdout.isatty():
+            progress = BurstProgress(worker, self)
+            progress.start()
+        code = worker.run()
+        if progress is not None:
+            progress.finish()
+        stats = worker.stats
+        summary = (
+            f"worker stopped ({worker.stop_reason}): {stats.claimed} claimed, "
+            f"{stats.count(Outcome.SUCCEEDED)} succeeded, {stats.released_on_shutdown} released"
+        )
+        self.stdout.write(self.style.SUCCESS(summary))
+        if worker.stuck_threads:
+            # Threads still inside a task after the grace: their jobs were released;
+            # end the process without waiting for them.
+            self.stdout.flush()
+            logging.shutdown()
+            os._exit(code)
+        if code:
+            sys.exit(code)
+
+
+class BurstProgress:
+    """A live line on a terminal: done, failed, rate, remaining."""
+
+    def __init__(self, worker: Worker, command: BaseCommand) -> None:
+        self.worker, self.command = worker, command
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="skipqueue-progress", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=2)
+        self.command.stdout.write("")
+
+    def _loop(self) -> None:
+        import time
+
+        from django.db import connections
+
+        from django_skipqueue.models import Job
+
+        try:
+            while not self.done.wait(0.5):
+                stats = self.worker.stats
+                elapsed = max(time.monotonic() - stats.started, 1e-6)
+                remaining = (
+                    Job.objects.using(self.worker.database)
+                    .due()
+                    .for_queues(self.worker.queues)
+                    .count()
+                )
+                line = (
+                    f"\rdone {stats.count(Outcome.SUCCEEDED)}  failed "
+                    f"{stats.count(Outcome.FAILED)}  rate {stats.finished / elapsed:.0f}/s  "
+                    f"remaining {remaining}   "
+                )
+                self.command.stdout.write(line, ending="")
+                self.command.stdout.flush()
+        finally:
+            connections.close_all()

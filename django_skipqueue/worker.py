@@ -1,0 +1,491 @@
+"""Worker: claim in batches, run jobs on threads, renew leases, housekeep, stop gracefully.
+
+Threads and connections (N = concurrency, so N + 3 connections at most):
+- the dispatcher (the thread that calls `run()`): claims as many due jobs as there are
+  free threads in one claim, then waits for a NOTIFY, a free thread or the poll timeout;
+- N executor threads: each runs one job at a time on its own Django connection;
+- the housekeeper: renews the leases of jobs in flight (every third of a lease),
+  records the heartbeat, and reaps expired leases every REAP_INTERVAL_SECONDS;
+- the listener: LISTENs on the queues' channels on its own direct connection.
+
+The process clock only schedules (when to renew, how long to wait); every decision on
+a lease is made by the database in a fenced statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connections,
+)
+from django.db.models.functions import Now
+
+from django_skipqueue import sql
+from django_skipqueue.base import DEFAULT_QUEUE_NAME, validate_queue_name
+from django_skipqueue.conf import get_settings
+from django_skipqueue.executor import Execution, Outcome, execute
+from django_skipqueue.reaper import Reaper
+
+if TYPE_CHECKING:
+    from django_skipqueue.models import Job, WorkerProcess
+
+logger = logging.getLogger(__name__)
+
+#: Errors that mean "the connection or the server is gone for now": back off, retry.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+def discard_connection(alias: str) -> None:
+    """Drop this thread's connection to `alias` after an error; the next query reconnects."""
+    try:
+        connections[alias].close()
+    except DatabaseError:
+        pass
+
+
+class Backoff:
+    """Exponential delays with jitter for reconnecting: 0.1 s doubling up to `cap`."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap, self.current = first, cap, first
+
+    def next(self) -> float:
+        delay = self.current * random.uniform(0.8, 1.2)
+        self.current = min(self.current * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.first
+
+
+@dataclass
+class _Flight:
+    """A claimed job while this process runs it."""
+
+    job: Job
+    attempt: int
+    lease_seconds: float
+    renew_at: float  # process clock: when to renew next (scheduling only)
+
+
+@dataclass
+class WorkerStats:
+    """Counters since start. Read them for progress; they decide nothing."""
+
+    claimed: int = 0
+    finished: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    renewed: int = 0
+    renew_refused: int = 0
+    released_on_shutdown: int = 0
+    reaped: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def count(self, outcome: Outcome) -> int:
+        return self.outcomes.get(outcome.value, 0)
+
+
+class Worker:
+    """Runs jobs from `queues` on `concurrency` threads until stopped. See the module doc."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] = (DEFAULT_QUEUE_NAME,),
+        concurrency: int = 1,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        max_memory_mb: float | None = None,
+        grace: float | None = None,
+        poll_interval: float | None = None,
+        listen: bool | None = None,
+        reap_interval: float | None = None,
+        database: str | None = None,
+    ) -> None:
+        conf = get_settings()
+        self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
+        if not self.queues:
+            raise ValueError("a worker needs at least one queue")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.concurrency = concurrency
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.max_memory_mb = max_memory_mb
+        self.grace = conf.GRACE_SECONDS if grace is None else grace
+        self.poll_interval = conf.POLL_INTERVAL_SECONDS if poll_interval is None else poll_interval
+        self.listen = conf.LISTEN if listen is None else listen
+        self.reap_interval = conf.REAP_INTERVAL_SECONDS if reap_interval is None else reap_interval
+        self.heartbeat_interval = conf.HEARTBEAT_SECONDS
+        self.database = database or conf.DATABASE_ALIAS
+        self.stats = WorkerStats()
+        self.process: WorkerProcess | None = None
+        self.stop_reason = ""
+
+        self._flights: dict[int, _Flight] = {}
+        self._lock = threading.Lock()
+        self._work: queue.Queue[Job | None] = queue.Queue()
+        self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
+        self._stopping = threading.Event()  # no more claims
+        self._halted = threading.Event()  # shutdown finished: helpers end
+        self._housekeeper_wake = threading.Event()  # new flights to schedule, or halted
+        self._signals = 0
+        self._threads: list[threading.Thread] = []
+
+    # -- control ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or the burst, job or memory limit); returns the exit code 0."""
+        self._register()
+        self._start_threads()
+        logger.info(
+            "worker started id=%s queues=%s concurrency=%d listen=%s",
+            self.process.id if self.process else "-",
+            ",".join(self.queues),
+            self.concurrency,
+            self.listen,
+        )
+        try:
+            self._dispatch()
+        finally:
+            self._shutdown()
+        return 0
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Stop claiming; jobs in flight get the grace period, then are released."""
+        if not self._stopping.is_set():
+            self.stop_reason = reason
+            logger.info("worker stopping reason=%s in_flight=%d", reason, self.in_flight)
+        self._stopping.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: a graceful stop; a second one exits at once. Main thread only."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second signal: exiting now; jobs in flight are left to the reaper")
+            logging.shutdown()
+            os._exit(1)
+        self.stop(f"signal {signal.Signals(signum).name}")
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._flights)
+
+    @property
+    def stuck_threads(self) -> int:
+        """Executor threads still inside a task after shutdown (Python cannot kill them)."""
+        return sum(1 for thread in self._threads if thread.is_alive())
+
+    # -- the dispatcher ---------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            if self._limit_reached():
+                break
+            free = self.concurrency - self.in_flight
+            if self.max_jobs is not None:
+                free = min(free, self.max_jobs - self.stats.claimed)
+            if free <= 0:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            self._wake.clear()
+            try:
+                claimed = self._claim(free)
+            except CONNECTION_ERRORS as error:
+                delay = backoff.next()
+                logger.warning("claim failed, retrying in %.2fs: %s", delay, error)
+                discard_connection(self.database)
+                self._stopping.wait(delay)
+                continue
+            backoff.reset()
+            if len(claimed) == free:
+                continue  # there may be more: claim again once a thread is free
+            if not claimed and self.burst and self.in_flight == 0:
+                self.stop("burst: no due job left")
+                break
+            timeout = self._idle_timeout() if not claimed else 1.0
+            logger.debug("worker idle claimed=%d wait=%.3fs", len(claimed), timeout)
+            self._wake.wait(timeout)
+
+    def _claim(self, limit: int) -> list[Job]:
+        from django_skipqueue.models import Job
+
+        claimed = Job.objects.db_manager(self.database).claim(
+            queues=self.queues, limit=limit, worker=self.process
+        )
+        now = time.monotonic()
+        with self._lock:
+            for job in claimed:
+                lease = job.lease.total_seconds()
+                self._flights[job.id] = _Flight(job, job.attempts, lease, now + lease / 3)
+            self.stats.claimed += len(claimed)
+        if claimed:
+            self._housekeeper_wake.set()  # schedule the new jobs' renewals
+        for job in claimed:
+            logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
+            self._work.put(job)
+        return claimed
+
+    def _idle_timeout(self) -> float:
+        """Until the next scheduled job is due, at most the (jittered) poll interval."""
+        timeout = self.poll_interval * random.uniform(0.9, 1.1)
+        try:
+            with connections[self.database].cursor() as cursor:
+                next_due = sql.seconds_until_next_due(cursor, self.queues)
+        except CONNECTION_ERRORS:
+            discard_connection(self.database)
+            return min(timeout, 1.0)
+        if next_due is not None:
+            timeout = min(timeout, max(next_due, 0.005))
+        return timeout
+
+    def _limit_reached(self) -> bool:
+        if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
+            self.stop(f"max jobs reached ({self.max_jobs})")
+            return True
+        if self.max_memory_mb is not None:
+            rss = resident_memory_mb()
+            if rss > self.max_memory_mb:
+                self.stop(f"max memory reached ({rss:.0f} MB > {self.max_memory_mb:g} MB)")
+                return True
+        return False
+
+    # -- executor threads -------------------------------------------------------------
+
+    def _execute_loop(self) -> None:
+        try:
+            while (job := self._work.get()) is not None:
+                execution: Execution | None = None
+                close_old_connections()
+                try:
+                    execution = execute(job, database=self.database)
+                except Exception:
+                    logger.exception("worker could not record job id=%s", job.id)
+                finally:
+                    close_old_connections()
+                    self._finished(job, execution)
+        finally:
+            connections.close_all()
+
+    def _finished(self, job: Job, execution: Execution | None) -> None:
+        with self._lock:
+            self._flights.pop(job.id, None)
+            self.stats.finished += 1
+            if execution is not None:
+                key = execution.outcome.value
+                self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
+        self._wake.set()
+
+    # -- housekeeping -----------------------------------------------------------------
+
+    def _housekeep_loop(self) -> None:
+        reaper = Reaper(database=self.database)
+        now = time.monotonic()
+        next_beat = now + self.heartbeat_interval
+        first_reap = self.reap_interval * random.uniform(0.1, 1.0) if self.reap_interval else 0
+        next_reap = now + first_reap
+        backoff = Backoff()
+        try:
+            while not self._halted.is_set():
+                try:
+                    self._renew_due_leases()
+                    now = time.monotonic()
+                    if now >= next_beat:
+                        self._heartbeat()
+                        next_beat = now + self.heartbeat_interval
+                    if self.reap_interval and now >= next_reap:
+                        result = reaper.reap()
+                        self.stats.reaped += result.requeued + result.failed
+                        next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
+                    backoff.reset()
+                    wait = min(self._next_renewal() - time.monotonic(), next_beat - now, 1.0)
+                except CONNECTION_ERRORS as error:
+                    wait = backoff.next()
+                    logger.warning("housekeeping failed, retrying in %.2fs: %s", wait, error)
+                    discard_connection(self.database)
+                self._housekeeper_wake.wait(max(wait, 0.01))
+                self._housekeeper_wake.clear()
+        finally:
+            connections.close_all()
+
+    def _next_renewal(self) -> float:
+        with self._lock:
+            return min((flight.renew_at for flight in self._flights.values()), default=1e18)
+
+    def _renew_due_leases(self) -> None:
+        from django_skipqueue.models import Job
+
+        now = time.monotonic()
+        with self._lock:
+            due = [flight for flight in self._flights.values() if flight.renew_at <= now]
+        for flight in due:
+            held = Job.objects.db_manager(self.database).renew(flight.job.id, flight.attempt)
+            if held:
+                flight.renew_at = time.monotonic() + flight.lease_seconds / 3
+                self.stats.renewed += 1
+                continue
+            flight.renew_at = 1e18  # never again: this attempt lost the job
+            self.stats.renew_refused += 1
+            logger.warning(
+                "job lease lost id=%s task=%s attempt=%d: renewal refused; its outcome "
+                "will be refused too",
+                flight.job.id,
+                flight.job.task,
+                flight.attempt,
+            )
+
+    def _heartbeat(self) -> None:
+        from django_skipqueue.models import WorkerProcess
+
+        if self.process is None:
+            return
+        beat = WorkerProcess.objects.using(self.database).filter(id=self.process.id)
+        if not beat.update(heartbeat_at=Now()):
+            self.process.save(using=self.database, force_insert=True)  # pruned as dead: back
+
+    # -- the listener -----------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        backoff = Backoff()
+        while not self._halted.is_set():
+            raw = None
+            try:
+                wrapper = connections[self.database]
+                raw = wrapper.get_new_connection(wrapper.get_connection_params())
+                raw.autocommit = True
+                sql.listen(raw, self.queues)
+                logger.info("worker listening queues=%s", ",".join(self.queues))
+                self._wake.set()  # anything enqueued while we were not listening
+                backoff.reset()
+                while not self._halted.is_set():
+                    for notify in raw.notifies(timeout=1.0, stop_after=1):
+                        logger.debug("worker notified channel=%s", notify.channel)
+                        self._wake.set()
+            except Exception as error:  # psycopg errors come raw here, not as Django's
+                delay = backoff.next()
+                logger.warning("listen failed, retrying in %.2fs: %s", delay, error)
+                self._halted.wait(delay)
+            finally:
+                if raw is not None:
+                    try:
+                        raw.close()
+                    except Exception:  # noqa: BLE001, S110  (already broken)
+                        pass
+
+    # -- start and stop ---------------------------------------------------------------
+
+    def _register(self) -> None:
+        from django_skipqueue.models import WorkerProcess
+
+        self.process = WorkerProcess.objects.using(self.database).create(
+            hostname=socket.gethostname()[:255],
+            pid=os.getpid(),
+            queues=self.queues,
+            concurrency=self.concurrency,
+        )
+
+    def _start_threads(self) -> None:
+        for index in range(self.concurrency):
+            thread = threading.Thread(
+                target=self._execute_loop, name=f"skipqueue-executor-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        helpers = [("skipqueue-housekeeper", self._housekeep_loop)]
+        if self.listen:
+            helpers.append(("skipqueue-listener", self._listen_loop))
+        self._helpers = []
+        for name, target in helpers:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._helpers.append(thread)
+
+    def _shutdown(self) -> None:
+        """Give jobs in flight the grace period, release the rest, then end every thread."""
+        from django_skipqueue.models import Job, WorkerProcess
+
+        deadline = time.monotonic() + self.grace
+        while self.in_flight and time.monotonic() < deadline:
+            self._wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+            self._wake.clear()
+        with self._lock:
+            unfinished = list(self._flights.values())
+        for flight in unfinished:
+            try:
+                released = Job.objects.db_manager(self.database).release(
+                    flight.job.id, flight.attempt
+                )
+            except CONNECTION_ERRORS as error:
+                logger.warning("job not released id=%s: %s; the reaper will", flight.job.id, error)
+                continue
+            if released:
+                self.stats.released_on_shutdown += 1
+                logger.warning(
+                    "job released on shutdown id=%s task=%s attempt=%d",
+                    flight.job.id,
+                    flight.job.task,
+                    flight.attempt,
+                )
+        self._halted.set()
+        self._housekeeper_wake.set()
+        for _ in self._threads:
+            self._work.put(None)
+        for thread in [*self._helpers, *self._threads]:
+            thread.join(timeout=2.0 if thread in self._helpers else 0.2)
+        if self.process is not None:
+            try:
+                WorkerProcess.objects.using(self.database).filter(id=self.process.id).update(
+                    heartbeat_at=Now() - timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+                )
+            except CONNECTION_ERRORS:
+                pass
+        connections.close_all()
+        logger.info(
+            "worker stopped reason=%s claimed=%d succeeded=%d failed=%d lost=%d released=%d",
+            self.stop_reason or "-",
+            self.stats.claimed,
+            self.stats.count(Outcome.SUCCEEDED),
+            self.stats.count(Outcome.FAILED),
+            self.stats.count(Outcome.LOST),
+            self.stats.released_on_shutdown,
+        )
+
+
+def resident_memory_mb() -> float:
+    """This process's resident set size in MB (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+__all__ = ["Worker", "WorkerStats", "resident_memory_mb"]

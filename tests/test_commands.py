@@ -1,0 +1,125 @@
+"""reapjobs and runworker as commands: flags, output, batches, dry runs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+from django_skipqueue.models import Job, JobState
+from tests.factories import JobFactory
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reapjobs_takes_back_expired_leases():
+    JobFactory.create_batch(3, expired=True)
+    JobFactory(running=True)
+
+    output = run("reapjobs")
+
+    assert "reap: 3 back to pending, 0 failed" in output
+    assert Job.objects.filter(state=JobState.PENDING, expirations=1).count() == 3
+    assert Job.objects.running().count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reapjobs_prunes_old_finished_jobs_in_batches():
+    old = Now() - timedelta(days=8)
+    Job.objects.bulk_create(JobFactory.build_batch(2500, done=True, finished_at=old))
+    Job.objects.bulk_create(JobFactory.build_batch(5, failed=True, finished_at=old))
+    recent = JobFactory(done=True)
+    pending = JobFactory()
+
+    with CaptureQueriesContext(connection) as queries:
+        output = run("reapjobs", "--prune-done-older-than", "7d", "--batch-size", "1000")
+
+    deletes = [q["sql"] for q in queries if q["sql"].startswith('DELETE FROM "skipqueue_job"')]
+    assert len(deletes) == 3  # 1000 + 1000 + 500, never one huge statement
+    assert "prune: 2500 done, 0 failed" in output
+    assert set(Job.objects.values_list("id", flat=True)) == {recent.id, pending.id} | set(
+        Job.objects.filter(state=JobState.FAILED).values_list("id", flat=True)
+    )
+    assert Job.objects.filter(state=JobState.FAILED).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reapjobs_prunes_failed_jobs_on_their_own_age():
+    JobFactory(failed=True, finished_at=Now() - timedelta(hours=13))
+    JobFactory(failed=True)
+    output = run("reapjobs", "--prune-failed-older-than", "12h")
+    assert "prune: 0 done, 1 failed" in output
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reapjobs_dry_run_counts_but_changes_nothing():
+    JobFactory.create_batch(2, expired=True)
+    JobFactory(done=True, finished_at=Now() - timedelta(days=30))
+    before = list(Job.objects.order_by("id").values_list("id", "state", "expirations"))
+
+    output = run("reapjobs", "--dry-run", "--prune-done-older-than", "1d")
+
+    assert "would reap: 2 back to pending" in output
+    assert "would prune: 1 done" in output
+    assert list(Job.objects.order_by("id").values_list("id", "state", "expirations")) == before
+
+
+@pytest.mark.parametrize("value", ["7", "tomorrow", "-1d", "1y"])
+def test_reapjobs_refuses_a_bad_duration(value):
+    with pytest.raises(CommandError, match="is not a duration"):
+        call_command("reapjobs", f"--prune-done-older-than={value}")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "0"], "0 is not positive"),
+        (["--concurrency", "many"], "'many' is not a whole number"),
+        (["--grace", "-1"], "must be zero or more seconds"),
+        (["--poll-interval", "0"], "must be more than zero seconds"),
+        (["--max-memory", "lots"], "is not a number of megabytes"),
+        (["--queue", "bad queue"], "queue name 'bad queue' is invalid"),
+    ],
+)
+def test_runworker_refuses_bad_flags_with_a_clear_message(args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("runworker", *args)
+
+
+def test_runworker_help_documents_every_flag():
+    from django_skipqueue.management.commands.runworker import Command
+
+    help_text = Command().create_parser("manage.py", "runworker").format_help()
+    for flag in (
+        "--queue",
+        "--concurrency",
+        "--burst",
+        "--max-jobs",
+        "--max-memory",
+        "--grace",
+        "--poll-interval",
+        "--no-listen",
+        "--reap-interval",
+    ):
+        assert flag in help_text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_burst_runs_jobs_and_reports(settings):
+    from tests.testapp import tasks
+
+    tasks.add.enqueue_many([((1, 2), {})] * 5)
+    output = run("runworker", "--burst", "--no-listen", "--concurrency", "2")
+    assert "5 claimed, 5 succeeded" in output
+    assert Job.objects.filter(state=JobState.DONE).count() == 5

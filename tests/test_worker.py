@@ -1,0 +1,251 @@
+"""runworker as users run it: real processes, real signals, a real PostgreSQL."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
+
+from django_skipqueue.models import Job, JobState, WorkerProcess
+from django_skipqueue.worker import Worker
+from tests.processes import wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Run
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def states() -> dict[str, int]:
+    return dict(Job.objects.values_list("state").annotate(n=Count("id")))
+
+
+def all_done(count: int) -> bool:
+    return Job.objects.filter(state=JobState.DONE).count() == count
+
+
+def runs_per_job() -> set[int]:
+    return set(Run.objects.values("job_id").annotate(n=Count("id")).values_list("n", flat=True))
+
+
+# -- in-process: the Worker class --------------------------------------------------
+
+
+def test_one_claim_fills_every_free_thread():
+    tasks.record.enqueue_many([((), {"sleep": 0.2})] * 8)
+    with CaptureQueriesContext(connection) as queries:
+        Worker(concurrency=4, burst=True, listen=False, reap_interval=0).run()
+    claims = [q["sql"] for q in queries if "SKIP LOCKED" in q["sql"]]
+    assert "LIMIT 4" in claims[0]
+    assert len(claims) < 8
+    assert all_done(8)
+
+
+def test_burst_runs_every_due_job_then_returns():
+    tasks.add.enqueue_many([((n, n), {}) for n in range(50)])
+    worker = Worker(concurrency=2, burst=True, listen=False)
+    assert worker.run() == 0
+    assert all_done(50)
+    assert worker.stop_reason == "burst: no due job left"
+
+
+def test_max_jobs_stops_after_that_many_claims():
+    tasks.add.enqueue_many([((1, 1), {})] * 10)
+    worker = Worker(concurrency=4, max_jobs=5, listen=False)
+    worker.run()
+    assert worker.stats.claimed == 5
+    assert states() == {JobState.DONE: 5, JobState.PENDING: 5}
+
+
+def test_max_memory_stops_the_worker_cleanly():
+    tasks.add.enqueue(1, 1)
+    worker = Worker(max_memory_mb=1, listen=False)
+    assert worker.run() == 0
+    assert worker.stop_reason.startswith("max memory reached")
+    assert Job.objects.get().state == JobState.PENDING  # nothing was claimed
+
+
+def test_the_worker_records_itself_and_its_jobs_point_to_it():
+    tasks.add.enqueue(1, 1)
+    worker = Worker(burst=True, listen=False)
+    worker.run()
+    row = WorkerProcess.objects.get()
+    assert row.queues == ["default"] and row.concurrency == 1 and row.pid > 0
+    assert Job.objects.get().worker_id == row.id
+
+
+def test_stop_from_another_thread_releases_jobs_past_the_grace():
+    tasks.record.enqueue(sleep=5)
+    worker = Worker(grace=0.2, listen=False)
+    threading.Timer(0.5, worker.stop).start()
+    worker.run()
+    job = Job.objects.get()
+    assert (job.state, job.attempts, job.releases) == (JobState.PENDING, 1, 1)
+    assert job.max_attempts == 6  # the attempt was given back; the fence did not go down
+
+
+def test_bad_worker_options_are_refused():
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        Worker(concurrency=0)
+    with pytest.raises(ValueError, match="queue name"):
+        Worker(queues=["no spaces"])
+
+
+# -- real processes ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_jobs_enqueued_before_and_while_workers_run_each_finish_once(start_worker):
+    tasks.record.enqueue_many([((), {})] * 100)
+    workers = [start_worker("--concurrency", "2") for _ in range(2)]
+    for worker in workers:
+        worker.wait_for_output("worker listening")
+    tasks.record.enqueue_many([((), {})] * 100)
+
+    wait_until(lambda: all_done(200), timeout=60, message=str(states()))
+
+    assert runs_per_job() == {1}
+    assert len(set(Run.objects.values_list("pid", flat=True))) == 2  # both did work
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    assert [worker.wait(timeout=15) for worker in workers] == [0, 0]
+
+
+@pytest.mark.slow
+def test_sigterm_lets_jobs_in_flight_finish_within_the_grace(start_worker):
+    tasks.record.enqueue_many([((), {"sleep": 1.0})] * 4)
+    worker = start_worker("--concurrency", "4", "--grace", "10")
+    wait_until(lambda: Run.objects.count() == 4, timeout=20)
+
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=10) == 0
+    assert states() == {JobState.DONE: 4}
+    assert "claimed=4" in worker.output()
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_short_grace_releases_unfinished_jobs(start_worker):
+    tasks.record.enqueue_many([((), {"sleep": 30})] * 3)
+    tasks.add.enqueue_many([((1, 1), {})] * 3)  # claimed after the slow ones, quickly done
+    worker = start_worker("--concurrency", "3", "--grace", "0.5")
+    wait_until(lambda: Run.objects.count() == 3, timeout=20)
+
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0
+    assert time.monotonic() - started < 5
+
+    slow = Job.objects.filter(task="tests.testapp.tasks.record")
+    assert set(slow.values_list("state", "attempts", "releases")) == {(JobState.PENDING, 1, 1)}
+    assert not Job.objects.filter(state=JobState.RUNNING).exists()
+
+
+@pytest.mark.slow
+def test_a_second_signal_exits_at_once(start_worker):
+    tasks.record.enqueue(sleep=30)
+    worker = start_worker("--grace", "60")
+    wait_until(lambda: Run.objects.exists(), timeout=20)
+
+    worker.signal(signal.SIGTERM)
+    worker.wait_for_output("worker stopping")
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=5) != 0
+    assert time.monotonic() - started < 2
+    assert Job.objects.get().state == JobState.RUNNING  # left for the reaper, not lost
+
+
+@pytest.mark.slow
+def test_a_job_of_a_killed_worker_is_reaped_and_done_elsewhere(start_worker):
+    job = tasks.record.using(lease=1.0).enqueue(sleep=30, first_only=True)
+    doomed = start_worker("--reap-interval", "0")
+    wait_until(lambda: Run.objects.exists(), timeout=20)
+
+    doomed.process.kill()
+    doomed.wait(timeout=5)
+    start_worker("--reap-interval", "0.2")
+
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=30)
+    job.refresh_from_db()
+    assert (job.attempts, job.expirations) == (2, 1)
+    assert list(Run.objects.order_by("attempt").values_list("attempt", flat=True)) == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_job_three_times_longer_than_its_lease_is_renewed_and_acked_once(start_worker):
+    job = tasks.record.using(lease=1.0).enqueue(sleep=3.0)
+    start_worker("--reap-interval", "0.1")
+
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=30)
+
+    job.refresh_from_db()
+    assert (job.attempts, job.expirations) == (1, 0)
+    assert Run.objects.count() == 1
+
+
+@pytest.mark.slow
+def test_notify_wakes_an_idle_worker_within_a_second(start_worker):
+    worker = start_worker("--poll-interval", "30")
+    worker.wait_for_output("worker listening")
+    time.sleep(0.3)  # let the first idle wait begin, so only a NOTIFY can end it early
+
+    started = time.monotonic()
+    job = tasks.add.enqueue(1, 1)
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
+
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.slow
+def test_without_listen_the_worker_falls_back_to_polling(start_worker):
+    worker = start_worker("--no-listen", "--poll-interval", "0.3")
+    wait_until(lambda: WorkerProcess.objects.exists(), timeout=20)
+
+    job = tasks.add.enqueue(1, 1)
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
+
+    assert "worker listening" not in worker.output()
+
+
+@pytest.mark.slow
+def test_a_scheduled_job_runs_when_due_not_at_the_next_poll(start_worker):
+    worker = start_worker("--poll-interval", "30")
+    worker.wait_for_output("worker listening")
+    job = tasks.add.using(run_after=timedelta(seconds=1)).enqueue(1, 1)
+
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=5)
+
+
+@pytest.mark.slow
+def test_the_worker_survives_its_connections_being_terminated(start_worker):
+    tasks.record.enqueue_many([((), {"sleep": 0.02})] * 300)
+    worker = start_worker("--concurrency", "2", settings={"HEARTBEAT_SECONDS": 0.2})
+    wait_until(lambda: Run.objects.count() >= 20, timeout=30)
+
+    for _ in range(3):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        time.sleep(0.3)  # spacing the faults, not synchronising
+
+    wait_until(lambda: all_done(300), timeout=60, message=str(states()))
+    assert worker.process.poll() is None  # no crash
+    assert "terminating connection" in worker.output() or "connection" in worker.output()
+
+
+@pytest.mark.slow
+def test_the_heartbeat_keeps_the_worker_row_fresh(start_worker):
+    start_worker(settings={"HEARTBEAT_SECONDS": 0.2})
+    wait_until(lambda: WorkerProcess.objects.exists(), timeout=20)
+    first = WorkerProcess.objects.get().heartbeat_at
+
+    wait_until(lambda: WorkerProcess.objects.get().heartbeat_at > first, timeout=5)
