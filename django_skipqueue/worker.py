@@ -134,6 +134,7 @@ class Worker:
         self.listen = conf.LISTEN if listen is None else listen
         self.reap_interval = conf.REAP_INTERVAL_SECONDS if reap_interval is None else reap_interval
         self.heartbeat_interval = conf.HEARTBEAT_SECONDS
+        self.prune_workers_after = timedelta(seconds=conf.WORKER_PRUNE_AFTER_SECONDS)
         self.database = database or conf.DATABASE_ALIAS
         self.stats = WorkerStats()
         self.process: WorkerProcess | None = None
@@ -321,9 +322,16 @@ class Worker:
                     if self.reap_interval and now >= next_reap:
                         result = reaper.reap()
                         self.stats.reaped += result.requeued + result.failed
+                        if not result.locked_out:
+                            reaper.prune(workers_dead_for=self.prune_workers_after)
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     backoff.reset()
-                    wait = min(self._next_renewal() - time.monotonic(), next_beat - now, 1.0)
+                    soonest = min(
+                        self._next_renewal(),
+                        next_beat,
+                        next_reap if self.reap_interval else next_beat,
+                    )
+                    wait = min(soonest - time.monotonic(), 1.0)
                 except CONNECTION_ERRORS as error:
                     wait = backoff.next()
                     logger.warning("housekeeping failed, retrying in %.2fs: %s", wait, error)

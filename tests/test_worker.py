@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.db.models import Count
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.models import Job, JobState, WorkerProcess
@@ -87,6 +88,29 @@ def test_stop_from_another_thread_releases_jobs_past_the_grace():
     job = Job.objects.get()
     assert (job.state, job.attempts, job.releases) == (JobState.PENDING, 1, 1)
     assert job.max_attempts == 6  # the attempt was given back; the fence did not go down
+
+
+def test_an_ack_that_meets_a_dead_connection_is_retried_not_dropped(caplog):
+    tasks.drops_its_connection.enqueue()
+    Worker(burst=True, listen=False).run()
+    job = Job.objects.get()
+    assert (job.state, job.result, job.attempts) == (JobState.DONE, "acked anyway", 1)
+    assert "job outcome write failed" in caplog.text
+
+
+def test_the_housekeeper_prunes_rows_of_workers_long_dead(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "WORKER_PRUNE_AFTER_SECONDS": 60}
+    dead = WorkerProcess.objects.create(
+        hostname="gone", pid=1, heartbeat_at=Now() - timedelta(hours=1)
+    )
+    recent = WorkerProcess.objects.create(hostname="resting", pid=2)
+    tasks.record.enqueue(sleep=0.5)
+
+    Worker(burst=True, listen=False, reap_interval=0.05).run()
+
+    remaining = set(WorkerProcess.objects.values_list("id", flat=True))
+    assert dead.id not in remaining
+    assert recent.id in remaining
 
 
 def test_bad_worker_options_are_refused():
@@ -249,3 +273,40 @@ def test_the_heartbeat_keeps_the_worker_row_fresh(start_worker):
     first = WorkerProcess.objects.get().heartbeat_at
 
     wait_until(lambda: WorkerProcess.objects.get().heartbeat_at > first, timeout=5)
+
+
+@pytest.mark.slow
+def test_burst_on_a_terminal_shows_live_progress(tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.processes import REPO_ROOT, child_env
+
+    tasks.record.enqueue_many([((), {"sleep": 0.05})] * 40)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "runworker", "--burst", "--no-listen"],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        stdout=follower,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(follower)
+    output = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed: the process exited
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        assert process.wait(timeout=60) == 0
+        os.close(leader)
+    text = output.decode()
+    assert "\rdone " in text and "rate " in text and "remaining " in text
+    assert "40 claimed, 40 succeeded" in text

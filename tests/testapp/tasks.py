@@ -66,3 +66,16 @@ async def async_add(a: int, b: int) -> int:
 @task(takes_context=True, lease=1.0)
 def extends_lease(context: TaskContext, seconds: float) -> bool:
     return context.extend_lease(seconds)
+
+
+@task
+def drops_its_connection() -> str:
+    """Kill this thread's database session, so the ack that follows meets a dead connection."""
+    from django.db import OperationalError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    except OperationalError:
+        pass  # the session is gone; the task itself succeeded
+    return "acked anyway"
