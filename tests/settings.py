@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -15,11 +16,12 @@ env = environ.Env()
 if "DATABASE_URL" not in os.environ:
     from django_skipqueue.embedded import embedded_database_url
 
-    # Kept between runs, so the suite starts in about a second; one database per
-    # Django version so tox environments never share a schema.
+    # Kept between runs, so the suite starts in about a second. One database per
+    # checkout and Django version, so two runs on one machine never share a schema.
     data_dir = Path(tempfile.gettempdir()) / f"skipqueue-test-pg-{os.getuid()}"
+    checkout = hashlib.sha1(str(Path(__file__).resolve().parent).encode()).hexdigest()[:8]  # noqa: S324
     os.environ["DATABASE_URL"] = embedded_database_url(
-        data_dir, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}"
+        data_dir, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}_{checkout}"
     )
 
 database = env.db_url("DATABASE_URL")
