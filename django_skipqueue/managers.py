@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import Expression, F, Func, Value
 from django.db.models.functions import JSONObject, Now
 
-from django_skipqueue.base import CLAIM_ORDER, FINISHED_STATES, JobState
+from django_skipqueue.base import FINISHED_STATES, JobState
 from django_skipqueue.conf import get_settings
 
 if TYPE_CHECKING:
@@ -172,44 +172,41 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """Lock up to `limit` due jobs (SKIP LOCKED), mark them running, commit, return them.
 
         Locks: FOR NO KEY UPDATE SKIP LOCKED on the chosen rows, held only until this
-        method's transaction commits, before it returns. Statements: the locking
-        SELECT, one UPDATE and one SELECT, whatever `limit` is. Each returned job's
+        method's transaction commits, before it returns. Statements: one
+        (`sql.CLAIM_*`: a locking CTE and an UPDATE ... RETURNING), whatever `limit`
+        is. Returned in claim order (priority, then run_at, then id). Each job's
         `attempts` is the attempt number that its ack, renew, fail and release must
         present. The lease is each job's own unless `lease` is given.
         """
         if limit < 1:
             return []
-        with transaction.atomic(using=self.db):
-            ids = list(  # evaluating is what takes the row locks
-                self.due()
-                .for_queues(queues)
-                .order_by(*CLAIM_ORDER)
-                .select_for_update(skip_locked=True, no_key=True)
-                .values_list("id", flat=True)[:limit]
-            )
-            if not ids:
-                return []
-            self.filter(id__in=ids).update(
-                state=JobState.RUNNING,
-                attempts=F("attempts") + 1,
-                worker=worker,
-                started_at=Now(),
-                leased_until=Now() + (Value(lease) if lease is not None else F("lease")),
-            )
-            return list(self.filter(id__in=ids).order_by(*CLAIM_ORDER))
+        from django_skipqueue import sql
+
+        names = list(queues)
+        params = {
+            "queues": names[0] if len(names) == 1 else names,
+            "limit": limit,
+            "worker": worker.pk if worker is not None else None,
+            "lease": lease,
+        }
+        statement = sql.CLAIM_ONE_QUEUE if len(names) == 1 else sql.CLAIM_QUEUES
+        with transaction.atomic(using=self.db):  # one statement; commits before returning
+            claimed = list(self.raw(statement, params, using=self.db))
+        claimed.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        return claimed
 
     def ack(self, job_id: int, attempt: int, result: JSONValue = None) -> bool:
         """Mark done only if `attempt` still holds the lease. False: this attempt lost it.
 
-        One fenced UPDATE in autocommit (or the caller's transaction).
+        One fenced UPDATE (`sql.ACK`) in autocommit, or in the caller's transaction.
         """
-        updated = self.holding(job_id, attempt).update(
-            state=JobState.DONE,
-            result=result,
-            finished_at=Now(),
-            leased_until=None,
-        )
-        return updated == 1
+        from django_skipqueue import sql
+
+        field = self.model._meta.get_field("result")
+        value = field.get_db_prep_value(result, connection=connections[self.db])
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.ACK, [value, job_id, attempt])
+            return cursor.rowcount == 1
 
     def renew(self, job_id: int, attempt: int, lease: timedelta | None = None) -> bool:
         """Extend the lease to now + `lease` (the job's own by default). False: it was lost."""

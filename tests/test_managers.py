@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.managers import ErrorInfo
-from django_skipqueue.models import CLAIM_ORDER, Job, JobState
+from django_skipqueue.models import Job, JobState
 from tests.conftest import set_lease
 from tests.factories import JobFactory
 from tests.processes import start_python
@@ -391,18 +391,16 @@ def test_claim_uses_the_claim_index_with_100000_done_and_10000_pending_rows():
             """
         )
         cursor.execute("ANALYZE skipqueue_job")
-    with transaction.atomic():
-        plan = (
-            Job.objects.due()
-            .for_queues(["default"])
-            .order_by(*CLAIM_ORDER)
-            .select_for_update(skip_locked=True, no_key=True)
-            .values_list("id", flat=True)[:10]
-            .explain()
-        )
+    from django_skipqueue import sql
+
+    params = {"queues": "default", "limit": 10, "worker": None, "lease": None}
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql.CLAIM_ONE_QUEUE, params)  # plans; changes nothing
+        plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "skipqueue_job_claim_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
     assert "Sort" not in plan, plan  # the index gives the claim's order
+    assert Job.objects.filter(state=JobState.RUNNING).count() == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -445,3 +443,17 @@ def test_a_job_in_an_open_transaction_cannot_be_claimed_until_commit():
 
     assert claimed_before == [[]]
     assert [claimed.id for claimed in Job.objects.claim(queues=["default"])] == [job.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_never_returns_more_rows_than_its_limit():
+    """T39 (Oban 3990921): the LIMIT of the locking subquery holds for every batch size."""
+    Job.objects.bulk_create(JobFactory.build_batch(3000))
+    claimed = 0
+    for _ in range(30):
+        for limit in range(1, 17):
+            batch = Job.objects.claim(queues=["default"], limit=limit)
+            assert len(batch) <= limit
+            claimed += len(batch)
+    assert claimed == Job.objects.filter(state=JobState.RUNNING).count()
+    assert not Job.objects.filter(attempts__gt=1).exists()
