@@ -107,13 +107,14 @@ def _validate_max_attempts(value: object) -> int | None:
     return value
 
 
-def _validate_lease(value: object) -> timedelta | None:
+def _validate_lease(value: object, name: str = "lease") -> timedelta | None:
     if value is None:
         return None
+    given = value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = timedelta(seconds=value) if math.isfinite(value) else None
     if not isinstance(value, timedelta) or value <= timedelta(0):
-        raise InvalidJobError(f"lease must be a positive timedelta or seconds, got {value!r}")
+        raise InvalidJobError(f"{name} must be a positive timedelta or seconds, got {given!r}")
     return value
 
 
@@ -176,6 +177,9 @@ class Task(Generic[P, R]):
     non_retryable: tuple[type[BaseException], ...] = ()
     takes_context: bool = False
     database: str | None = None
+    #: After this long a worker stops renewing the attempt's lease, so the reaper takes
+    #: it back (a hung task cannot hold its job forever). None: renew while it runs.
+    timeout: timedelta | None = None
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -183,6 +187,7 @@ class Task(Generic[P, R]):
         _validate_run_after(self.run_after)
         _validate_max_attempts(self.max_attempts)
         object.__setattr__(self, "lease", _validate_lease(self.lease))
+        object.__setattr__(self, "timeout", _validate_lease(self.timeout, "timeout"))
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a RetryPolicy, got {self.retry!r}")
         if isinstance(self.non_retryable, type):
@@ -298,6 +303,7 @@ def task(
     non_retryable: tuple[type[BaseException], ...] = ...,
     takes_context: bool = ...,
     database: str | None = ...,
+    timeout: timedelta | float | None = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -314,6 +320,7 @@ def task(
     non_retryable: tuple[type[BaseException], ...] = (),
     takes_context: bool = False,
     database: str | None = None,
+    timeout: timedelta | float | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -345,6 +352,7 @@ def task(
             non_retryable=tuple(non_retryable),
             takes_context=takes_context,
             database=database,
+            timeout=_validate_lease(timeout, "timeout"),
         )
         registry.register(new)
         return new

@@ -24,6 +24,10 @@ class UnknownTaskError(SkipQueueError, LookupError):
         self.name = name
 
 
+class TransactionLeftOpenError(SkipQueueError):
+    """A task returned with a transaction still open; it was rolled back."""
+
+
 class InvalidJobError(SkipQueueError, ValueError):
     """An enqueue was refused before anything was written: bad arguments or options."""
 

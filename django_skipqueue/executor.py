@@ -23,7 +23,12 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django_skipqueue import signals
 from django_skipqueue.base import TaskContext, default_retry_policy
 from django_skipqueue.conf import get_settings
-from django_skipqueue.exceptions import InvalidJobError, Retry, UnknownTaskError
+from django_skipqueue.exceptions import (
+    InvalidJobError,
+    Retry,
+    TransactionLeftOpenError,
+    UnknownTaskError,
+)
 from django_skipqueue.managers import ErrorInfo
 from django_skipqueue.payload import encoded_size, normalize
 from django_skipqueue.registry import registry
@@ -83,9 +88,13 @@ def execute(job: Job, *, database: str | None = None) -> Execution:
     logger.info("job started id=%s task=%s attempt=%d", job.id, job.task, attempt)
 
     task: Task[Any, Any] | None = None
+    depth = len(connections[database].atomic_blocks)
     try:
         task = registry.get(job.task)
-        value = _call(task, job, database)
+        try:
+            value = _call(task, job, database)
+        finally:
+            _roll_back_left_open(database, depth)
         result = normalize(value, "the return value")
         limit = get_settings().MAX_PAYLOAD_BYTES
         if encoded_size(result) > limit:
@@ -151,6 +160,32 @@ def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
     if task.is_async:
         return async_to_sync(task.func)(*args, **job.kwargs)
     return task.func(*args, **job.kwargs)
+
+
+def _roll_back_left_open(database: str, depth: int) -> None:
+    """Roll back a transaction the task opened and never closed, and say so.
+
+    The atomic() blocks it left are gone from the stack, so they cannot be exited: the
+    connection is closed (the server rolls back) and Django's bookkeeping reset, so the
+    fenced write that follows runs on a clean connection in autocommit.
+    """
+    connection = connections[database]
+    if len(connection.atomic_blocks) <= depth:
+        return
+    left = len(connection.atomic_blocks) - depth
+    try:
+        connection.close()
+    except DatabaseError:
+        pass
+    del connection.atomic_blocks[depth:]
+    connection.savepoint_ids = connection.savepoint_ids[: max(depth - 1, 0)]
+    connection.in_atomic_block = depth > 0
+    connection.needs_rollback = False
+    connection.closed_in_transaction = False
+    raise TransactionLeftOpenError(
+        f"the task left {left} transaction block(s) open (atomic() entered, never exited); "
+        f"rolled back"
+    )
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:

@@ -32,7 +32,6 @@ from django.db import (
     DatabaseError,
     InterfaceError,
     OperationalError,
-    close_old_connections,
     connections,
 )
 from django.db.models.functions import Now
@@ -42,6 +41,7 @@ from django_skipqueue.base import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.conf import get_settings
 from django_skipqueue.executor import Execution, Outcome, execute
 from django_skipqueue.reaper import Reaper
+from django_skipqueue.registry import registry
 
 if TYPE_CHECKING:
     from django_skipqueue.models import Job, WorkerProcess
@@ -50,6 +50,32 @@ logger = logging.getLogger(__name__)
 
 #: Errors that mean "the connection or the server is gone for now": back off, retry.
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+
+def refresh_connections() -> None:
+    """Before and after each job: drop this thread's broken or expired connections.
+
+    Django's close_old_connections() closes every connection when CONN_MAX_AGE is 0,
+    which in a worker means a new connection for every job. Here CONN_MAX_AGE = 0 keeps
+    a connection for the thread's life; a positive CONN_MAX_AGE still recycles it, and
+    broken connections, ones left out of autocommit, and CONN_HEALTH_CHECKS (checked on
+    the job's first query) behave as in a request.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        if connection.settings_dict["CONN_MAX_AGE"] != 0:
+            connection.close_if_unusable_or_obsolete()
+            continue
+        connection.health_check_done = False
+        if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
+            connection.close()
+        elif connection.errors_occurred:
+            if connection.is_usable():
+                connection.errors_occurred = False
+                connection.health_check_done = True
+            else:
+                connection.close()
 
 
 def discard_connection(alias: str) -> None:
@@ -83,6 +109,7 @@ class _Flight:
     attempt: int
     lease_seconds: float
     renew_at: float  # process clock: when to renew next (scheduling only)
+    timeout_at: float = float("inf")  # process clock: stop renewing after this
 
 
 @dataclass
@@ -96,6 +123,7 @@ class WorkerStats:
     renew_refused: int = 0
     released_on_shutdown: int = 0
     reaped: int = 0
+    timed_out: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def count(self, outcome: Outcome) -> int:
@@ -149,6 +177,7 @@ class Worker:
         self._housekeeper_wake = threading.Event()  # new flights to schedule, or halted
         self._signals = 0
         self._threads: list[threading.Thread] = []
+        self._abandoned: set[int] = set()  # job ids whose thread was given up on
 
     # -- control ----------------------------------------------------------------------
 
@@ -243,7 +272,11 @@ class Worker:
         with self._lock:
             for job in claimed:
                 lease = job.lease.total_seconds()
-                self._flights[job.id] = _Flight(job, job.attempts, lease, now + lease / 3)
+                flight = _Flight(job, job.attempts, lease, now + lease / 3)
+                timeout = registry.get(job.task).timeout if job.task in registry else None
+                if timeout is not None:
+                    flight.timeout_at = now + timeout.total_seconds()
+                self._flights[job.id] = flight
             self.stats.claimed += len(claimed)
         if claimed:
             self._housekeeper_wake.set()  # schedule the new jobs' renewals
@@ -282,20 +315,26 @@ class Worker:
         try:
             while (job := self._work.get()) is not None:
                 execution: Execution | None = None
-                close_old_connections()
+                refresh_connections()
                 try:
                     execution = execute(job, database=self.database)
                 except Exception:
                     logger.exception("worker could not record job id=%s", job.id)
                 finally:
-                    close_old_connections()
+                    refresh_connections()
                     self._finished(job, execution)
+                with self._lock:
+                    if job.id in self._abandoned:
+                        self._abandoned.discard(job.id)
+                        return  # a replacement thread took this one's place
         finally:
             connections.close_all()
 
     def _finished(self, job: Job, execution: Execution | None) -> None:
         with self._lock:
             self._flights.pop(job.id, None)
+            if job.id in self._abandoned:
+                return  # counted when it timed out
             self.stats.finished += 1
             if execution is not None:
                 key = execution.outcome.value
@@ -350,7 +389,10 @@ class Worker:
 
         now = time.monotonic()
         with self._lock:
-            due = [flight for flight in self._flights.values() if flight.renew_at <= now]
+            timed_out = [f for f in self._flights.values() if f.timeout_at <= now]
+            due = [f for f in self._flights.values() if f.renew_at <= now and f.timeout_at > now]
+        for flight in timed_out:
+            self._abandon(flight)
         for flight in due:
             held = Job.objects.db_manager(self.database).renew(flight.job.id, flight.attempt)
             if held:
@@ -366,6 +408,39 @@ class Worker:
                 flight.job.task,
                 flight.attempt,
             )
+
+    def _abandon(self, flight: _Flight) -> None:
+        """Stop renewing a job past its timeout and give its thread's place to a new one.
+
+        Python cannot stop a thread: the old one runs on until the task returns, and its
+        outcome is then refused by the fence if the reaper took the job back meanwhile.
+        """
+        with self._lock:
+            if self._flights.pop(flight.job.id, None) is None:
+                return  # finished just now
+            self._abandoned.add(flight.job.id)
+            self.stats.timed_out += 1
+            hung = len(self._abandoned)
+        logger.warning(
+            "job timed out id=%s task=%s attempt=%d: lease no longer renewed; the reaper "
+            "will take it back",
+            flight.job.id,
+            flight.job.task,
+            flight.attempt,
+        )
+        self._spawn_executor()
+        self._wake.set()
+        if hung > self.concurrency:
+            self.stop(f"{hung} threads hung in timed-out tasks; restart the process")
+
+    def _spawn_executor(self) -> None:
+        thread = threading.Thread(
+            target=self._execute_loop,
+            name=f"skipqueue-executor-{len(self._threads)}",
+            daemon=True,
+        )
+        thread.start()
+        self._threads.append(thread)
 
     def _heartbeat(self) -> None:
         from django_skipqueue.models import WorkerProcess
@@ -418,12 +493,8 @@ class Worker:
         )
 
     def _start_threads(self) -> None:
-        for index in range(self.concurrency):
-            thread = threading.Thread(
-                target=self._execute_loop, name=f"skipqueue-executor-{index}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        for _ in range(self.concurrency):
+            self._spawn_executor()
         helpers = [("skipqueue-housekeeper", self._housekeep_loop)]
         if self.listen:
             helpers.append(("skipqueue-listener", self._listen_loop))
