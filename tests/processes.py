@@ -52,13 +52,15 @@ def start_python(code: str, **extra_env: str) -> subprocess.Popen[str]:
 
 
 class WorkerHandle:
-    """A real `python -m django runworker` process whose output goes to a file."""
+    """A real `python -m django runworker` (or another command) whose output goes to a file."""
 
-    def __init__(self, args: list[str], log_path: Path, **extra_env: str) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, command: str = "runworker", **extra_env: str
+    ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", "runworker", *args],
+            [sys.executable, "-m", "django", command, *args],
             env=child_env(**extra_env),
             cwd=REPO_ROOT,
             stdout=self._log,

@@ -15,3 +15,41 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt} (pid {self.pid})"
+
+
+class Effect(models.Model):
+    """A task's side effect, unique per job: a second insert is a duplicate effect."""
+
+    job_id = models.BigIntegerField(unique=True)
+
+    def __str__(self) -> str:
+        return f"effect of job {self.job_id}"
+
+
+class DuplicateEffect(models.Model):
+    job_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"duplicate effect of job {self.job_id} attempt {self.attempt}"
+
+
+class JobAudit(models.Model):
+    """Every state change of a job, written by a trigger (tests only; see migration 0002)."""
+
+    job_id = models.BigIntegerField()
+    old_state = models.CharField(max_length=16)
+    new_state = models.CharField(max_length=16)
+    old_attempts = models.PositiveIntegerField()
+    new_attempts = models.PositiveIntegerField()
+    old_expirations = models.PositiveIntegerField()
+    new_expirations = models.PositiveIntegerField()
+    new_releases = models.PositiveIntegerField()
+    worker_id = models.UUIDField(null=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["job_id"], name="testapp_audit_job_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.old_state} -> {self.new_state}"

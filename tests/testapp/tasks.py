@@ -79,3 +79,49 @@ def drops_its_connection() -> str:
     except OperationalError:
         pass  # the session is gone; the task itself succeeded
     return "acked anyway"
+
+
+@task(takes_context=True, max_attempts=10)
+def probe(context: TaskContext, ms: int = 0, mode: str = "ok") -> int:
+    """The fault tests' task (RELIABILITY.md 4.1): log the run, misbehave per mode, then
+    write a unique effect; a second effect for the same job is logged as a duplicate."""
+    import signal
+
+    from django.db import connection
+
+    from tests.testapp.models import DuplicateEffect
+
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if mode == "exit":
+        os._exit(1)
+    if mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if mode == "raise":
+        raise RuntimeError(f"probe {context.job_id} raised on attempt {context.attempt}")
+    time.sleep(ms / 1000)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (job_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING id",
+            [context.job_id],
+        )
+        if cursor.fetchone() is None:
+            DuplicateEffect.objects.create(job_id=context.job_id, attempt=context.attempt)
+    return context.attempt
+
+
+@task
+def leaves_transaction_open() -> None:
+    from django.db import transaction
+
+    transaction.atomic().__enter__()  # never exited
+    Run.objects.create(job_id=0, attempt=0, pid=os.getpid())  # must be rolled back
+
+
+@task(retry=RetryPolicy(base=0.2, cap=2.0, jitter=0.1), max_attempts=5)
+def t22_always_raises() -> None:
+    raise RuntimeError("always")
+
+
+@task(timeout=1.0, lease=0.6, max_attempts=3, retry=RetryPolicy(base=0.01, cap=0.01))
+def t23_hangs(seconds: float) -> None:
+    time.sleep(seconds)  # ignores every request to stop
