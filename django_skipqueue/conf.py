@@ -25,6 +25,15 @@ def _positive_number(value: Any) -> bool:
     )
 
 
+#: The largest MAX_PAYLOAD_BYTES allowed; the database's own ceiling (migration 0003)
+#: is four times that, in jsonb's slightly larger text form.
+PAYLOAD_BYTES_CEILING = 1024 * 1024
+
+
+def _payload_limit(value: Any) -> bool:
+    return _positive_int(value) and value <= PAYLOAD_BYTES_CEILING
+
+
 def _zero_or_more(value: Any) -> bool:
     return value == 0 or _positive_number(value)
 
@@ -83,6 +92,8 @@ class SkipQueueSettings:
     WORKER_PRUNE_AFTER_SECONDS: float = 24 * 3600.0
     #: Worker: seconds jobs in flight get to finish after SIGTERM before they are released.
     GRACE_SECONDS: float = 30.0
+    #: Keys whose values are masked in stored errors and the admin (substring, any case).
+    REDACT_KEYS: tuple[str, ...] = ("password", "token", "secret", "authorization", "api_key")
 
     def problems(self) -> list[tuple[str, str]]:
         """(key, what is wrong) for each value of the wrong type or out of range."""
@@ -93,7 +104,7 @@ class SkipQueueSettings:
             "RETRY_BASE_SECONDS": (_positive_number, "a positive number of seconds"),
             "RETRY_CAP_SECONDS": (_positive_number, "a positive number of seconds"),
             "RETRY_JITTER": (_fraction, "a fraction in [0, 1)"),
-            "MAX_PAYLOAD_BYTES": (_positive_int, "a positive integer (bytes)"),
+            "MAX_PAYLOAD_BYTES": (_payload_limit, "a positive integer of bytes, at most 1 MiB"),
             "ERROR_HISTORY_LENGTH": (_positive_int, "a positive integer"),
             "TASK_MODULES": (_names, "a list of dotted module paths"),
             "POLL_INTERVAL_SECONDS": (_positive_number, "a positive number of seconds"),
@@ -103,6 +114,7 @@ class SkipQueueSettings:
             "WORKER_DEAD_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "WORKER_PRUNE_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "GRACE_SECONDS": (_zero_or_more, "zero or more seconds"),
+            "REDACT_KEYS": (_names, "a list of key names"),
         }
         found = []
         for key, (valid, expected) in rules.items():
@@ -129,6 +141,7 @@ def get_settings() -> SkipQueueSettings:
     Unknown keys are left out here and reported by the system check skipqueue.E001.
     """
     known = {key: value for key, value in user_settings().items() if key in KNOWN_KEYS}
-    if "TASK_MODULES" in known and isinstance(known["TASK_MODULES"], list):
-        known["TASK_MODULES"] = tuple(known["TASK_MODULES"])
+    for key in ("TASK_MODULES", "REDACT_KEYS"):
+        if isinstance(known.get(key), list):
+            known[key] = tuple(known[key])
     return SkipQueueSettings(**known)

@@ -31,6 +31,7 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.managers import ErrorInfo
 from django_skipqueue.payload import encoded_size, normalize
+from django_skipqueue.redaction import redact_text
 from django_skipqueue.registry import registry
 
 if TYPE_CHECKING:
@@ -64,15 +65,15 @@ class Execution:
 
 
 def describe_error(error: BaseException) -> ErrorInfo:
-    """The class path, message and traceback of `error`, capped in size; no frame locals."""
+    """The class path, message and traceback of `error`: capped, redacted, no frame locals."""
     kind = type(error)
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
     if len(text) > TRACEBACK_MAX_CHARS:
         text = "...(truncated)\n" + text[-TRACEBACK_MAX_CHARS:]
     return ErrorInfo(
         type=f"{kind.__module__}.{kind.__qualname__}",
-        message=str(error)[:MESSAGE_MAX_CHARS],
-        traceback=text,
+        message=redact_text(str(error)[:MESSAGE_MAX_CHARS]),
+        traceback=redact_text(text),
     )
 
 
@@ -220,14 +221,15 @@ def _record_failure(
     if isinstance(raised, UnknownTaskError):
         logger.error("job task unknown id=%s task=%s attempt=%d", job.id, job.task, attempt)
     else:
+        # The stored, redacted traceback, not exc_info: secrets stay out of logs too.
         logger.error(
-            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s",
+            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
             job.id,
             job.task,
             attempt,
             duration,
             error.type,
-            exc_info=(type(raised), raised, raised.__traceback__),
+            error.traceback.rstrip(),
         )
     if state == JobState.PENDING:
         logger.info(

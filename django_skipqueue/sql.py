@@ -18,6 +18,8 @@ from django_skipqueue.base import validate_queue_name
 REAPER_LOCK_KEY = int.from_bytes(b"skipqueu", "big") >> 1
 
 CHANNEL_PREFIX = "skipqueue_"
+#: The payload of the NOTIFY a worker sends itself to check that LISTEN works.
+SELF_TEST_PAYLOAD = "skipqueue:listen-self-test"
 
 
 def channel_name(queue_name: str) -> str:

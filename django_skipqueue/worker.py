@@ -462,6 +462,15 @@ class Worker:
                 raw = wrapper.get_new_connection(wrapper.get_connection_params())
                 raw.autocommit = True
                 sql.listen(raw, self.queues)
+                if not self._listen_works(raw):
+                    logger.warning(
+                        "LISTEN does not receive notifications on this connection (a "
+                        "transaction pooler such as PgBouncer?); polling every %.1fs instead. "
+                        "Point the worker at a direct connection, or set "
+                        "SKIPQUEUE['LISTEN'] = False to silence this.",
+                        self.poll_interval,
+                    )
+                    return
                 logger.info("worker listening queues=%s", ",".join(self.queues))
                 self._wake.set()  # anything enqueued while we were not listening
                 backoff.reset()
@@ -479,6 +488,16 @@ class Worker:
                         raw.close()
                     except Exception:  # noqa: BLE001, S110  (already broken)
                         pass
+
+    def _listen_works(self, raw: object) -> bool:
+        """Send ourselves a NOTIFY; through a transaction pooler it never comes back."""
+        channel = sql.channel_name(self.queues[0])
+        raw.execute("SELECT pg_notify(%s, %s)", [channel, sql.SELF_TEST_PAYLOAD])
+        for notify in raw.notifies(timeout=2.0):
+            if notify.payload == sql.SELF_TEST_PAYLOAD:
+                return True
+            self._wake.set()  # a real one arrived meanwhile
+        return False
 
     # -- start and stop ---------------------------------------------------------------
 

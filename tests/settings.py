@@ -28,6 +28,8 @@ database = env.db_url("DATABASE_URL")
 if "host" in database.get("OPTIONS", {}):  # a unix socket directory (embedded server)
     database["HOST"] = database["OPTIONS"].pop("host")
 database["CONN_HEALTH_CHECKS"] = True
+if os.environ.get("SKIPQUEUE_TEST_PG_OPTIONS"):  # server settings for one child's sessions
+    database.setdefault("OPTIONS", {})["options"] = os.environ["SKIPQUEUE_TEST_PG_OPTIONS"]
 DATABASES = {"default": database}
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105

@@ -10,6 +10,9 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from django_skipqueue import task
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
@@ -196,3 +199,54 @@ def test_job_str_and_repr_never_show_arguments():
     job = Job(id=3, task="t", args=["hunter2"], kwargs={"password": "hunter2"}, state="pending")
     assert "hunter2" not in str(job)
     assert "hunter2" not in repr(job)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t28_the_database_refuses_an_oversized_payload_written_by_raw_sql():
+    from django.db import IntegrityError
+
+    huge = "x" * (4 * 1024 * 1024)
+    with (
+        pytest.raises(IntegrityError, match="skipqueue_job_payload_size"),
+        connection.cursor() as c,
+    ):
+        c.execute(
+            "INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, lease, "
+            "attempts, max_attempts, expirations, releases, last_error, errors) VALUES "
+            "('t', jsonb_build_array(%s::text), '{}', 'default', 0, 'pending', '1 minute', "
+            "0, 1, 0, 0, '', '[]')",
+            [huge],
+        )
+    assert not Job.objects.exists()
+
+
+def test_t28_a_payload_limit_above_the_ceiling_is_a_check_error(settings):
+    from django_skipqueue.checks import check_settings
+
+    settings.SKIPQUEUE = {"MAX_PAYLOAD_BYTES": 2 * 1024 * 1024}
+    [error] = check_settings()
+    assert error.id == "skipqueue.E002" and "MAX_PAYLOAD_BYTES" in error.msg
+
+
+@pytest.mark.django_db
+def test_the_queue_table_carries_its_autovacuum_settings():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'skipqueue_job'")
+        options = cursor.fetchone()[0]
+    assert "autovacuum_vacuum_scale_factor=0" in options
+    assert "autovacuum_vacuum_threshold=2000" in options
+
+
+@given(name=st.text(max_size=80))
+@hypothesis_settings(max_examples=300, deadline=None)
+def test_s6_any_queue_name_is_either_valid_or_refused_cleanly(name):
+    from django_skipqueue.base import validate_queue_name
+
+    try:
+        validate_queue_name(name)
+    except InvalidJobError:
+        return
+    assert (
+        len(name.encode()) <= 48
+        and name.replace("_", "").replace("-", "").replace(".", "").isalnum()
+    )

@@ -28,9 +28,11 @@ class Supervisor:
         self.others: list[WorkerHandle] = []
         self.kills = 0
 
-    def start(self, *args: str, settings: dict | None = None) -> WorkerHandle:
+    def start(self, *args: str, settings: dict | None = None, pg_options: str = "") -> WorkerHandle:
         index = len(self.workers) + len(self.retired)
         env = {"SKIPQUEUE_TEST_SETTINGS": json.dumps(settings or {})}
+        if pg_options:
+            env["SKIPQUEUE_TEST_PG_OPTIONS"] = pg_options
         handle = WorkerHandle(["-v", "1", *args], self.log_dir / f"worker-{index}.log", **env)
         self.workers.append(handle)
         return handle

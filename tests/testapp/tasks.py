@@ -125,3 +125,8 @@ def t22_always_raises() -> None:
 @task(timeout=1.0, lease=0.6, max_attempts=3, retry=RetryPolicy(base=0.01, cap=0.01))
 def t23_hangs(seconds: float) -> None:
     time.sleep(seconds)  # ignores every request to stop
+
+
+@task(max_attempts=1)
+def leaks_a_secret(dsn: str) -> None:
+    raise ConnectionError(f"could not connect to {dsn} with token=abc123")

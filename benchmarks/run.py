@@ -1,0 +1,436 @@
+#!/usr/bin/env python
+"""django-skipqueue benchmarks, side by side with the raw SQL limit, in one run.
+
+    python benchmarks/run.py                      # every part, default sizes
+    python benchmarks/run.py --parts raw throughput --jobs 5000
+    DATABASE_URL=postgres://... python benchmarks/run.py --json out.json
+
+Runs on an embedded PostgreSQL by default (its own database, no test triggers), or on
+DATABASE_URL. Prints a table and writes JSON (benchmarks/results/latest.json by default).
+Figures are ratios against baselines measured in the same run; absolute numbers vary
+from machine to machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from benchmarks.benchapp.models import BareJob, Execution, Pickup  # noqa: E402
+from benchmarks.benchapp.tasks import mark_pickup, noop  # noqa: E402
+from django_skipqueue.models import Job  # noqa: E402
+
+PARTS = ["raw", "throughput", "enqueue", "latency", "claim", "memory", "duplicates"]
+NOOP = "benchmarks.benchapp.tasks.noop"
+
+# The protocol's own SQL, minimal: claim k due rows and mark them running; fenced ack.
+RAW_CLAIM = """
+WITH c AS MATERIALIZED (
+    SELECT id FROM skipqueue_job WHERE state = 'pending' AND run_at <= statement_timestamp()
+      AND queue_name = 'default' ORDER BY priority DESC, run_at, id
+    LIMIT %s FOR NO KEY UPDATE SKIP LOCKED)
+UPDATE skipqueue_job j SET state = 'running', attempts = j.attempts + 1,
+    started_at = statement_timestamp(), leased_until = statement_timestamp() + j.lease
+FROM c WHERE j.id = c.id RETURNING j.id, j.attempts
+"""
+RAW_ACK_MANY = """
+UPDATE skipqueue_job j SET state = 'done', finished_at = statement_timestamp(),
+    leased_until = NULL
+FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::int[]) AS attempt) v
+WHERE j.id = v.id AND j.attempts = v.attempt AND j.state = 'running'
+  AND j.leased_until > statement_timestamp()
+"""
+RAW_ACK_ONE = """
+UPDATE skipqueue_job SET state = 'done', finished_at = statement_timestamp(), leased_until = NULL
+WHERE id = %s AND attempts = %s AND state = 'running' AND leased_until > statement_timestamp()
+"""
+
+
+def execute(sql: str, params: list[Any] | None = None) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params or [])
+
+
+def reset() -> None:
+    execute(
+        "TRUNCATE skipqueue_job, skipqueue_workerprocess, benchapp_barejob, benchapp_pickup, "
+        "benchapp_execution RESTART IDENTITY"
+    )
+
+
+def fill(count: int, state: str = "pending", task: str = NOOP) -> None:
+    """Insert `count` jobs with one INSERT ... SELECT generate_series."""
+    execute(
+        """
+        INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+            lease, attempts, max_attempts, expirations, releases, last_error, errors,
+            created_at, finished_at)
+        SELECT %s, '[]', '{}', 'default', 0, %s, now(), interval '30 seconds',
+            CASE WHEN %s = 'done' THEN 1 ELSE 0 END, 5, 0, 0, '', '[]', now(),
+            CASE WHEN %s = 'done' THEN now() END
+        FROM generate_series(1, %s)
+        """,
+        [task, state, state, state, count],
+    )
+    execute("ANALYZE skipqueue_job")
+
+
+def raw_connection(prepared: bool = True) -> Any:
+    raw = connection.get_new_connection(connection.get_connection_params())
+    raw.autocommit = True
+    raw.prepare_threshold = 0 if prepared else None
+    return raw
+
+
+def worker(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "runworker", "-v", "0", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def drained_rate(count: int) -> float:
+    """Jobs per second from the first start to the last finish, on the database clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE state = 'done'), "
+            "EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) FROM skipqueue_job"
+        )
+        done, seconds = cursor.fetchone()
+    if done != count:
+        raise SystemExit(f"only {done} of {count} jobs ended done")
+    return count / float(seconds)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- the parts ----------------------------------------------------------------------
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+        self.lock = threading.Lock()
+
+    def add(self, amount: int) -> None:
+        with self.lock:
+            self.value += amount
+
+
+def raw_client(batch: int, prepared: bool, counter: Counter) -> None:
+    """Claim `batch` rows and ack them (one fenced statement) until none is due."""
+    raw = raw_connection(prepared)
+    try:
+        while rows := raw.execute(RAW_CLAIM, [batch]).fetchall():
+            if batch == 1:
+                raw.execute(RAW_ACK_ONE, [rows[0][0], rows[0][1]])
+            else:
+                raw.execute(RAW_ACK_MANY, [[r[0] for r in rows], [r[1] for r in rows]])
+            counter.add(len(rows))
+    finally:
+        raw.close()
+
+
+def part_raw(opts: argparse.Namespace) -> dict[str, float]:
+    results = {}
+    for label, batch, prepared in [
+        ("single_prepared", 1, True),
+        ("single_simple", 1, False),
+        ("batch10_prepared", 10, True),
+    ]:
+        reset()
+        fill(opts.jobs)
+        counter = Counter()
+        threads = [
+            threading.Thread(target=raw_client, args=(batch, prepared, counter))
+            for _ in range(opts.raw_clients)
+        ]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        results[f"{label}_jobs_per_s"] = counter.value / (time.perf_counter() - started)
+    return results
+
+
+def part_throughput(opts: argparse.Namespace) -> dict[str, float]:
+    results = {}
+    runs = [(f"c{c}", 1, c) for c in opts.concurrency] + [("2x4", 2, 4)]
+    for label, processes, threads in runs:
+        reset()
+        fill(opts.jobs)
+        procs = [
+            worker("--burst", "--no-listen", "--concurrency", str(threads), "--reap-interval", "0")
+            for _ in range(processes)
+        ]
+        for proc in procs:
+            if proc.wait(timeout=3600) != 0:
+                raise SystemExit(f"runworker exited {proc.returncode}")
+        results[f"{label}_jobs_per_s"] = drained_rate(opts.jobs)
+    return results
+
+
+def timed(action: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def part_enqueue(opts: argparse.Namespace) -> dict[str, float]:
+    from datetime import timedelta
+
+    single = opts.enqueue_jobs
+    reset()
+    lease = timedelta(seconds=30)
+    best_create = best_enqueue = float("inf")
+    for _ in range(3):  # interleaved, best of three
+        best_create = min(
+            best_create,
+            timed(
+                lambda: [
+                    BareJob.objects.create(task=NOOP, args=[], kwargs={}, lease=lease)
+                    for _ in range(single)
+                ]
+            ),
+        )
+        best_enqueue = min(best_enqueue, timed(lambda: [noop.enqueue() for _ in range(single)]))
+    reset()
+    bulk = opts.jobs
+    bulk_sql = timed(lambda: fill(bulk))
+    reset()
+    bulk_api = timed(lambda: noop.enqueue_many([((), {})] * bulk, batch_size=5000))
+    return {
+        "create_per_s": single / best_create,
+        "enqueue_per_s": single / best_enqueue,
+        "enqueue_vs_create": best_create / best_enqueue,
+        "bulk_sql_per_s": bulk / bulk_sql,
+        "bulk_enqueue_per_s": bulk / bulk_api,
+        "bulk_vs_sql": bulk_sql / bulk_api,
+    }
+
+
+def part_latency(opts: argparse.Namespace) -> dict[str, float]:
+    # The floor: a bare LISTEN/NOTIFY round trip after an idle gap, in this run.
+    listener, sender = raw_connection(), raw_connection()
+    listener.execute("LISTEN bench_floor")
+    floor = []
+    for _ in range(opts.trials):
+        time.sleep(0.2)
+        started = time.perf_counter()
+        sender.execute("SELECT pg_notify('bench_floor', '')")
+        next(listener.notifies(timeout=5, stop_after=1))
+        floor.append(time.perf_counter() - started)
+    listener.close()
+    sender.close()
+    results = {"floor_median_ms": statistics.median(floor) * 1000}
+    for label, args, trials in [
+        ("listen", ["--poll-interval", "30"], opts.trials),
+        ("poll", ["--no-listen", "--poll-interval", "0.5"], max(10, opts.trials // 5)),
+    ]:
+        reset()
+        proc = worker("--concurrency", "1", "--reap-interval", "0", *args)
+        time.sleep(3)  # let it start and reach its idle wait
+        latencies = []
+        try:
+            for trial in range(trials):
+                time.sleep(0.2)
+                sent = time.time()
+                mark_pickup.enqueue(trial)
+                deadline = time.monotonic() + 10
+                while not (row := Pickup.objects.filter(trial=trial).first()):
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"latency trial {trial} timed out ({label})")
+                    time.sleep(0.001)
+                latencies.append(row.started - sent)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        results[f"{label}_median_ms"] = statistics.median(latencies) * 1000
+        results[f"{label}_p95_ms"] = percentile(latencies, 0.95) * 1000
+    results["listen_vs_floor"] = results["listen_median_ms"] / results["floor_median_ms"]
+    return results
+
+
+def claim_timing(samples: int) -> list[float]:
+    raw = raw_connection()
+    timings = []
+    try:
+        for _ in range(samples):
+            started = time.perf_counter()
+            raw.execute(RAW_CLAIM, [10]).fetchall()
+            timings.append(time.perf_counter() - started)
+    finally:
+        raw.close()
+    return timings
+
+
+def part_claim(opts: argparse.Namespace) -> dict[str, float]:
+    reset()
+    fill(10_000)
+    small = claim_timing(300)
+    reset()
+    fill(opts.history_rows, state="done")
+    fill(100_000)
+    large = claim_timing(300)
+    return {
+        "claim10_ms_at_10k": statistics.median(small) * 1000,
+        "claim10_ms_with_history": statistics.median(large) * 1000,
+        "history_ratio": statistics.median(large) / statistics.median(small),
+        "history_done_rows": opts.history_rows,
+    }
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def part_memory(opts: argparse.Namespace) -> dict[str, float]:
+    reset()
+    fill(opts.memory_jobs)
+    proc = worker("--concurrency", "4", "--no-listen", "--reap-interval", "0")
+    warm = None
+    try:
+        while True:
+            done = Job.objects.filter(state="done").count()
+            if warm is None and done >= min(20_000, opts.memory_jobs // 10):
+                warm = rss_mb(proc.pid)
+            if done >= opts.memory_jobs:
+                break
+            time.sleep(0.5)
+        final = rss_mb(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return {
+        "rss_warm_mb": warm,
+        "rss_final_mb": final,
+        "growth": final / warm - 1,
+        "jobs": opts.memory_jobs,
+    }
+
+
+def part_duplicates(opts: argparse.Namespace) -> dict[str, float]:
+    from benchmarks.benchapp.tasks import recorded
+
+    reset()
+    count = opts.storm_jobs
+    recorded.enqueue_many([((), {"ms": 5})] * count, batch_size=5000)
+    args = ("--concurrency", "4", "--reap-interval", "1")
+    procs = [worker(*args) for _ in range(2)]
+    rng = random.Random(7)
+    kills = 0
+    storm_ends = time.monotonic() + opts.storm_seconds
+    while time.monotonic() < storm_ends:
+        time.sleep(rng.uniform(1.5, 2.5))
+        victim = procs.pop(rng.randrange(len(procs)))
+        victim.kill()
+        victim.wait()
+        kills += 1
+        procs.append(worker(*args))
+    deadline = time.monotonic() + 300
+    while Job.objects.exclude(state="done").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("storm: jobs did not finish")
+        time.sleep(0.2)
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    runs = Execution.objects.count()
+    distinct = Execution.objects.values("job_id").distinct().count()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sum(expirations) FROM skipqueue_job")
+        expirations = int(cursor.fetchone()[0] or 0)
+    return {
+        "jobs": count,
+        "kills": kills,
+        "duplicates_per_1000": (runs - distinct) / count * 1000,
+        "expirations": expirations,
+        "lost": count - distinct,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--jobs", type=int, default=20_000, help="No-op jobs per run.")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--raw-clients", type=int, default=4)
+    parser.add_argument("--enqueue-jobs", type=int, default=2000)
+    parser.add_argument("--trials", type=int, default=50, help="Latency trials.")
+    parser.add_argument("--history-rows", type=int, default=1_000_000)
+    parser.add_argument("--memory-jobs", type=int, default=200_000)
+    parser.add_argument("--storm-jobs", type=int, default=5000)
+    parser.add_argument("--storm-seconds", type=float, default=12.0)
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/latest.json")
+    opts = parser.parse_args()
+
+    call_command("migrate", verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        version = cursor.fetchone()[0]
+        cursor.execute("SHOW synchronous_commit")
+        sync = cursor.fetchone()[0]
+    report: dict[str, Any] = {
+        "postgresql": version,
+        "synchronous_commit": sync,
+        "cpus": os.cpu_count(),
+        "options": {k: v for k, v in vars(opts).items() if k != "json"},
+    }
+    for part in opts.parts:
+        started = time.perf_counter()
+        report[part] = globals()[f"part_{part}"](opts)
+        report[part]["seconds"] = time.perf_counter() - started
+        print(f"\n{part}")
+        for key, value in report[part].items():
+            print(
+                f"  {key:32} {value:12.2f}" if isinstance(value, float) else f"  {key:32} {value}"
+            )
+    if "raw" in report and "throughput" in report:
+        raw, thr = report["raw"], report["throughput"]
+        report["targets"] = {
+            "c4_vs_raw_single": thr.get("c4_jobs_per_s", 0) / raw["single_prepared_jobs_per_s"],
+            "c4_vs_raw_batch10_div4": thr.get("c4_jobs_per_s", 0)
+            / (raw["batch10_prepared_jobs_per_s"] / 4),
+        }
+        print("\ntargets")
+        for key, value in report["targets"].items():
+            print(f"  {key:32} {value:12.2f}")
+    opts.json.parent.mkdir(parents=True, exist_ok=True)
+    opts.json.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {opts.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Settings for benchmarks/run.py: a clean database (no test triggers), DATABASE_URL or embedded."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import environ
+
+if "DATABASE_URL" not in os.environ:
+    from django_skipqueue.embedded import embedded_database_url
+
+    data_dir = Path(tempfile.gettempdir()) / f"skipqueue-bench-pg-{os.getuid()}"
+    os.environ["DATABASE_URL"] = embedded_database_url(data_dir, database="skipqueue_bench")
+
+database = environ.Env().db_url("DATABASE_URL")
+if "host" in database.get("OPTIONS", {}):
+    database["HOST"] = database["OPTIONS"].pop("host")
+DATABASES = {"default": database}
+SECRET_KEY = "benchmarks-only"  # noqa: S105
+USE_TZ = True
+DEBUG = False
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django_skipqueue", "benchmarks.benchapp"]
+SKIPQUEUE = {"LEASE_SECONDS": 30, "REAP_INTERVAL_SECONDS": 5}
+LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -1,0 +1,83 @@
+"""NOTIFY on enqueue (T30, T44): delivered at commit only, one per queue per transaction."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections, transaction
+
+from django_skipqueue import sql
+from tests.testapp import tasks
+
+
+@pytest.fixture
+def listener():
+    """A raw LISTEN connection on the default and other queues; yields a drain function."""
+    wrapper = connections["default"]
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    raw.autocommit = True
+    sql.listen(raw, ["default", "other"])
+
+    def drain(timeout: float = 0.3) -> list:
+        return list(raw.notifies(timeout=timeout))
+
+    yield drain
+    raw.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t30_the_notify_arrives_only_after_commit(listener):
+    with transaction.atomic():
+        tasks.add.enqueue(1, 1)
+        assert listener() == []  # nothing while the transaction is open
+    [note] = listener()
+    assert (note.channel, note.payload) == ("skipqueue_default", "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t30_a_rolled_back_enqueue_notifies_no_one(listener):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.add.enqueue(1, 1)
+        raise RuntimeError
+    assert listener() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t30_enqueue_works_from_autocommit_and_from_an_on_commit_callback(listener):
+    enqueued = []
+    with transaction.atomic():
+        transaction.on_commit(lambda: enqueued.append(tasks.add.enqueue(2, 2)))
+    tasks.add.enqueue(3, 3)
+    assert len(enqueued) == 1
+    assert len(listener()) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t44_a_bulk_enqueue_sends_one_notify_per_queue(listener):
+    with transaction.atomic():
+        tasks.add.enqueue_many([((n, n), {}) for n in range(500)])
+        tasks.add.using(queue_name="other").enqueue_many([((n, n), {}) for n in range(100)])
+    notes = listener()
+    assert sorted(note.channel for note in notes) == ["skipqueue_default", "skipqueue_other"]
+    assert all(len(note.payload.encode()) <= 100 for note in notes)  # never job data
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_and_acks_send_no_notify(listener):
+    from django_skipqueue.models import Job
+
+    tasks.add.enqueue(1, 1)
+    listener()
+    [job] = Job.objects.claim(queues=["default"])
+    Job.objects.ack(job.id, job.attempts, 2)
+    assert listener() == []
+
+
+def test_a_queue_channel_name_is_validated_before_any_sql():
+    from django_skipqueue.exceptions import InvalidJobError
+
+    with pytest.raises(InvalidJobError):
+        sql.channel_name('x"; DROP TABLE skipqueue_job; --')
+    assert len(sql.channel_name("q" * 48).encode()) <= 63
+    assert threading.current_thread()  # no connection was needed

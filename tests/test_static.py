@@ -1,0 +1,59 @@
+"""Static checks of the package source: clock, data path, SQL (T34, T15, S1, S6)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_skipqueue"
+
+
+def source(*names: str) -> dict[str, str]:
+    paths = [PACKAGE / name for name in names] if names else sorted(PACKAGE.rglob("*.py"))
+    return {str(path.relative_to(PACKAGE)): path.read_text() for path in paths}
+
+
+def hits(pattern: str, files: dict[str, str]) -> list[str]:
+    found = []
+    for name, text in files.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(pattern, line) and not line.lstrip().startswith("#"):
+                found.append(f"{name}:{number}: {line.strip()}")
+    return found
+
+
+def test_t34_lease_and_fence_decisions_never_read_the_process_clock():
+    files = source("managers.py", "reaper.py", "models.py", "sql.py")
+    assert hits(r"timezone\.now\(|datetime\.now\(|datetime\.utcnow\(|time\.time\(", files) == []
+
+
+def test_s1_no_pickle_eval_or_exec_anywhere_in_the_package():
+    assert hits(r"\bpickle\b|\bmarshal\b|\beval\(|\bexec\(|yaml\.load\(", source()) == []
+
+
+def test_s2_the_worker_and_executor_never_import_a_path():
+    assert (
+        hits(r"import_string\(|import_module\(|__import__\(", source("worker.py", "executor.py"))
+        == []
+    )
+
+
+def test_t15_nothing_session_scoped_behind_a_pooler():
+    files = source()
+    assert hits(r"pg_advisory_lock\(|WITH HOLD|\bPREPARE\b", files) == []
+    assert hits(r"""["']SET (?!LOCAL)""", files) == []
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"execute\(\s*f[\"']",  # an f-string
+        r"execute\([^)]*[\"']\s*%\s*[(\w]",  # "..." % values
+        r"execute\(\s*[\"'][^\"']*[\"']\s*\.format\(",  # "...".format(values)
+    ],
+)
+def test_s6_sql_is_never_built_by_formatting_values_into_it(pattern):
+    files = {name: text for name, text in source().items() if "migrations" not in name}
+    assert hits(pattern, files) == []
