@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from datetime import timedelta
 
 from django.contrib.auth.models import User
@@ -17,6 +18,7 @@ from shop.models import WelcomeEmail
 def send_welcome_email(context: TaskContext, user_id: int) -> str:
     """Send once per job, even if this attempt is a re-run after a crash."""
     user = User.objects.get(id=user_id)
+    time.sleep(0.01)  # a mail server's round trip
     try:
         with transaction.atomic():
             WelcomeEmail.objects.create(idempotency_key=context.idempotency_key, user=user)
@@ -38,6 +40,7 @@ class WebhookDownError(Exception):
 @task(queue_name="webhooks", max_attempts=3, retry=RetryPolicy(base=0.05, cap=0.4))
 def deliver_webhook(url: str, payload: dict, failure_rate: float = 0.3) -> int:
     """Pretend to POST `payload` to `url`; some endpoints are flaky, one is down for good."""
+    time.sleep(0.005)
     if "down.example" in url or random.random() < failure_rate:
         raise WebhookDownError(f"POST {url} answered 503")
     return 200

@@ -32,6 +32,7 @@ class ModelJob:
     max_attempts: int = MAX_ATTEMPTS
     expirations: int = 0
     expired: bool = False
+    due_seq: int = 0  # when it last became pending: the claim orders by run_at, then id
     history: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -41,6 +42,13 @@ class QueueMachine(RuleBasedStateMachine):
         Job.objects.all().delete()
         self.jobs: dict[int, ModelJob] = {}
         self.tokens: list[tuple[int, int]] = []  # every (job id, attempt) ever claimed
+        self.seq = 0
+
+    def became_pending(self, *jobs: ModelJob) -> None:
+        """One statement's jobs get one run_at (its now()): a tie broken by id."""
+        self.seq += 1
+        for job in jobs:
+            job.state, job.due_seq = JobState.PENDING, self.seq
 
     def holds(self, job_id: int, attempt: int) -> bool:
         job = self.jobs[job_id]
@@ -50,11 +58,15 @@ class QueueMachine(RuleBasedStateMachine):
     def enqueue(self) -> None:
         job = tasks.add.using(max_attempts=MAX_ATTEMPTS, lease=3600).enqueue(1, 1)
         self.jobs[job.id] = ModelJob()
+        self.became_pending(self.jobs[job.id])
 
     @rule(k=st.integers(1, 4))
     def claim(self, k: int) -> None:
         claimed = Job.objects.claim(queues=["default"], limit=k)
-        due = [i for i, job in sorted(self.jobs.items()) if job.state == JobState.PENDING]
+        pending = [
+            (job.due_seq, i) for i, job in self.jobs.items() if job.state == JobState.PENDING
+        ]
+        due = [i for _, i in sorted(pending)]
         assert [job.id for job in claimed] == due[:k]
         for job in claimed:
             model = self.jobs[job.id]
@@ -82,11 +94,10 @@ class QueueMachine(RuleBasedStateMachine):
                 assert state is None
                 return
             model = self.jobs[job_id]
-            model.state = (
-                JobState.PENDING
-                if retryable and model.attempts < model.max_attempts
-                else JobState.FAILED
-            )
+            if retryable and model.attempts < model.max_attempts:
+                self.became_pending(model)
+            else:
+                model.state = JobState.FAILED
             assert state == model.state
 
     @rule(data=st.data())
@@ -103,7 +114,8 @@ class QueueMachine(RuleBasedStateMachine):
             assert Job.objects.release(job_id, attempt) is expected
             if expected:
                 model = self.jobs[job_id]
-                model.state, model.max_attempts = JobState.PENDING, model.max_attempts + 1
+                model.max_attempts += 1
+                self.became_pending(model)
 
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:
@@ -121,16 +133,18 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def reap(self) -> None:
         result = Job.objects.reap()
-        requeued = failed = 0
+        back, failed = [], 0
         for job in self.jobs.values():
             if job.state == JobState.RUNNING and job.expired:
                 job.expirations += 1
                 job.expired = False
                 if job.attempts < job.max_attempts:
-                    job.state, requeued = JobState.PENDING, requeued + 1
+                    back.append(job)
                 else:
                     job.state, failed = JobState.FAILED, failed + 1
-        assert (result.requeued, result.failed) == (requeued, failed)
+        if back:
+            self.became_pending(*back)
+        assert (result.requeued, result.failed) == (len(back), failed)
 
     @invariant()
     def database_matches_the_model(self) -> None:

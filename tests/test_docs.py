@@ -1,0 +1,63 @@
+"""The reference names every setting, command flag, check id and signal."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from django_skipqueue import signals
+from django_skipqueue.conf import SkipQueueSettings
+
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
+
+
+def page(name: str) -> str:
+    return (REFERENCE / name).read_text()
+
+
+@pytest.mark.parametrize("key", [f.name for f in dataclasses.fields(SkipQueueSettings)])
+def test_every_setting_is_in_the_reference(key):
+    assert f"`{key}`" in page("settings.md")
+
+
+@pytest.mark.parametrize("command", ["runworker", "reapjobs"])
+def test_every_command_flag_is_in_the_reference(command):
+    from django.core.management import load_command_class
+
+    parser = load_command_class("django_skipqueue", command).create_parser("manage.py", command)
+    flags = {
+        opt
+        for action in parser._actions
+        for opt in action.option_strings
+        if opt.startswith("--")
+        and action.dest
+        not in {
+            "help",
+            "version",
+            "verbosity",
+            "settings",
+            "pythonpath",
+            "traceback",
+            "no_color",
+            "force_color",
+            "skip_checks",
+        }
+    }
+    missing = [flag for flag in flags if f"`{flag}" not in page("commands.md")]
+    assert missing == []
+
+
+def test_every_check_id_is_in_the_reference():
+    source = (Path(__file__).resolve().parent.parent / "django_skipqueue" / "checks.py").read_text()
+    ids = set(re.findall(r'id="(skipqueue\.[EW]\d{3})"', source))
+    assert ids and all(f"`{check}`" in page("checks.md") for check in ids)
+
+
+def test_every_signal_is_in_the_reference():
+    from django.dispatch import Signal
+
+    names = [name for name, value in vars(signals).items() if isinstance(value, Signal)]
+    assert names and all(f"`{name}`" in page("signals.md") for name in names)
