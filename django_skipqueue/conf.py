@@ -92,6 +92,8 @@ class SkipQueueSettings:
     WORKER_PRUNE_AFTER_SECONDS: float = 24 * 3600.0
     #: Worker: seconds jobs in flight get to finish after SIGTERM before they are released.
     GRACE_SECONDS: float = 30.0
+    #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
+    REPEATED_EXPIRY_THRESHOLD: int = 2
     #: Keys whose values are masked in stored errors and the admin (substring, any case).
     REDACT_KEYS: tuple[str, ...] = ("password", "token", "secret", "authorization", "api_key")
 
@@ -115,6 +117,7 @@ class SkipQueueSettings:
             "WORKER_PRUNE_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "GRACE_SECONDS": (_zero_or_more, "zero or more seconds"),
             "REDACT_KEYS": (_names, "a list of key names"),
+            "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
         }
         found = []
         for key, (valid, expected) in rules.items():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 from django.db.models import Expression, F, Func, Value
-from django.db.models.functions import JSONObject, Now
+from django.db.models.functions import Greatest, JSONObject, Now
 
 from django_skipqueue.base import FINISHED_STATES, JobState
 from django_skipqueue.conf import get_settings
@@ -106,6 +106,10 @@ class JobQuerySet(models.QuerySet["Job"]):
     def expired(self) -> JobQuerySet:
         """Running jobs whose lease has run out and which the reaper has not yet taken back."""
         return self.filter(state=JobState.RUNNING, leased_until__lt=Now())
+
+    def repeatedly_expired(self, threshold: int) -> JobQuerySet:
+        """Jobs whose lease ran out at least `threshold` times (poison suspects)."""
+        return self.filter(expirations__gte=threshold)
 
     def finished(self) -> JobQuerySet:
         return self.filter(state__in=FINISHED_STATES)
@@ -280,6 +284,63 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if requeued or failed:
             logger.warning("leases expired requeued=%d failed=%d", requeued, failed)
         return ReapResult(requeued=requeued, failed=failed)
+
+    # -- operator actions (the admin's), each guarded and done in bounded batches ------
+
+    def retry_now(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
+        """Failed or cancelled jobs back to pending, due now; returns how many changed.
+
+        The WHERE re-checks the state, so a job that changed meanwhile is skipped. An
+        attempt is added when none is left (`attempts` itself never goes down).
+        """
+        return self._in_batches(
+            ids,
+            batch_size,
+            lambda batch: self.filter(
+                id__in=batch, state__in=[JobState.FAILED, JobState.CANCELLED]
+            ).update(
+                state=JobState.PENDING,
+                run_at=Now(),
+                finished_at=None,
+                max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+            ),
+        )
+
+    def cancel(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
+        """Pending jobs to cancelled; a job claimed meanwhile is skipped."""
+        return self._in_batches(
+            ids,
+            batch_size,
+            lambda batch: self.filter(id__in=batch, state=JobState.PENDING).update(
+                state=JobState.CANCELLED, finished_at=Now()
+            ),
+        )
+
+    def requeue(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
+        """Stuck jobs (running, lease expired) back to pending now, counted as an expiry.
+
+        The same guard as the reaper: a job acked or renewed meanwhile is left alone.
+        """
+        return self._in_batches(
+            ids,
+            batch_size,
+            lambda batch: (
+                self.expired()
+                .filter(id__in=batch)
+                .update(
+                    state=JobState.PENDING,
+                    run_at=Now(),
+                    leased_until=None,
+                    expirations=F("expirations") + 1,
+                    max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+                )
+            ),
+        )
+
+    @staticmethod
+    def _in_batches(ids: Iterable[int], size: int, write: Any) -> int:
+        ids = list(ids)
+        return sum(write(ids[start : start + size]) for start in range(0, len(ids), size))
 
 
 def _run_at(run_after: datetime | timedelta) -> datetime | Expression:

@@ -93,6 +93,11 @@ class Job(models.Model):
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        permissions = [
+            ("retry_job", "Can retry failed or cancelled jobs"),
+            ("cancel_job", "Can cancel pending jobs"),
+            ("requeue_job", "Can requeue stuck jobs"),
+        ]
         indexes = [
             # The claim: WHERE state = 'pending' AND queue_name = ... AND run_at <= now()
             # ORDER BY priority DESC, run_at, id.

@@ -1,0 +1,49 @@
+"""python manage.py queuestats: the queue overview numbers, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_skipqueue.stats import queue_stats
+
+COLUMNS = [
+    "queue",
+    "pending_due",
+    "scheduled",
+    "running",
+    "stuck",
+    "failed",
+    "lag_seconds",
+    "done_5m",
+    "done_1h",
+    "live_workers",
+]
+
+
+class Command(BaseCommand):
+    help = (
+        "Print, per queue: due and scheduled jobs, running, stuck (lease expired), failed, "
+        "the age of the oldest due job (lag), jobs done in 5 minutes and 1 hour, live workers."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print JSON, for scripts.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        rows = [row.as_dict() for row in queue_stats()]
+        if options["json"]:
+            self.stdout.write(json.dumps({"queues": rows}, indent=2))
+            return
+        widths = {c: max([len(c), *(len(_cell(r[c])) for r in rows)]) for c in COLUMNS}
+        self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS))
+        for row in rows:
+            self.stdout.write("  ".join(_cell(row[c]).ljust(widths[c]) for c in COLUMNS))
+        if not rows:
+            self.stdout.write(self.style.WARNING("no jobs and no live workers"))
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,110 @@
+"""Queue overview numbers, for the admin's overview page and `manage.py queuestats`.
+
+Every count is over a set a partial index serves (pending, running, finished by time),
+never a COUNT(*) of the whole table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, Q
+from django.db.models.functions import Now
+
+from django_skipqueue.base import JobState
+from django_skipqueue.conf import get_settings
+
+
+@dataclass
+class QueueStats:
+    queue: str
+    pending_due: int = 0
+    scheduled: int = 0
+    running: int = 0
+    stuck: int = 0
+    failed: int = 0
+    lag_seconds: float = 0.0  # age of the oldest due job
+    done_5m: int = 0
+    done_1h: int = 0
+    live_workers: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def queue_stats(database: str | None = None) -> list[QueueStats]:
+    """One row per queue that has jobs or live workers, sorted by name."""
+    from django_skipqueue.models import Job, WorkerProcess
+
+    alias = database or get_settings().DATABASE_ALIAS
+    jobs = Job.objects.using(alias)
+    now = Now()
+    stats: dict[str, QueueStats] = {}
+
+    def row(name: str) -> QueueStats:
+        return stats.setdefault(name, QueueStats(queue=name))
+
+    active = (
+        jobs.filter(state__in=[JobState.PENDING, JobState.RUNNING])
+        .values("queue_name")
+        .annotate(
+            pending_due=Count("id", filter=Q(state=JobState.PENDING, run_at__lte=now)),
+            scheduled=Count("id", filter=Q(state=JobState.PENDING, run_at__gt=now)),
+            running=Count("id", filter=Q(state=JobState.RUNNING)),
+            stuck=Count("id", filter=Q(state=JobState.RUNNING, leased_until__lt=now)),
+        )
+    )
+    lags = _lag_seconds(alias)
+    for item in active:
+        entry = row(item["queue_name"])
+        entry.pending_due, entry.scheduled = item["pending_due"], item["scheduled"]
+        entry.running, entry.stuck = item["running"], item["stuck"]
+        entry.lag_seconds = lags.get(item["queue_name"], 0.0)
+    finished = (
+        jobs.filter(
+            state__in=[JobState.DONE, JobState.FAILED], finished_at__gte=now - timedelta(hours=1)
+        )
+        .values("queue_name")
+        .annotate(
+            done_1h=Count("id", filter=Q(state=JobState.DONE)),
+            done_5m=Count(
+                "id", filter=Q(state=JobState.DONE, finished_at__gte=now - timedelta(minutes=5))
+            ),
+        )
+    )
+    for item in finished:
+        entry = row(item["queue_name"])
+        entry.done_1h, entry.done_5m = item["done_1h"], item["done_5m"]
+    for item in jobs.filter(state=JobState.FAILED).values("queue_name").annotate(n=Count("id")):
+        row(item["queue_name"]).failed = item["n"]
+    alive = timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+    for queues in WorkerProcess.objects.using(alias).alive(alive).values_list("queues", flat=True):
+        for name in queues or []:
+            row(name).live_workers += 1
+    return [stats[name] for name in sorted(stats)]
+
+
+def _lag_seconds(alias: str) -> dict[str, float]:
+    """Per queue, seconds since the oldest due job became due (database clock)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT queue_name, EXTRACT(EPOCH FROM now() - min(run_at)) FROM skipqueue_job "
+            "WHERE state = 'pending' AND run_at <= now() GROUP BY queue_name"
+        )
+        return {name: float(seconds) for name, seconds in cursor.fetchall()}
+
+
+def throughput_last_hour(database: str | None = None) -> list[tuple[int, int]]:
+    """(minutes ago, jobs done) for each 5-minute bucket of the last hour, oldest first."""
+    alias = database or get_settings().DATABASE_ALIAS
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT floor(EXTRACT(EPOCH FROM now() - finished_at) / 300)::int, count(*) "
+            "FROM skipqueue_job WHERE state = 'done' "
+            "AND finished_at >= now() - interval '1 hour' GROUP BY 1"
+        )
+        counts = dict(cursor.fetchall())
+    return [((bucket + 1) * 5, counts.get(bucket, 0)) for bucket in range(11, -1, -1)]

@@ -1,0 +1,187 @@
+"""The admin and queuestats: render, permissions, actions that leave changed rows alone."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.db.models.functions import Now
+from django.urls import reverse
+
+from django_skipqueue.models import Job, JobState, WorkerProcess
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:skipqueue_job_changelist"
+
+
+@pytest.fixture
+def superuser_client(client):
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    return client
+
+
+def staff(client, *perms: str):
+    user = User.objects.create_user("staff", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    return client
+
+
+def test_pages_render_for_a_superuser(superuser_client):
+    job = JobFactory(
+        failed=True,
+        errors=[
+            {"attempt": 1, "at": "x", "type": "E", "message": "m", "traceback": "Traceback (boom)"}
+        ],
+        kwargs={"password": "hunter2"},
+    )
+    JobFactory(expired=True)
+    WorkerProcess.objects.create(hostname="h", pid=1, queues=["default"])
+    for url in [
+        reverse(CHANGELIST),
+        reverse(CHANGELIST) + "?health=stuck",
+        reverse(CHANGELIST) + "?health=repeatedly_expired",
+        reverse(CHANGELIST) + "?health=scheduled",
+        reverse(CHANGELIST) + "?q=add",
+        reverse("admin:skipqueue_job_change", args=[job.id]),
+        reverse("admin:skipqueue_overview"),
+        reverse("admin:skipqueue_workerprocess_changelist"),
+    ]:
+        response = superuser_client.get(url)
+        assert response.status_code == 200, url
+    detail = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    assert b"Traceback (boom)" in detail.content
+    assert b"hunter2" not in detail.content  # redacted
+    assert b"throughput-chart" in superuser_client.get(reverse("admin:skipqueue_overview")).content
+
+
+def test_anonymous_users_are_sent_to_the_login_page(client):
+    for url in [reverse(CHANGELIST), reverse("admin:skipqueue_overview")]:
+        response = client.get(url)
+        assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_staff_without_view_permission_are_refused(client):
+    client.force_login(User.objects.create_user("nobody", is_staff=True))
+    assert client.get(reverse(CHANGELIST)).status_code == 403
+    assert client.get(reverse("admin:skipqueue_overview")).status_code == 403
+
+
+def test_the_stuck_filter_shows_only_expired_running_jobs(superuser_client):
+    stuck, live = JobFactory(expired=True), JobFactory(running=True)
+    response = superuser_client.get(reverse(CHANGELIST) + "?health=stuck")
+    ids = [job.id for job in response.context["cl"].result_list]
+    assert ids == [stuck.id] and live.id not in ids
+
+
+def act(client, action: str, ids: list[int]):
+    return client.post(
+        reverse(CHANGELIST), {"action": action, "_selected_action": ids}, follow=True
+    )
+
+
+def test_retry_now_moves_failed_jobs_back_and_skips_others(superuser_client):
+    failed, done = JobFactory(failed=True), JobFactory(done=True)
+    response = act(superuser_client, "retry_now", [failed.id, done.id])
+    failed.refresh_from_db()
+    assert (failed.state, failed.max_attempts) == (JobState.PENDING, 6)
+    assert Job.objects.get(id=done.id).state == JobState.DONE
+    assert "1 job(s) retried; 1 skipped (not failed or cancelled)" in response.content.decode()
+
+
+def test_cancel_leaves_a_job_a_worker_claimed_meanwhile_alone(superuser_client):
+    pending, claimed = JobFactory(), JobFactory()
+    Job.objects.filter(id=claimed.id).update(state=JobState.RUNNING)  # a worker got there first
+    response = act(superuser_client, "cancel", [pending.id, claimed.id])
+    assert Job.objects.get(id=pending.id).state == JobState.CANCELLED
+    assert Job.objects.get(id=claimed.id).state == JobState.RUNNING
+    assert "1 skipped" in response.content.decode()
+
+
+def test_requeue_takes_back_stuck_jobs_only(superuser_client):
+    stuck, live = JobFactory(expired=True), JobFactory(running=True)
+    act(superuser_client, "requeue", [stuck.id, live.id])
+    stuck.refresh_from_db()
+    assert (stuck.state, stuck.expirations) == (JobState.PENDING, 1)
+    assert Job.objects.get(id=live.id).state == JobState.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("action", "perm"),
+    [("retry_now", "retry_job"), ("cancel", "cancel_job"), ("requeue", "requeue_job")],
+)
+def test_an_action_needs_its_own_permission(client, action, perm):
+    job = (
+        JobFactory(failed=True)
+        if action == "retry_now"
+        else (JobFactory() if action == "cancel" else JobFactory(expired=True))
+    )
+    before = Job.objects.get(id=job.id).state
+    viewer = staff(client)
+    page = viewer.get(reverse(CHANGELIST))
+    assert f'<option value="{action}"' not in page.content.decode()
+    act(viewer, action, [job.id])  # a forged POST
+    assert Job.objects.get(id=job.id).state == before
+
+    user = User.objects.get(username="staff")
+    user.user_permissions.add(Permission.objects.get(codename=perm))
+    client.force_login(user)
+    act(client, action, [job.id])
+    assert Job.objects.get(id=job.id).state != before
+
+
+def test_the_admin_adds_no_jobs_edits_none_and_deletes_none(superuser_client):
+    job = JobFactory()
+    assert superuser_client.get(reverse("admin:skipqueue_job_add")).status_code == 403
+    superuser_client.post(reverse("admin:skipqueue_job_change", args=[job.id]), {"state": "done"})
+    assert Job.objects.get(id=job.id).state == JobState.PENDING
+    act(superuser_client, "delete_selected", [job.id])
+    assert Job.objects.filter(id=job.id).exists()
+
+
+def test_queuestats_json_matches_a_known_set_of_jobs():
+    JobFactory.create_batch(3)
+    JobFactory(queue_name="mail")
+    JobFactory(run_at=Now() + timedelta(hours=1))
+    JobFactory(running=True)
+    JobFactory(expired=True, queue_name="mail")
+    JobFactory.create_batch(2, failed=True)
+    JobFactory.create_batch(4, done=True)
+    WorkerProcess.objects.create(hostname="h", pid=1, queues=["default", "mail"])
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    queues = {row["queue"]: row for row in json.loads(out.getvalue())["queues"]}
+    default, mail = queues["default"], queues["mail"]
+    assert (
+        default["pending_due"],
+        default["scheduled"],
+        default["running"],
+        default["stuck"],
+        default["failed"],
+        default["done_5m"],
+        default["done_1h"],
+        default["live_workers"],
+    ) == (3, 1, 1, 0, 2, 4, 4, 1)
+    assert (mail["pending_due"], mail["running"], mail["stuck"], mail["live_workers"]) == (
+        1,
+        1,
+        1,
+        1,
+    )
+    assert default["lag_seconds"] >= 0
+
+
+def test_queuestats_prints_a_table():
+    JobFactory()
+    out = StringIO()
+    call_command("queuestats", stdout=out)
+    assert out.getvalue().splitlines()[0].startswith("queue")
+    assert "default" in out.getvalue()
