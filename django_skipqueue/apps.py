@@ -15,4 +15,11 @@ class SkipQueueConfig(AppConfig):
         from django_skipqueue import checks  # noqa: F401  (registers the checks)
         from django_skipqueue.registry import autodiscover
 
+        try:
+            import django.tasks  # noqa: F401  (Django >= 6.0)
+        except ImportError:
+            pass
+        else:
+            from django_skipqueue import signal_handlers  # noqa: F401
+
         autodiscover()

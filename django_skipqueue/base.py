@@ -180,6 +180,9 @@ class Task(Generic[P, R]):
     #: After this long a worker stops renewing the attempt's lease, so the reaper takes
     #: it back (a hung task cannot hold its job forever). None: renew while it runs.
     timeout: timedelta | None = None
+    #: The django.tasks Task this one runs, when declared with Django's @task under
+    #: SkipQueueBackend (see backends.py).
+    django_task: Any = None
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)

@@ -1,7 +1,8 @@
 """System checks for the SKIPQUEUE setting and the queue database.
 
 Ids are never reused: E001 unknown key, E002 bad value, E003 SKIPQUEUE not a dict,
-E004 unknown database alias, E005 database cannot SKIP LOCKED.
+E004 unknown database alias, E005 database cannot SKIP LOCKED, E006 SkipQueueBackend
+in TASKS on a Django without django.tasks.
 """
 
 from __future__ import annotations
@@ -68,4 +69,26 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
                 id="skipqueue.E005",
             )
         ]
+    return []
+
+
+@register()
+def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    backends = getattr(settings, "TASKS", {}) or {}
+    uses_ours = any(
+        isinstance(entry, dict)
+        and entry.get("BACKEND") == "django_skipqueue.backends.SkipQueueBackend"
+        for entry in backends.values()
+    )
+    try:
+        import django.tasks  # noqa: F401
+    except ImportError:
+        if uses_ours:
+            return [
+                Error(
+                    "SkipQueueBackend needs Django 6.0+ (django.tasks).",
+                    hint="Upgrade Django, or use django_skipqueue's own @task on 5.2.",
+                    id="skipqueue.E006",
+                )
+            ]
     return []

@@ -24,6 +24,10 @@ class UnknownTaskError(SkipQueueError, LookupError):
         self.name = name
 
 
+class LeaseExpiredError(SkipQueueError):
+    """Recorded (not raised) when the reaper takes back an attempt whose lease ran out."""
+
+
 class TransactionLeftOpenError(SkipQueueError):
     """A task returned with a transaction still open; it was rolled back."""
 

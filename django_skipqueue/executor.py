@@ -148,6 +148,8 @@ def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
             f"JSON object, got {type(job.args).__name__} and {type(job.kwargs).__name__}"
         )
     args: list[Any] = list(job.args)
+    if task.django_task is not None:  # declared with django.tasks' @task
+        return _call_django_task(task, job, args)
     if task.takes_context:
         context = TaskContext(
             job_id=job.id,
@@ -161,6 +163,17 @@ def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
     if task.is_async:
         return async_to_sync(task.func)(*args, **job.kwargs)
     return task.func(*args, **job.kwargs)
+
+
+def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
+    """Call a django.tasks Task: its own context class, async run in an event loop."""
+    django_task = task.django_task
+    if django_task.takes_context:
+        from django.tasks import TaskContext as DjangoTaskContext
+
+        result = django_task.get_backend().result_from_job(job, django_task)
+        args.insert(0, DjangoTaskContext(task_result=result))
+    return django_task.call(*args, **job.kwargs)
 
 
 def _roll_back_left_open(database: str, depth: int) -> None:

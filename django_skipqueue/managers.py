@@ -70,7 +70,8 @@ class ErrorInfo:
 
 
 LEASE_EXPIRED = ErrorInfo(
-    "LeaseExpired", "the lease ran out before this attempt was acknowledged; taken back"
+    "django_skipqueue.exceptions.LeaseExpiredError",
+    "the lease ran out before this attempt was acknowledged; taken back",
 )
 
 

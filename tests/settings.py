@@ -77,6 +77,19 @@ SKIPQUEUE = {
     **json.loads(os.environ.get("SKIPQUEUE_TEST_SETTINGS", "{}")),
 }
 
+try:  # Django >= 6.0: the django.tasks backend contract tests (tests/test_backends.py)
+    import django.tasks  # noqa: F401
+except ImportError:
+    pass
+else:
+    TASKS = {
+        "default": {
+            "BACKEND": "django_skipqueue.backends.SkipQueueBackend",
+            "QUEUES": ["default", "other"],
+        }
+    }
+    SKIPQUEUE["TASK_MODULES"] = ["tests.testapp.django_tasks"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -43,3 +43,20 @@ def test_an_unknown_database_alias_is_reported(settings):
 def test_checks_run_through_djangos_framework(settings):
     settings.SKIPQUEUE = {"MAX_ATTEMPT": 3}
     assert "skipqueue.E001" in ids(run_checks())
+
+
+def test_on_django_5_2_the_backend_is_refused_clearly(settings):
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("django.tasks") is not None:
+        pytest.skip("Django 6.x has django.tasks")
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_skipqueue.checks import check_tasks_backend
+
+    settings.TASKS = {"default": {"BACKEND": "django_skipqueue.backends.SkipQueueBackend"}}
+    assert ids(check_tasks_backend()) == ["skipqueue.E006"]
+    with pytest.raises(ImproperlyConfigured, match="needs Django 6.0 or newer"):
+        importlib.import_module("django_skipqueue.backends")

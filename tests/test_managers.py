@@ -316,7 +316,7 @@ def test_reap_requeues_expired_leases_and_counts_each_expiry():
     assert (result.requeued, result.failed) == (1, 0)
     expired.refresh_from_db()
     assert (expired.state, expired.expirations, expired.attempts) == (JobState.PENDING, 1, 1)
-    assert expired.errors[-1]["type"] == "LeaseExpired"
+    assert expired.errors[-1]["type"] == "django_skipqueue.exceptions.LeaseExpiredError"
     assert Job.objects.get(id=held.id).state == JobState.RUNNING
     assert Job.objects.get(id=done.id).state == JobState.DONE
 

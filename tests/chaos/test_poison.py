@@ -90,7 +90,7 @@ def test_t23_a_hung_task_is_taken_back_and_fails_while_others_flow(supervisor):
     hung.refresh_from_db()
     print(f"\nT23 attempts={hung.attempts} expirations={hung.expirations}")
     assert (hung.attempts, hung.expirations) == (3, 3)
-    assert hung.errors[-1]["type"] == "LeaseExpired"
+    assert hung.errors[-1]["type"] == "django_skipqueue.exceptions.LeaseExpiredError"
     assert Job.objects.filter(id__in=others, state="done").count() == 150
     assert worker.output().count("job timed out") == 3
     assert worker.process.poll() is None  # alive, with replacement threads

@@ -1,0 +1,163 @@
+"""The django.tasks backend contract, against SkipQueueBackend (Django >= 6.0 only)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+pytest.importorskip("django.tasks", reason="django.tasks needs Django 6.0 or newer")
+
+from django.db import transaction  # noqa: E402
+from django.tasks import TaskResultStatus, default_task_backend  # noqa: E402
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa: E402
+from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from django_skipqueue.backends import SkipQueueBackend  # noqa: E402
+from django_skipqueue.models import Job, JobState  # noqa: E402
+from django_skipqueue.testing import run_jobs  # noqa: E402
+from tests.testapp import django_tasks  # noqa: E402
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_backend_declares_what_it_supports():
+    from django.tasks import task_backends
+
+    backend = task_backends["default"]
+    assert isinstance(backend, SkipQueueBackend)
+    assert backend.supports_defer and backend.supports_priority
+    assert backend.supports_get_result and backend.supports_async_task
+
+
+def test_enqueue_writes_a_job_row_and_returns_a_ready_result():
+    result = django_tasks.dj_add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY
+    job = Job.objects.get(id=int(result.id))
+    assert (job.task, job.args, job.state) == (
+        "tests.testapp.django_tasks.dj_add",
+        [2, 3],
+        JobState.PENDING,
+    )
+    assert result.enqueued_at == job.created_at
+
+
+def test_get_result_follows_the_job_through_every_status():
+    result = django_tasks.dj_add.enqueue(2, 3)
+    [job] = Job.objects.claim(queues=["default"])
+    assert default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING
+    from django_skipqueue.executor import execute
+
+    execute(job)
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL,
+        5,
+        1,
+    )
+    assert result.finished_at is not None and result.is_finished
+
+
+def test_a_raising_task_ends_failed_with_its_errors():
+    result = django_tasks.dj_fails.enqueue()
+    Job.objects.filter(id=int(result.id)).update(max_attempts=1)
+    run_jobs()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class is ValueError
+    assert "nope" in error.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+
+
+def test_defer_with_run_after_is_not_run_before_it():
+    later = timezone.now() + timedelta(hours=1)
+    result = django_tasks.dj_add.using(run_after=later).enqueue(1, 1)
+    assert Job.objects.get(id=int(result.id)).run_at == later
+    assert run_jobs() == []
+
+
+def test_priority_orders_the_claim():
+    low = django_tasks.dj_add.using(priority=-10).enqueue(1, 1)
+    high = django_tasks.dj_add.using(priority=50).enqueue(1, 1)
+    assert [execution.job_id for execution in run_jobs()] == [int(high.id), int(low.id)]
+
+
+def test_a_context_task_gets_djangos_context():
+    result = django_tasks.dj_context.enqueue()
+    run_jobs()
+    result.refresh()
+    assert result.return_value == {"attempt": 1, "id": result.id}
+
+
+def test_an_async_task_runs():
+    result = django_tasks.dj_async.enqueue(21)
+    run_jobs()
+    result.refresh()
+    assert result.return_value == 42
+
+
+def test_our_options_work_under_djangos_task_decorator():
+    result = django_tasks.dj_options.enqueue()
+    job = Job.objects.get(id=int(result.id))
+    assert (job.max_attempts, job.lease) == (3, timedelta(seconds=60))
+
+
+def test_an_unknown_id_raises_task_result_does_not_exist():
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result("999999")
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result("not-a-number")
+
+
+def test_a_queue_outside_the_allowlist_is_refused():
+    with pytest.raises(InvalidTask, match="not valid for backend"):
+        django_tasks.dj_add.using(queue_name="elsewhere")
+
+
+def test_arguments_that_are_not_json_are_refused():
+    with pytest.raises(InvalidTask, match="argument 0 is a builtins.object"):
+        django_tasks.dj_add.enqueue(object(), 1)
+    assert not Job.objects.exists()
+
+
+def test_an_enqueue_inside_a_rolled_back_transaction_never_exists():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        django_tasks.dj_add.enqueue(1, 1)
+        raise RuntimeError
+    assert not Job.objects.exists()
+
+
+def test_djangos_task_signals_are_sent_with_the_backend_as_sender():
+    seen = []
+
+    def record(sender, task_result, signal, **kwargs):
+        seen.append((signal, sender, task_result.status))
+
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.connect(record, weak=False)
+    try:
+        django_tasks.dj_add.enqueue(1, 1)
+        run_jobs()
+    finally:
+        for signal in (task_enqueued, task_started, task_finished):
+            signal.disconnect(record)
+    assert [(s, status) for s, _, status in seen] == [
+        (task_enqueued, TaskResultStatus.READY),
+        (task_started, TaskResultStatus.RUNNING),
+        (task_finished, TaskResultStatus.SUCCESSFUL),
+    ]
+    assert {sender for _, sender, _ in seen} == {SkipQueueBackend}
+
+
+@pytest.mark.slow
+def test_a_django_task_runs_under_runworker(start_worker):
+    from tests.processes import wait_until
+
+    result = django_tasks.dj_other.enqueue()
+    start_worker("--queue", "other")
+    wait_until(lambda: default_task_backend.get_result(result.id).is_finished, timeout=30)
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "other")

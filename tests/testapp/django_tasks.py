@@ -1,0 +1,38 @@
+"""Tasks declared with Django's own @task (Django >= 6.0), run by SkipQueueBackend."""
+
+from __future__ import annotations
+
+import asyncio
+
+from django.tasks import task
+
+
+@task
+def dj_add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(takes_context=True)
+def dj_context(context) -> dict:  # noqa: ANN001
+    return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task
+def dj_fails() -> None:
+    raise ValueError("nope")
+
+
+@task
+async def dj_async(a: int) -> int:
+    await asyncio.sleep(0)
+    return a * 2
+
+
+@task(max_attempts=3, lease=60)
+def dj_options() -> str:
+    return "ok"
+
+
+@task(queue_name="other", priority=10)
+def dj_other() -> str:
+    return "other"
