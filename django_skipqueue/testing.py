@@ -4,6 +4,7 @@
 
     def test_signup_sends_a_welcome_email(client, mailoutbox):
         client.post("/signup/", {...})
+        assert enqueued(send_welcome_email).count() == 1
         [execution] = run_jobs()
         assert execution.outcome == "succeeded"
 
@@ -14,9 +15,37 @@ using it need rows committed or the same connection (pytest-django's `db` is eno
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from django_skipqueue.base import DEFAULT_QUEUE_NAME
+from django_skipqueue.base import DEFAULT_QUEUE_NAME, Task
 from django_skipqueue.executor import Execution, execute
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from django_skipqueue.models import Job
+
+
+def enqueued(
+    task: Task[Any, Any] | str | None = None,
+    *,
+    queue_name: str | None = None,
+    database: str | None = None,
+) -> QuerySet[Job]:
+    """Pending jobs, of one task (a Task or its name) and queue if given, oldest first.
+
+    For asserting what the code under test enqueued: `enqueued(send_receipt).count()`,
+    `enqueued(send_receipt).get().args`.
+    """
+    from django_skipqueue.conf import get_settings
+    from django_skipqueue.models import Job
+
+    jobs = Job.objects.using(database or get_settings().DATABASE_ALIAS).pending()
+    if task is not None:
+        jobs = jobs.filter(task=task if isinstance(task, str) else task.name)
+    if queue_name is not None:
+        jobs = jobs.filter(queue_name=queue_name)
+    return jobs.order_by("id")
 
 
 def run_jobs(
