@@ -98,3 +98,14 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_skipqueue": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+if os.environ.get("SKIPQUEUE_TEST_CLOCK_SKEW_SECONDS"):  # fault 6: this process's clock is off
+    import datetime as _datetime
+    import time as _time
+
+    from django.utils import timezone as _timezone
+
+    _skew = float(os.environ["SKIPQUEUE_TEST_CLOCK_SKEW_SECONDS"])
+    _real_time, _real_now = _time.time, _timezone.now
+    _time.time = lambda: _real_time() + _skew
+    _timezone.now = lambda: _real_now() + _datetime.timedelta(seconds=_skew)

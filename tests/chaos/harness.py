@@ -28,9 +28,17 @@ class Supervisor:
         self.others: list[WorkerHandle] = []
         self.kills = 0
 
-    def start(self, *args: str, settings: dict | None = None, pg_options: str = "") -> WorkerHandle:
+    def start(
+        self,
+        *args: str,
+        settings: dict | None = None,
+        pg_options: str = "",
+        clock_skew: float = 0.0,
+    ) -> WorkerHandle:
         index = len(self.workers) + len(self.retired)
         env = {"SKIPQUEUE_TEST_SETTINGS": json.dumps(settings or {})}
+        if clock_skew:  # this worker's process clock is off by this many seconds
+            env["SKIPQUEUE_TEST_CLOCK_SKEW_SECONDS"] = str(clock_skew)
         if pg_options:
             env["SKIPQUEUE_TEST_PG_OPTIONS"] = pg_options
         handle = WorkerHandle(["-v", "1", *args], self.log_dir / f"worker-{index}.log", **env)
