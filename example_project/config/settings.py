@@ -75,6 +75,19 @@ SKIPQUEUE = {
     "RETRY_CAP_SECONDS": 0.5,
 }
 
+try:  # Django >= 6.0: django.tasks, with our backend unless TASKS_BACKEND says otherwise
+    import django.tasks  # noqa: F401
+except ImportError:
+    pass
+else:
+    TASKS = {
+        "default": {
+            "BACKEND": env("TASKS_BACKEND", default="django_skipqueue.backends.SkipQueueBackend"),
+            "QUEUES": ["default", "webhooks", "reports"],
+        }
+    }
+    SKIPQUEUE["TASK_MODULES"] = ["shop.django_tasks"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
