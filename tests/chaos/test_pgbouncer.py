@@ -1,0 +1,116 @@
+"""Fault 3, T14, T16: workers through PgBouncer in transaction-pooling mode.
+
+Debian's pgbouncer (1.18: no prepared-statement tracking, the strict case) is started by
+the test on a free loopback port, in front of the test database, with 4 server
+connections for 4 worker processes x 4 threads.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_skipqueue.models import Job
+from tests.chaos.harness import check, scalar
+from tests.processes import wait_until
+from tests.testapp import tasks
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not Path(PGBOUNCER).exists(), reason="apt-get install pgbouncer"),
+]
+POOL_SIZE = 4
+
+
+@pytest.fixture
+def pgbouncer():
+    settings = connection.settings_dict
+    tmp_path = Path(tempfile.mkdtemp(prefix="skipqueue-pgbouncer-"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    host = settings["HOST"] or "127.0.0.1"
+    server_port = settings["PORT"] or 5432
+    tmp_path.chmod(0o777)
+    config = tmp_path / "pgbouncer.ini"
+    config.write_text(
+        f"[databases]\n"
+        f"queue = host={host} port={server_port} dbname={settings['NAME']} "
+        f"user={settings['USER'] or 'postgres'} pool_size={POOL_SIZE}\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n"
+        f"unix_socket_dir =\nauth_type = any\npool_mode = transaction\n"
+        f"default_pool_size = {POOL_SIZE}\nmax_client_conn = 200\n"
+        f"logfile = {tmp_path}/pgbouncer.log\npidfile = {tmp_path}/pgbouncer.pid\n"
+    )
+    config.chmod(0o644)
+    # As root, pgbouncer must switch user: to the socket's owner (embedded server), or nobody.
+    owner = os.stat(host).st_uid if host.startswith("/") else pwd.getpwnam("nobody").pw_uid
+    user = pwd.getpwuid(owner).pw_name
+    args = [PGBOUNCER, str(config)] + (["-u", user] if os.geteuid() == 0 else [])
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def listening() -> bool:
+        with socket.socket() as client:
+            return client.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(listening, timeout=15, interval=0.05)
+        user_name = settings["USER"] or "postgres"
+        yield f"postgresql://{user_name}:@127.0.0.1:{port}/queue", tmp_path / "pgbouncer.log"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.timeout(240)
+def test_fault3_sixteen_threads_through_four_server_connections(supervisor, pgbouncer):
+    url, log = pgbouncer
+    ids = [j.id for j in tasks.probe.enqueue_many([((), {"ms": 5})] * 2000)]
+    before = scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+    pooled = [_start_pooled(supervisor, url) for _ in range(4)]  # 16 threads
+
+    peak = 0
+    deadline = time.monotonic() + 180
+    while Job.objects.filter(id__in=ids, state="done").count() < 2000:
+        assert time.monotonic() < deadline, "jobs did not finish through PgBouncer"
+        peak = max(
+            peak,
+            scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+            - before,
+        )
+        time.sleep(0.1)
+
+    report = check(ids)
+    logs = "".join(handle.output() for handle in pooled)
+    print(f"\nfault3 server_connections_peak={peak} {report}")
+    assert report.violations() == []
+    assert peak <= POOL_SIZE
+    assert not re.search(r"prepared statement .* (does not|already) exist", logs)
+    assert not re.search(r"cursor .* does not exist", logs)
+    assert "LISTEN does not receive notifications" in logs  # T16: detected, then polling
+    assert "Traceback" not in logs
+
+
+def _start_pooled(supervisor, url: str):
+    from tests.processes import WorkerHandle
+
+    index = len(supervisor.workers) + len(supervisor.retired) + len(supervisor.others)
+    handle = WorkerHandle(
+        ["-v", "1", "--concurrency", "4", "--poll-interval", "0.2", "--reap-interval", "1"],
+        supervisor.log_dir / f"pooled-{index}.log",
+        DATABASE_URL=url,
+    )
+    supervisor.others.append(handle)
+    return handle
