@@ -112,6 +112,18 @@ class Job(models.Model):
                 name="skipqueue_job_lease_idx",
                 condition=Q(state="running"),
             ),
+            # The admin's failed filter and the pruning of failed jobs: a small set.
+            models.Index(
+                fields=["finished_at"],
+                name="skipqueue_job_failed_idx",
+                condition=Q(state="failed"),
+            ),
+            # The admin's "repeatedly expired" filter (expirations >= any threshold >= 1).
+            models.Index(
+                fields=["expirations"],
+                name="skipqueue_job_expired_idx",
+                condition=Q(expirations__gt=0),
+            ),
             # Pruning: WHERE state IN (finished) AND finished_at < ...
             models.Index(
                 fields=["finished_at"],
