@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-import environ
+from django_skipqueue.embedded import database_from_url
 
 if "DATABASE_URL" not in os.environ:
     from django_skipqueue.embedded import embedded_database_url
@@ -14,9 +14,7 @@ if "DATABASE_URL" not in os.environ:
     data_dir = Path(tempfile.gettempdir()) / f"skipqueue-bench-pg-{os.getuid()}"
     os.environ["DATABASE_URL"] = embedded_database_url(data_dir, database="skipqueue_bench")
 
-database = environ.Env().db_url("DATABASE_URL")
-if "host" in database.get("OPTIONS", {}):
-    database["HOST"] = database["OPTIONS"].pop("host")
+database = database_from_url(os.environ["DATABASE_URL"])
 DATABASES = {"default": database}
 SECRET_KEY = "benchmarks-only"  # noqa: S105
 USE_TZ = True

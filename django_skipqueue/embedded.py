@@ -43,3 +43,19 @@ def embedded_database_url(
         if not exists:
             connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
     return server.get_uri(database)
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    """A DATABASES entry from a database URL (an embedded server's one included).
+
+    django-environ puts a unix socket directory given as `?host=` into OPTIONS; here it
+    goes to HOST, where Django and the tools that read settings expect it.
+    """
+    import environ  # the demo and test extras bring django-environ
+
+    database = environ.Env.db_url_config(url)
+    options = database.setdefault("OPTIONS", {})
+    if "host" in options:
+        database["HOST"] = options.pop("host")
+    database["CONN_HEALTH_CHECKS"] = True
+    return database

@@ -9,9 +9,8 @@ import tempfile
 from pathlib import Path
 
 import django
-import environ
 
-env = environ.Env()
+from django_skipqueue.embedded import database_from_url
 
 if "DATABASE_URL" not in os.environ:
     from django_skipqueue.embedded import embedded_database_url
@@ -24,10 +23,7 @@ if "DATABASE_URL" not in os.environ:
         data_dir, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}_{checkout}"
     )
 
-database = env.db_url("DATABASE_URL")
-if "host" in database.get("OPTIONS", {}):  # a unix socket directory (embedded server)
-    database["HOST"] = database["OPTIONS"].pop("host")
-database["CONN_HEALTH_CHECKS"] = True
+database = database_from_url(os.environ["DATABASE_URL"])
 if os.environ.get("SKIPQUEUE_TEST_PG_OPTIONS"):  # server settings for one child's sessions
     database.setdefault("OPTIONS", {})["options"] = os.environ["SKIPQUEUE_TEST_PG_OPTIONS"]
 DATABASES = {"default": database}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from django_skipqueue.embedded import database_from_url
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env(DEBUG=(bool, False))
 
@@ -19,10 +21,7 @@ if "DATABASE_URL" not in os.environ:
 
     os.environ["DATABASE_URL"] = embedded_database_url(BASE_DIR / ".pgdata", database="example")
 
-database = env.db_url("DATABASE_URL")
-if "host" in database.get("OPTIONS", {}):  # the embedded server's unix socket directory
-    database["HOST"] = database["OPTIONS"].pop("host")
-database["CONN_HEALTH_CHECKS"] = True
+database = database_from_url(os.environ["DATABASE_URL"])
 DATABASES = {"default": database}
 
 SECRET_KEY = env("SECRET_KEY", default="example-project-not-secret")

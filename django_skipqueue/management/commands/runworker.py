@@ -30,31 +30,28 @@ def positive_int(text: str) -> int:
     return value
 
 
-def seconds(text: str) -> float:
+def _number(text: str, unit: str, *, allow_zero: bool) -> float:
+    """A finite number of `unit`: positive, or zero or more with `allow_zero`."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more seconds")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        kind = "zero or more" if allow_zero else "more than zero"
+        raise argparse.ArgumentTypeError(f"{text!r} must be {kind} {unit}")
     return value
+
+
+def seconds(text: str) -> float:
+    return _number(text, "seconds", allow_zero=True)
 
 
 def positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than zero seconds")
-    return value
+    return _number(text, "seconds", allow_zero=False)
 
 
 def megabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of megabytes") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of megabytes")
-    return value
+    return _number(text, "megabytes", allow_zero=False)
 
 
 def queue_name(text: str) -> str:
