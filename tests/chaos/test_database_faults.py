@@ -35,11 +35,15 @@ def restart_postgres(mode: str) -> None:
     owner = pwd.getpwuid(os.stat(data_dir).st_uid).pw_name
     pg_ctl = _pg_ctl(data_dir)
     connection.close()
-    subprocess.run(  # restart reuses the server's recorded options (postmaster.opts)
-        [pg_ctl, "-D", data_dir, "-w", "-t", "60", "restart", "-m", mode],
+    # Restart reuses the server's recorded options (postmaster.opts). Its output goes to a
+    # log file: a pipe would be inherited by the new postmaster and never reach EOF.
+    log = os.path.join(data_dir, "skipqueue-restart.log")
+    subprocess.run(
+        [pg_ctl, "-D", data_dir, "-w", "-t", "60", "-l", log, "restart", "-m", mode],
         user=owner,
         check=True,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         timeout=90,
     )
 
@@ -65,7 +69,11 @@ def test_t8_workers_ride_out_postgres_restarts(supervisor):
     print(f"\nT8 {report}")
     assert report.violations() == []
     assert [worker.process.poll() for worker in workers] == [None, None]  # none died
-    assert "Traceback" not in supervisor.logs()
+    # Tasks whose own queries met the restart failed and were retried (logged with their
+    # traceback); the workers themselves never crashed or lost an outcome.
+    logs = supervisor.logs()
+    assert "Exception in thread" not in logs
+    assert "could not record" not in logs
 
 
 @pytest.mark.timeout(240)
