@@ -275,16 +275,73 @@ class Task(Generic[P, R]):
         return job
 
     def enqueue_many(
-        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], *, batch_size: int = 1000
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], *, batch_size: int = 5000
     ) -> list[Job]:
         """Enqueue many calls, each `(args, kwargs)`, with one INSERT per `batch_size`.
 
-        Every call is checked before the first row is written.
+        Every call is checked before the first row is written; all run in the caller's
+        transaction. Returns the jobs (id, run_at and created_at filled in).
         """
+        import json
+
+        from django.db import connections
+
+        from django_skipqueue import sql
         from django_skipqueue.models import Job
 
-        jobs = [self.build(*args, **kwargs) for args, kwargs in calls]
-        return Job.objects.db_manager(self.get_database()).enqueue_many(jobs, batch_size=batch_size)
+        conf = get_settings()
+        checked = [
+            normalize_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES)
+            for args, kwargs in calls
+        ]
+        run_at = self.run_after if isinstance(self.run_after, datetime) else None
+        delay = self.run_after if isinstance(self.run_after, timedelta) else timedelta(0)
+        lease = self.lease or timedelta(seconds=conf.LEASE_SECONDS)
+        max_attempts = self.max_attempts or conf.MAX_ATTEMPTS
+        alias = self.get_database()
+        names = [field.attname for field in Job._meta.concrete_fields]
+        template = dict.fromkeys(names) | {
+            "task": self.name,
+            "queue_name": self.queue_name,
+            "priority": self.priority,
+            "state": JobState.PENDING,
+            "lease": lease,
+            "attempts": 0,
+            "max_attempts": max_attempts,
+            "expirations": 0,
+            "releases": 0,
+            "last_error": "",
+            "errors": [],
+        }
+        jobs: list[Job] = []
+        for start in range(0, len(checked), batch_size):
+            batch = checked[start : start + batch_size]
+            params = {
+                "task": self.name,
+                "queue": self.queue_name,
+                "priority": self.priority,
+                "run_at": run_at,
+                "delay": delay,
+                "lease": lease,
+                "max_attempts": max_attempts,
+                "args": [json.dumps(args, ensure_ascii=False) for args, _ in batch],
+                "kwargs": [json.dumps(kwargs, ensure_ascii=False) for _, kwargs in batch],
+            }
+            with connections[alias].cursor() as cursor:
+                cursor.execute(sql.ENQUEUE_MANY, params)
+                rows = cursor.fetchall()
+            for (args, kwargs), (job_id, job_run_at, created_at) in zip(batch, rows, strict=True):
+                row = dict(
+                    template,
+                    id=job_id,
+                    args=args,
+                    kwargs=kwargs,
+                    run_at=job_run_at,
+                    created_at=created_at,
+                )
+                # from_db with every column takes Django's positional fast path.
+                jobs.append(Job.from_db(alias, names, [row[name] for name in names]))
+        return jobs
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name}>"

@@ -95,3 +95,17 @@ SET state = 'done', result = %s, finished_at = statement_timestamp(), leased_unt
 WHERE id = %s AND state = 'running' AND attempts = %s
   AND leased_until > statement_timestamp()
 """
+
+# Bulk enqueue: one INSERT per batch with one array parameter per column (measured: the
+# ORM's bulk_create compiled 20 fields x 20,000 rows into 400,000 parameters, about 40x
+# slower). The statement-level NOTIFY trigger fires once per statement.
+ENQUEUE_MANY = """
+INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at, lease,
+    attempts, max_attempts, expirations, releases, last_error, errors, created_at)
+SELECT %(task)s, a::jsonb, k::jsonb, %(queue)s, %(priority)s, 'pending',
+    COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+    %(lease)s::interval, 0, %(max_attempts)s, 0, 0, '', '[]', statement_timestamp()
+FROM unnest(%(args)s::text[], %(kwargs)s::text[]) WITH ORDINALITY AS v(a, k, n)
+ORDER BY n
+RETURNING id, run_at, created_at
+"""
