@@ -123,3 +123,10 @@ def test_runworker_burst_runs_jobs_and_reports(settings):
     output = run("runworker", "--burst", "--no-listen", "--concurrency", "2")
     assert "5 claimed, 5 succeeded" in output
     assert Job.objects.filter(state=JobState.DONE).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_s15_runworker_warns_when_debug_is_on(settings, caplog):
+    settings.DEBUG = True
+    run("runworker", "--burst", "--no-listen")
+    assert "DEBUG=True: every query is kept in memory" in caplog.text

@@ -457,3 +457,12 @@ def test_a_claim_never_returns_more_rows_than_its_limit():
             claimed += len(batch)
     assert claimed == Job.objects.filter(state=JobState.RUNNING).count()
     assert not Job.objects.filter(attempts__gt=1).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_t19_a_locking_select_outside_a_transaction_is_refused():
+    """Why the claim opens its own transaction, and why race tests use transaction=True."""
+    from django.db.transaction import TransactionManagementError
+
+    with pytest.raises(TransactionManagementError):
+        list(Job.objects.due().select_for_update(skip_locked=True))

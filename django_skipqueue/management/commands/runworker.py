@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_skipqueue.base import validate_queue_name
@@ -155,6 +156,11 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
+        if settings.DEBUG:
+            logger.warning(
+                "DEBUG=True: every query is kept in memory and slows the worker; run "
+                "workers with DEBUG=False"
+            )
         if threading.current_thread() is threading.main_thread():
             worker.install_signal_handlers()
         progress = None
