@@ -553,8 +553,11 @@ class Worker:
         self._housekeeper_wake.set()
         for _ in self._threads:
             self._work.put(None)
+        # One shared deadline: threads still inside a task (past the grace, their jobs
+        # released) are not waited for one by one.
+        join_until = time.monotonic() + 1.0
         for thread in [*self._helpers, *self._threads]:
-            thread.join(timeout=2.0 if thread in self._helpers else 0.2)
+            thread.join(timeout=max(join_until - time.monotonic(), 0))
         if self.process is not None:
             try:
                 WorkerProcess.objects.using(self.database).filter(id=self.process.id).update(

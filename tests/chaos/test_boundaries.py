@@ -1,0 +1,70 @@
+"""T9 repeated backend kills, T35 SIGTERM drain at CI size."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from django.db import connection
+
+from django_skipqueue.models import Job, JobState
+from tests.chaos.harness import check
+from tests.processes import wait_until
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finished(ids: list[int]) -> bool:
+    return not Job.objects.filter(id__in=ids).exclude(state__in=["done", "failed"]).exists()
+
+
+@pytest.mark.timeout(240)
+def test_t9_backend_kills_every_five_seconds_fail_no_job(supervisor):
+    ids = [j.id for j in tasks.probe.using(lease=5.0).enqueue_many([((), {"ms": 10})] * 6000)]
+    for _ in range(2):
+        supervisor.start("--concurrency", "4", "--reap-interval", "1")
+    kills = 0
+    ends = time.monotonic() + 30
+    while time.monotonic() < ends and not finished(ids):
+        time.sleep(5)  # the fault's period, not a synchronisation
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend'"
+            )
+            kills += cursor.fetchone()[0]
+    wait_until(lambda: finished(ids), timeout=180)
+    report = check(ids)
+    connection_failures = Job.objects.filter(
+        id__in=ids, state=JobState.FAILED, last_error__iregex=r"OperationalError|InterfaceError"
+    ).count()
+    print(f"\nT9 sessions_killed={kills} connection_failures={connection_failures} {report}")
+    assert report.violations() == []
+    assert connection_failures == 0
+    assert report.figures["done"] == 6000
+    assert all(worker.process.poll() is None for worker in supervisor.workers)
+
+
+@pytest.mark.timeout(120)
+def test_t35_sigterm_drain_finishes_short_jobs_and_releases_long_ones(supervisor):
+    durations = [0.2, 0.5, 1.0, 1.5, 2.0, 2.5, 4.0, 5.0, 6.0, 6.0, 5.5, 4.5]
+    jobs = {tasks.probe.enqueue(ms=int(seconds * 1000)).id: seconds for seconds in durations}
+    worker = supervisor.start("--concurrency", "12", "--grace", "3")
+    wait_until(lambda: Job.objects.filter(id__in=jobs, state="running").count() == 12, timeout=20)
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=3 + 5) == 0
+    elapsed = time.monotonic() - started
+    states = dict(Job.objects.filter(id__in=jobs).values_list("id", "state"))
+    short = [i for i, seconds in jobs.items() if seconds <= 2.5]
+    long = [i for i, seconds in jobs.items() if seconds >= 4.0]
+    print(f"\nT35 exit_after={elapsed:.1f}s states={sorted(states.values())}")
+    assert elapsed <= 3 + 2
+    assert all(states[i] == JobState.DONE for i in short)
+    assert all(states[i] == JobState.PENDING for i in long)  # released, not lost
+    released = Job.objects.filter(id__in=long)
+    assert set(released.values_list("attempts", "releases")) == {(1, 1)}  # attempt given back
+    assert not Job.objects.filter(state=JobState.RUNNING).exists()
