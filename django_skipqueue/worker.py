@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import (
     DatabaseError,
@@ -489,10 +489,19 @@ class Worker:
                     except Exception:  # noqa: BLE001, S110  (already broken)
                         pass
 
-    def _listen_works(self, raw: object) -> bool:
-        """Send ourselves a NOTIFY; through a transaction pooler it never comes back."""
+    def _listen_works(self, raw: Any) -> bool:
+        """Send a NOTIFY from another connection; through a transaction pooler it never comes.
+
+        From the same connection the test could pass by luck: a pooler may hand that
+        connection the very server session its LISTEN ran on. From another one, only a
+        session that really stays ours receives it.
+        """
         channel = sql.channel_name(self.queues[0])
-        raw.execute("SELECT pg_notify(%s, %s)", [channel, sql.SELF_TEST_PAYLOAD])
+        try:
+            with connections[self.database].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, sql.SELF_TEST_PAYLOAD])
+        finally:
+            connections[self.database].close()  # the listener keeps only its own session
         for notify in raw.notifies(timeout=2.0):
             if notify.payload == sql.SELF_TEST_PAYLOAD:
                 return True
