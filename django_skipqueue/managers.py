@@ -131,41 +131,6 @@ class JobQuerySet(models.QuerySet["Job"]):
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
     """The protocol verbs. Each owns its transaction and says what its return means."""
 
-    def enqueue(
-        self,
-        *,
-        task: str,
-        args: list[JSONValue],
-        kwargs: dict[str, JSONValue],
-        queue_name: str,
-        priority: int,
-        run_after: datetime | timedelta | None,
-        max_attempts: int,
-        lease: timedelta,
-    ) -> Job:
-        """INSERT one pending job in the caller's transaction (no transaction of its own).
-
-        Arguments must already be checked (see `base.Task.enqueue`). A timedelta
-        `run_after` counts from the database's now.
-        """
-        job = self.model(
-            task=task,
-            args=args,
-            kwargs=kwargs,
-            queue_name=queue_name,
-            priority=priority,
-            max_attempts=max_attempts,
-            lease=lease,
-        )
-        if run_after is not None:
-            job.run_at = _run_at(run_after)
-        job.save(force_insert=True, using=self.db)
-        return job
-
-    def enqueue_many(self, jobs: Sequence[Job], *, batch_size: int = 1000) -> list[Job]:
-        """INSERT unsaved jobs, one statement per `batch_size`, in the caller's transaction."""
-        return self.bulk_create(jobs, batch_size=batch_size)
-
     def claim(
         self,
         *,
