@@ -19,7 +19,6 @@ failed and cancelled -> FAILED.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -82,9 +81,9 @@ class SkipQueueBackend(BaseTaskBackend):
                 priority=task.priority,
                 takes_context=task.takes_context,
                 max_attempts=getattr(task, "max_attempts", None),
-                lease=_seconds(getattr(task, "lease", None)),
+                lease=getattr(task, "lease", None),
                 retry=getattr(task, "retry", None),
-                timeout=_seconds(getattr(task, "timeout", None)),
+                timeout=getattr(task, "timeout", None),
                 django_task=task,
             )
         except InvalidJobError as error:
@@ -147,9 +146,3 @@ class SkipQueueBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", job.result)
         return result
-
-
-def _seconds(value: Any) -> timedelta | None:
-    if value is None or isinstance(value, timedelta):
-        return value
-    return timedelta(seconds=value)

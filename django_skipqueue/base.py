@@ -240,6 +240,16 @@ class Task(Generic[P, R]):
     def retry_policy(self) -> RetryPolicy:
         return self.retry if self.retry is not None else default_retry_policy()
 
+    @property
+    def resolved_max_attempts(self) -> int:
+        """This task's max_attempts, or SKIPQUEUE['MAX_ATTEMPTS']."""
+        return self.max_attempts or get_settings().MAX_ATTEMPTS
+
+    @property
+    def resolved_lease(self) -> timedelta:
+        """This task's lease, or SKIPQUEUE['LEASE_SECONDS']."""
+        return self.lease or timedelta(seconds=get_settings().LEASE_SECONDS)
+
     def get_database(self) -> str:
         return self.database or get_settings().DATABASE_ALIAS
 
@@ -255,8 +265,8 @@ class Task(Generic[P, R]):
             kwargs=plain_kwargs,
             queue_name=self.queue_name,
             priority=self.priority,
-            max_attempts=self.max_attempts or conf.MAX_ATTEMPTS,
-            lease=self.lease or timedelta(seconds=conf.LEASE_SECONDS),
+            max_attempts=self.resolved_max_attempts,
+            lease=self.resolved_lease,
         )
         if self.run_after is not None:
             from django_skipqueue.managers import _run_at
@@ -296,8 +306,7 @@ class Task(Generic[P, R]):
         ]
         run_at = self.run_after if isinstance(self.run_after, datetime) else None
         delay = self.run_after if isinstance(self.run_after, timedelta) else timedelta(0)
-        lease = self.lease or timedelta(seconds=conf.LEASE_SECONDS)
-        max_attempts = self.max_attempts or conf.MAX_ATTEMPTS
+        lease, max_attempts = self.resolved_lease, self.resolved_max_attempts
         alias = self.get_database()
         names = [field.attname for field in Job._meta.concrete_fields]
         template = dict.fromkeys(names) | {
@@ -407,12 +416,12 @@ def task(
             queue_name=queue_name,
             priority=priority,
             max_attempts=max_attempts,
-            lease=_validate_lease(lease),
+            lease=lease,  # seconds or timedelta: __post_init__ checks and converts
             retry=retry,
             non_retryable=tuple(non_retryable),
             takes_context=takes_context,
             database=database,
-            timeout=_validate_lease(timeout, "timeout"),
+            timeout=timeout,
         )
         registry.register(new)
         return new

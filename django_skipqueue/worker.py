@@ -177,6 +177,7 @@ class Worker:
         self._housekeeper_wake = threading.Event()  # new flights to schedule, or halted
         self._signals = 0
         self._threads: list[threading.Thread] = []
+        self._helpers: list[threading.Thread] = []  # housekeeper, listener
         self._abandoned: set[int] = set()  # job ids whose thread was given up on
 
     # -- control ----------------------------------------------------------------------
@@ -526,7 +527,6 @@ class Worker:
         helpers = [("skipqueue-housekeeper", self._housekeep_loop)]
         if self.listen:
             helpers.append(("skipqueue-listener", self._listen_loop))
-        self._helpers = []
         for name, target in helpers:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
