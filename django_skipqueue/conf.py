@@ -50,6 +50,10 @@ def _fraction(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
 
 
+def _none_or_zero_or_more_int(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
 def _name(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
@@ -82,6 +86,10 @@ class SkipQueueSettings:
     POLL_INTERVAL_SECONDS: float = 5.0
     #: Worker: LISTEN for new jobs (needs a direct connection, not a transaction pooler).
     LISTEN: bool = True
+    #: Worker: jobs claimed ahead of free threads, so claims and acks come in batches.
+    #: None: as many as the worker has threads. 0 for long jobs that other workers should
+    #: get instead (a buffered job waits, its lease renewed, until a thread is free).
+    PREFETCH: int | None = None
     #: Worker: how often the built-in housekeeper reaps expired leases (0 turns it off).
     REAP_INTERVAL_SECONDS: float = 10.0
     #: Worker: how often a worker records that it is alive.
@@ -111,6 +119,7 @@ class SkipQueueSettings:
             "TASK_MODULES": (_names, "a list of dotted module paths"),
             "POLL_INTERVAL_SECONDS": (_positive_number, "a positive number of seconds"),
             "LISTEN": (_boolean, "True or False"),
+            "PREFETCH": (_none_or_zero_or_more_int, "None or a whole number, zero or more"),
             "REAP_INTERVAL_SECONDS": (_zero_or_more, "zero (off) or more seconds"),
             "HEARTBEAT_SECONDS": (_positive_number, "a positive number of seconds"),
             "WORKER_DEAD_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),

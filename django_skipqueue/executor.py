@@ -77,9 +77,21 @@ def describe_error(error: BaseException) -> ErrorInfo:
     )
 
 
-def execute(job: Job, *, database: str | None = None) -> Execution:
-    """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome."""
-    from django_skipqueue.models import Job, JobState
+#: Takes over a success's fenced ack: (job, attempt, result, duration). It must end
+#: with `record_success()` once the ack is answered.
+DeferredAck = Callable[["Job", int, Any, float], None]
+
+
+def execute(
+    job: Job, *, database: str | None = None, defer_ack: DeferredAck | None = None
+) -> Execution | None:
+    """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome.
+
+    With `defer_ack`, a success is handed to it instead of being acknowledged here (the
+    worker acknowledges the jobs that finished meanwhile in one fenced statement), and
+    None is returned: the outcome is known once the ack is.
+    """
+    from django_skipqueue.models import Job
 
     database = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.db_manager(database)
@@ -129,11 +141,36 @@ def execute(job: Job, *, database: str | None = None) -> Execution:
         return execution
 
     duration = time.monotonic() - started
-    if not _persist(lambda: jobs.ack(job.id, attempt, result), job, database):
-        # A retried ack is refused if the first one committed before its connection died.
-        acked = jobs.filter(id=job.id, state=JobState.DONE, attempts=attempt)
-        if not _persist(acked.exists, job, database):
-            return _lost(job, attempt, duration)
+    if defer_ack is not None:
+        defer_ack(job, attempt, result, duration)
+        return None
+    acked = _persist(lambda: jobs.ack(job.id, attempt, result), job, database)
+    if not acked:
+        acked = _persist(lambda: committed_before(jobs, [(job.id, attempt)]), job, database)
+    return record_success(job, attempt, result, duration, acked=bool(acked))
+
+
+def committed_before(jobs: Any, refused: list[tuple[int, int]]) -> set[int]:
+    """Of refused acks, the ids whose ack had committed before its connection died.
+
+    A retried ack is refused when the first try committed but its answer was lost:
+    the job is then done with exactly that attempt number.
+    """
+    from django_skipqueue.models import JobState
+
+    done = jobs.filter(id__in=[job_id for job_id, _ in refused], state=JobState.DONE)
+    found = set(done.values_list("id", "attempts"))
+    return {job_id for job_id, attempt in refused if (job_id, attempt) in found}
+
+
+def record_success(
+    job: Job, attempt: int, result: Any, duration: float, *, acked: bool
+) -> Execution:
+    """Log and signal a success whose fenced ack was answered (`acked`: accepted)."""
+    from django_skipqueue.models import Job
+
+    if not acked:
+        return _lost(job, attempt, duration)
     logger.info(
         "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
     )
@@ -260,14 +297,21 @@ def _record_failure(
 
 
 def _persist(write: Callable[[], T], job: Job, database: str) -> T | None:
+    """Run a fenced write of `job`'s outcome; see `persist`."""
+    return persist(
+        write, give_up_after=job.lease.total_seconds(), what=f"id={job.id}", database=database
+    )
+
+
+def persist(write: Callable[[], T], *, give_up_after: float, what: str, database: str) -> T | None:
     """Run a fenced write, retrying through connection errors, never dropping it.
 
     A connection error leaves the outcome unknown, so the write is retried with backoff
-    (the fence makes a repeat harmless) until it is answered, or until a whole lease
-    has passed: by then the lease has surely run out and the write would be refused
-    anyway, and the reaper owns the job. Returns None in that case.
+    (the fence makes a repeat harmless) until it is answered, or until `give_up_after`
+    seconds (a whole lease) have passed: by then the lease has surely run out and the
+    write would be refused anyway, and the reaper owns the job. Returns None then.
     """
-    give_up = time.monotonic() + job.lease.total_seconds()
+    give_up = time.monotonic() + give_up_after
     delay = 0.05
     while True:
         try:
@@ -278,11 +322,9 @@ def _persist(write: Callable[[], T], job: Job, database: str) -> T | None:
             except DatabaseError:
                 pass
             if time.monotonic() + delay > give_up:
-                logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
+                logger.error("job outcome not written %s: %s; left to the reaper", what, error)
                 return None
-            logger.warning(
-                "job outcome write failed id=%s, retrying in %.2fs: %s", job.id, delay, error
-            )
+            logger.warning("job outcome write failed %s, retrying in %.2fs: %s", what, delay, error)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 

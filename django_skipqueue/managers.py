@@ -8,13 +8,14 @@ unexpired lease in its own WHERE, so a stale attempt changes nothing (0 rows).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, transaction
+from django.db import connections, models
 from django.db.models import Expression, F, Func, Value
 from django.db.models.functions import Greatest, JSONObject, Now
 
@@ -160,8 +161,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "lease": lease,
         }
         statement = sql.CLAIM_ONE_QUEUE if len(names) == 1 else sql.CLAIM_QUEUES
-        with transaction.atomic(using=self.db):  # one statement; commits before returning
-            claimed = list(self.raw(statement, params, using=self.db))
+        # One statement: in autocommit it is its own transaction and commits before
+        # returning (no BEGIN/COMMIT round trips); inside atomic() it joins the caller's.
+        claimed = list(self.raw(statement, params, using=self.db))
         claimed.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return claimed
 
@@ -177,6 +179,25 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql.ACK, [value, job_id, attempt])
             return cursor.rowcount == 1
+
+    def ack_many(self, acks: Sequence[tuple[int, int, JSONValue]]) -> set[int]:
+        """Fenced acks of several jobs in one statement: (job id, attempt, result) each.
+
+        Each row is fenced on its own (`sql.ACK_MANY`: the same WHERE as `ack`), so one
+        stale attempt changes nothing but itself. Returns the ids marked done; any other
+        id's attempt had lost its lease.
+        """
+        from django_skipqueue import sql
+
+        if not acks:
+            return set()
+        encoder = self.model._meta.get_field("result").encoder
+        ids = [job_id for job_id, _, _ in acks]
+        attempts = [attempt for _, attempt, _ in acks]
+        results = [None if r is None else json.dumps(r, cls=encoder) for _, _, r in acks]
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.ACK_MANY, [ids, attempts, results])
+            return {row[0] for row in cursor.fetchall()}
 
     def renew(self, job_id: int, attempt: int, lease: timedelta | None = None) -> bool:
         """Extend the lease to now + `lease` (the job's own by default). False: it was lost."""

@@ -63,23 +63,41 @@ def _check_text(text: str, where: str) -> None:
         raise InvalidJobError(f"{where} is not valid Unicode text ({error.reason})") from None
 
 
+#: Compact UTF-8 JSON, as sizes are counted (one encoder, built once).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def encoded_size(value: JSONValue) -> int:
     """Bytes of the compact UTF-8 JSON text of `value`."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    return len(_COMPACT.encode(value).encode("utf-8"))
+
+
+def encode_arguments(
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
+) -> tuple[list[JSONValue], dict[str, JSONValue], str, str]:
+    """Checked args and kwargs, and their JSON texts; refused if together over `limit` bytes.
+
+    The size counted is that of `[args, kwargs]` in compact UTF-8 JSON.
+    """
+    plain_args = [normalize(value, f"argument {index}") for index, value in enumerate(args)]
+    plain_kwargs = {}
+    for name, value in kwargs.items():
+        plain_kwargs[name] = normalize(value, f"argument {name!r}")
+    args_json, kwargs_json = _COMPACT.encode(plain_args), _COMPACT.encode(plain_kwargs)
+    size = len(args_json) + len(kwargs_json) + 3  # "[", ",", "]"
+    if not (args_json.isascii() and kwargs_json.isascii()):
+        size = len(args_json.encode("utf-8")) + len(kwargs_json.encode("utf-8")) + 3
+    if size > limit:
+        raise InvalidJobError(
+            f"the arguments encode to {size} bytes of JSON, over the limit of {limit} "
+            f"(SKIPQUEUE['MAX_PAYLOAD_BYTES']); store large data elsewhere and pass its id"
+        )
+    return plain_args, plain_kwargs, args_json, kwargs_json
 
 
 def normalize_arguments(
     args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
 ) -> tuple[list[JSONValue], dict[str, JSONValue]]:
     """Checked, JSON-ready args and kwargs, refused if together they exceed `limit` bytes."""
-    plain_args = [normalize(value, f"argument {index}") for index, value in enumerate(args)]
-    plain_kwargs = {}
-    for name, value in kwargs.items():
-        plain_kwargs[name] = normalize(value, f"argument {name!r}")
-    size = encoded_size([plain_args, plain_kwargs])
-    if size > limit:
-        raise InvalidJobError(
-            f"the arguments encode to {size} bytes of JSON, over the limit of {limit} "
-            f"(SKIPQUEUE['MAX_PAYLOAD_BYTES']); store large data elsewhere and pass its id"
-        )
+    plain_args, plain_kwargs, _, _ = encode_arguments(args, kwargs, limit=limit)
     return plain_args, plain_kwargs

@@ -1,9 +1,12 @@
 """Worker: claim in batches, run jobs on threads, renew leases, housekeep, stop gracefully.
 
 Threads and connections (N = concurrency, so N + 3 connections at most):
-- the dispatcher (the thread that calls `run()`): claims as many due jobs as there are
-  free threads in one claim, then waits for a NOTIFY, a free thread or the poll timeout;
-- N executor threads: each runs one job at a time on its own Django connection;
+- the dispatcher (the thread that calls `run()`): acknowledges every job that finished
+  since its last turn in one fenced statement, claims as many due jobs as there are free
+  threads plus the prefetch buffer in one claim, then waits for a NOTIFY, a finished job
+  or the poll timeout;
+- N executor threads: each runs one job at a time on its own Django connection; a
+  success is handed to the dispatcher to acknowledge, other outcomes are written at once;
 - the housekeeper: renews the leases of jobs in flight (every third of a lease),
   records the heartbeat, and reaps expired leases every REAP_INTERVAL_SECONDS;
 - the listener: LISTENs on the queues' channels on its own direct connection.
@@ -48,6 +51,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: CONN_HEALTH_CHECKS: the least time between two pings of one thread's connection.
+HEALTH_CHECK_SECONDS = 1.0
+
 #: Errors that mean "the connection or the server is gone for now": back off, retry.
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
@@ -58,8 +64,10 @@ def refresh_connections() -> None:
     Django's close_old_connections() closes every connection when CONN_MAX_AGE is 0,
     which in a worker means a new connection for every job. Here CONN_MAX_AGE = 0 keeps
     a connection for the thread's life; a positive CONN_MAX_AGE still recycles it, and
-    broken connections, ones left out of autocommit, and CONN_HEALTH_CHECKS (checked on
-    the job's first query) behave as in a request.
+    broken connections and ones left out of autocommit behave as in a request.
+    CONN_HEALTH_CHECKS pings before a job's first query at most once a second per
+    connection (measured: a ping per job cost a round trip per job at full speed); a
+    connection that broke in a job is checked or closed after it in any case.
     """
     for connection in connections.all(initialized_only=True):
         if connection.connection is None:
@@ -67,7 +75,10 @@ def refresh_connections() -> None:
         if connection.settings_dict["CONN_MAX_AGE"] != 0:
             connection.close_if_unusable_or_obsolete()
             continue
-        connection.health_check_done = False
+        now = time.monotonic()
+        if now - getattr(connection, "skipqueue_checked_at", 0.0) >= HEALTH_CHECK_SECONDS:
+            connection.health_check_done = False  # CONN_HEALTH_CHECKS: ping before next use
+            connection.skipqueue_checked_at = now
         if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
             connection.close()
         elif connection.errors_occurred:
@@ -103,13 +114,24 @@ class Backoff:
 
 @dataclass
 class _Flight:
-    """A claimed job while this process runs it."""
+    """A claimed job while this process holds it: buffered, running, or being acked."""
 
     job: Job
     attempt: int
     lease_seconds: float
     renew_at: float  # process clock: when to renew next (scheduling only)
+    timeout: float | None = None  # the task's timeout in seconds, counted from its start
     timeout_at: float = float("inf")  # process clock: stop renewing after this
+
+
+@dataclass
+class _Finished:
+    """A success waiting for the dispatcher's batched, fenced ack."""
+
+    job: Job
+    attempt: int
+    result: Any
+    duration: float
 
 
 @dataclass
@@ -119,6 +141,7 @@ class WorkerStats:
     claimed: int = 0
     finished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    acked_batches: int = 0
     renewed: int = 0
     renew_refused: int = 0
     released_on_shutdown: int = 0
@@ -145,6 +168,7 @@ class Worker:
         poll_interval: float | None = None,
         listen: bool | None = None,
         reap_interval: float | None = None,
+        prefetch: int | None = None,
         database: str | None = None,
     ) -> None:
         conf = get_settings()
@@ -154,6 +178,11 @@ class Worker:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.concurrency = concurrency
+        self.prefetch = conf.PREFETCH if prefetch is None else prefetch
+        if self.prefetch is None:
+            self.prefetch = concurrency
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be zero or more, got {self.prefetch}")
         self.burst = burst
         self.max_jobs = max_jobs
         self.max_memory_mb = max_memory_mb
@@ -171,11 +200,15 @@ class Worker:
         self._flights: dict[int, _Flight] = {}
         self._lock = threading.Lock()
         self._work: queue.Queue[Job | None] = queue.Queue()
+        self._busy = 0  # executor threads inside a job
+        self._finished_jobs: list[_Finished] = []  # successes the dispatcher will ack
+        self._acking: set[int] = set()  # their ids (flights not yet released)
         self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
         self._stopping = threading.Event()  # no more claims
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._housekeeper_wake = threading.Event()  # new flights to schedule, or halted
         self._signals = 0
+        self._release_prefetched = True
         self._threads: list[threading.Thread] = []
         self._helpers: list[threading.Thread] = []  # housekeeper, listener
         self._abandoned: set[int] = set()  # job ids whose thread was given up on
@@ -199,8 +232,14 @@ class Worker:
             self._shutdown()
         return 0
 
-    def stop(self, reason: str = "stop requested") -> None:
-        """Stop claiming; jobs in flight get the grace period, then are released."""
+    def stop(self, reason: str = "stop requested", *, release_prefetched: bool = True) -> None:
+        """Stop claiming; jobs in flight get the grace period, then are released.
+
+        Jobs claimed ahead and not started are released at once (another worker can
+        run them now), unless `release_prefetched` is False: then they run first, as
+        when a job or memory limit ends the worker.
+        """
+        self._release_prefetched = release_prefetched
         if not self._stopping.is_set():
             self.stop_reason = reason
             logger.info("worker stopping reason=%s in_flight=%d", reason, self.in_flight)
@@ -232,19 +271,34 @@ class Worker:
 
     # -- the dispatcher ---------------------------------------------------------------
 
+    def _free_slots(self) -> int:
+        """Jobs to claim now: free threads plus free room in the prefetch buffer.
+
+        Claims wait until half the room is free (so that they come in batches) unless
+        a thread is idle; 0 means do not claim yet.
+        """
+        with self._lock:
+            held = len(self._flights) - len(self._acking)  # buffered or running
+            idle_thread = self._busy + self._work.qsize() < self.concurrency
+        capacity = self.concurrency + self.prefetch
+        free = capacity - held
+        if self.max_jobs is not None:
+            free = min(free, self.max_jobs - self.stats.claimed)
+        if free <= 0 or (not idle_thread and free < max(1, capacity // 2)):
+            return 0
+        return free
+
     def _dispatch(self) -> None:
         backoff = Backoff()
         while not self._stopping.is_set():
+            self._wake.clear()
+            self._ack_finished()
             if self._limit_reached():
                 break
-            free = self.concurrency - self.in_flight
-            if self.max_jobs is not None:
-                free = min(free, self.max_jobs - self.stats.claimed)
+            free = self._free_slots()
             if free <= 0:
                 self._wake.wait(1.0)
-                self._wake.clear()
                 continue
-            self._wake.clear()
             try:
                 claimed = self._claim(free)
             except CONNECTION_ERRORS as error:
@@ -259,9 +313,63 @@ class Worker:
             if not claimed and self.burst and self.in_flight == 0:
                 self.stop("burst: no due job left")
                 break
+            if self._wake.is_set():
+                continue  # a job finished meanwhile: ack it first
             timeout = self._idle_timeout() if not claimed else 1.0
             logger.debug("worker idle claimed=%d wait=%.3fs", len(claimed), timeout)
             self._wake.wait(timeout)
+
+    def _defer_ack(self, job: Job, attempt: int, result: Any, duration: float) -> None:
+        """From an executor thread: queue a success for the dispatcher's next batch."""
+        with self._lock:
+            self._finished_jobs.append(_Finished(job, attempt, result, duration))
+            self._acking.add(job.id)
+        self._wake.set()
+
+    def _ack_finished(self) -> None:
+        """Acknowledge every success queued since the last turn in one fenced statement.
+
+        Each job keeps its own fence (id, attempt, unexpired lease). A connection error
+        is retried until answered (or a lease has passed), as for any outcome, and an
+        ack refused after a retry is checked for having committed the first time.
+        """
+        from django_skipqueue.executor import committed_before, persist, record_success
+        from django_skipqueue.models import Job
+
+        with self._lock:
+            batch, self._finished_jobs = self._finished_jobs, []
+        if not batch:
+            return
+        jobs = Job.objects.db_manager(self.database)
+        acks = [(item.job.id, item.attempt, item.result) for item in batch]
+        give_up = min(item.job.lease.total_seconds() for item in batch)
+        what = f"ids={','.join(str(item.job.id) for item in batch[:10])}"
+        acked = persist(
+            lambda: jobs.ack_many(acks), give_up_after=give_up, what=what, database=self.database
+        )
+        acked = set(acked or ())
+        refused = [(item.job.id, item.attempt) for item in batch if item.job.id not in acked]
+        if refused:
+            found = persist(
+                lambda: committed_before(jobs, refused),
+                give_up_after=give_up,
+                what=what,
+                database=self.database,
+            )
+            acked |= found or set()
+        self.stats.acked_batches += 1
+        for item in batch:
+            execution = None
+            try:
+                execution = record_success(
+                    item.job, item.attempt, item.result, item.duration, acked=item.job.id in acked
+                )
+            except Exception:
+                logger.exception("worker could not record job id=%s", item.job.id)
+            finally:
+                with self._lock:
+                    self._acking.discard(item.job.id)
+                self._finished(item.job, execution)
 
     def _claim(self, limit: int) -> list[Job]:
         from django_skipqueue.models import Job
@@ -276,7 +384,7 @@ class Worker:
                 flight = _Flight(job, job.attempts, lease, now + lease / 3)
                 timeout = registry.get(job.task).timeout if job.task in registry else None
                 if timeout is not None:
-                    flight.timeout_at = now + timeout.total_seconds()
+                    flight.timeout = timeout.total_seconds()
                 self._flights[job.id] = flight
             self.stats.claimed += len(claimed)
         if claimed:
@@ -301,12 +409,15 @@ class Worker:
 
     def _limit_reached(self) -> bool:
         if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
-            self.stop(f"max jobs reached ({self.max_jobs})")
+            self.stop(f"max jobs reached ({self.max_jobs})", release_prefetched=False)
             return True
         if self.max_memory_mb is not None:
             rss = resident_memory_mb()
             if rss > self.max_memory_mb:
-                self.stop(f"max memory reached ({rss:.0f} MB > {self.max_memory_mb:g} MB)")
+                self.stop(
+                    f"max memory reached ({rss:.0f} MB > {self.max_memory_mb:g} MB)",
+                    release_prefetched=False,
+                )
                 return True
         return False
 
@@ -315,21 +426,36 @@ class Worker:
     def _execute_loop(self) -> None:
         try:
             while (job := self._work.get()) is not None:
+                self._starting(job)
                 execution: Execution | None = None
+                raised = True
                 refresh_connections()
                 try:
-                    execution = execute(job, database=self.database)
+                    execution = execute(job, database=self.database, defer_ack=self._defer_ack)
+                    raised = False
                 except Exception:
                     logger.exception("worker could not record job id=%s", job.id)
                 finally:
                     refresh_connections()
-                    self._finished(job, execution)
+                    with self._lock:
+                        self._busy -= 1
+                    if execution is not None or raised:  # else the dispatcher acks it
+                        self._finished(job, execution)
                 with self._lock:
                     if job.id in self._abandoned:
                         self._abandoned.discard(job.id)
                         return  # a replacement thread took this one's place
         finally:
             connections.close_all()
+
+    def _starting(self, job: Job) -> None:
+        """A thread takes `job` from the buffer: its timeout counts from now."""
+        with self._lock:
+            self._busy += 1
+            flight = self._flights.get(job.id)
+            if flight is not None and flight.timeout is not None:
+                flight.timeout_at = time.monotonic() + flight.timeout
+        self._wake.set()  # room in the buffer
 
     def _finished(self, job: Job, execution: Execution | None) -> None:
         with self._lock:
@@ -536,12 +662,27 @@ class Worker:
         """Give jobs in flight the grace period, release the rest, then end every thread."""
         from django_skipqueue.models import Job, WorkerProcess
 
+        unstarted = []  # claimed ahead, never started: released at once
+        while self._release_prefetched:
+            try:
+                job = self._work.get_nowait()
+            except queue.Empty:
+                break
+            with self._lock:
+                flight = self._flights.pop(job.id, None)
+            if flight is not None:
+                unstarted.append(flight)
         deadline = time.monotonic() + self.grace
-        while self.in_flight and time.monotonic() < deadline:
-            self._wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+        while time.monotonic() < deadline:
             self._wake.clear()
+            self._ack_finished()
+            with self._lock:
+                if not self._flights:
+                    break
+            self._wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+        self._ack_finished()
         with self._lock:
-            unfinished = list(self._flights.values())
+            unfinished = unstarted + list(self._flights.values())
         for flight in unfinished:
             try:
                 released = Job.objects.db_manager(self.database).release(

@@ -176,9 +176,50 @@ def test_enqueue_many_writes_all_calls_in_one_insert():
     calls = [((n, n), {}) for n in range(500)]
     with CaptureQueriesContext(connection) as queries:
         jobs = tasks.add.enqueue_many(calls)
-    assert len([q for q in queries if q["sql"].lstrip().startswith("INSERT")]) == 1
+    assert len([q for q in queries if "INSERT INTO skipqueue_job" in q["sql"]]) == 1
     assert len({job.id for job in jobs}) == 500
     assert Job.objects.due().count() == 500
+    assert [job.args for job in jobs] == [[n, n] for n in range(500)]  # ids follow the calls
+
+
+def fields_of(job: Job) -> dict:
+    return {field.attname: getattr(job, field.attname) for field in Job._meta.concrete_fields}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("receiver", [False, True], ids=["fast path", "post_init receiver"])
+def test_enqueue_many_returns_jobs_exactly_as_the_orm_loads_them(receiver):
+    from django.db.models.signals import post_init
+
+    seen = []
+
+    def count(sender, instance, **kwargs):
+        seen.append(instance)
+
+    if receiver:
+        post_init.connect(count, sender=Job)
+    try:
+        jobs = tasks.add.using(priority=3).enqueue_many([((1, 2), {}), (("é", "x"), {})])
+    finally:
+        post_init.disconnect(count, sender=Job)
+    assert len(seen) == (2 if receiver else 0)  # receivers see every instance
+    for job in jobs:
+        loaded = Job.objects.get(id=job.id)
+        assert fields_of(job) == fields_of(loaded)
+        assert not job._state.adding and job._state.db == "default"
+    job = jobs[0]
+    job.priority = 7
+    job.save(update_fields=["priority"])  # an ordinary model instance
+    assert Job.objects.get(id=job.id).priority == 7
+
+
+@pytest.mark.django_db
+def test_the_payload_limit_counts_utf8_bytes_in_bulk_too(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PAYLOAD_BYTES": 20}
+    tasks.add.enqueue_many([(("a" * 11,), {})])  # [["aaaaaaaaaaa"],{}]: 20 bytes
+    with pytest.raises(InvalidJobError, match="encode to 21 bytes"):
+        tasks.add.enqueue_many([(("é" * 6,), {})])  # 15 characters, 21 bytes
+    assert Job.objects.count() == 1
 
 
 @pytest.mark.django_db

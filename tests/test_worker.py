@@ -37,14 +37,61 @@ def runs_per_job() -> set[int]:
 # -- in-process: the Worker class --------------------------------------------------
 
 
-def test_one_claim_fills_every_free_thread():
+def claim_limits(queries) -> list[int]:
+    return [
+        int(q["sql"].split("LIMIT ")[1].split()[0]) for q in queries if "SKIP LOCKED" in q["sql"]
+    ]
+
+
+def test_one_claim_fills_every_free_thread_and_the_prefetch_buffer():
+    tasks.record.enqueue_many([((), {"sleep": 0.2})] * 12)
+    with CaptureQueriesContext(connection) as queries:
+        worker = Worker(concurrency=4, burst=True, listen=False, reap_interval=0)
+        worker.run()
+    limits = claim_limits(queries)
+    assert limits[0] == 8  # four threads and a buffer of four, in one claim
+    assert all(limit <= 8 for limit in limits)
+    assert worker.stats.acked_batches < 12  # successes acknowledged several at a time
+    assert all_done(12)
+
+
+def test_without_prefetch_a_claim_never_asks_for_more_than_the_free_threads():
     tasks.record.enqueue_many([((), {"sleep": 0.2})] * 8)
     with CaptureQueriesContext(connection) as queries:
-        Worker(concurrency=4, burst=True, listen=False, reap_interval=0).run()
-    limits = [q["sql"].split("LIMIT ")[1].split()[0] for q in queries if "SKIP LOCKED" in q["sql"]]
-    assert limits[0] == "4"  # the first claim fills all four threads at once
-    assert all(int(limit) <= 4 for limit in limits)  # and none asks for more than are free
+        Worker(concurrency=4, burst=True, listen=False, reap_interval=0, prefetch=0).run()
+    limits = claim_limits(queries)
+    assert limits[0] == 4
+    assert all(limit <= 4 for limit in limits)
     assert all_done(8)
+
+
+def test_on_stop_prefetched_jobs_go_back_at_once_and_the_running_one_finishes():
+    tasks.record.enqueue_many([((), {"sleep": 0.6})] * 3)
+    worker = Worker(concurrency=1, prefetch=2, grace=5, listen=False, reap_interval=0)
+    threading.Timer(0.3, worker.stop).start()
+    started = time.monotonic()
+    worker.run()
+    assert time.monotonic() - started < 2  # the prefetched two did not wait their turn
+    rows = sorted(Job.objects.values_list("state", "attempts", "releases", "max_attempts"))
+    assert rows == [
+        (JobState.DONE, 1, 0, 5),
+        (JobState.PENDING, 1, 1, 6),  # released without spending the attempt
+        (JobState.PENDING, 1, 1, 6),
+    ]
+    assert worker.stats.released_on_shutdown == 2
+
+
+def test_a_job_limit_runs_the_prefetched_jobs_instead_of_releasing_them():
+    tasks.record.enqueue_many([((), {"sleep": 0.1})] * 6)
+    worker = Worker(concurrency=1, prefetch=2, max_jobs=3, listen=False, reap_interval=0)
+    worker.run()
+    assert states() == {JobState.DONE: 3, JobState.PENDING: 3}
+    assert worker.stats.released_on_shutdown == 0
+
+
+def test_a_negative_prefetch_is_refused():
+    with pytest.raises(ValueError, match="prefetch must be zero or more"):
+        Worker(prefetch=-1)
 
 
 def test_burst_runs_every_due_job_then_returns():

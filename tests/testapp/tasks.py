@@ -70,12 +70,17 @@ def extends_lease(context: TaskContext, seconds: float) -> bool:
 
 @task
 def drops_its_connection() -> str:
-    """Kill this thread's database session, so the ack that follows meets a dead connection."""
+    """Kill every session on this database, this thread's too, so that the ack that
+    follows meets a dead connection (the worker acks on its dispatcher's connection)."""
     from django.db import OperationalError, connection
 
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND backend_type = 'client backend' "
+                "ORDER BY pid = pg_backend_pid()"
+            )
     except OperationalError:
         pass  # the session is gone; the task itself succeeded
     return "acked anyway"

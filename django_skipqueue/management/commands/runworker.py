@@ -31,6 +31,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def zero_or_more_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def _number(text: str, unit: str, *, allow_zero: bool) -> float:
     """A finite number of `unit`: positive, or zero or more with `allow_zero`."""
     try:
@@ -96,6 +106,13 @@ class Command(BaseCommand):
             help="Threads running jobs, each with its own database connection. Default: 1.",
         )
         parser.add_argument(
+            "--prefetch",
+            type=zero_or_more_int,
+            metavar="N",
+            help="Jobs claimed ahead of free threads, so that claims and acks come in "
+            "batches; 0 for long jobs. Default: SKIPQUEUE['PREFETCH'] (as many as threads).",
+        )
+        parser.add_argument(
             "--burst",
             action="store_true",
             help="Run until no due job is left, then exit 0.",
@@ -153,6 +170,7 @@ class Command(BaseCommand):
                 poll_interval=options["poll_interval"],
                 listen=False if options["no_listen"] else None,
                 reap_interval=options["reap_interval"],
+                prefetch=options["prefetch"],
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
