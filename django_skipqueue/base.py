@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
+from django_skipqueue.exceptions import ConfigurationError, InvalidJobError, QueueFullError
 from django_skipqueue.payload import encode_arguments, normalize_arguments
 from django_skipqueue.registry import registry
 from django_skipqueue.retry import RetryPolicy
@@ -259,6 +259,7 @@ class Task(Generic[P, R]):
 
         conf = get_settings()
         plain_args, plain_kwargs = normalize_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES)
+        self._check_limits(1)
         job = Job(
             task=self.name,
             args=plain_args,
@@ -273,6 +274,47 @@ class Task(Generic[P, R]):
 
             job.run_at = _run_at(self.run_after)
         return job
+
+    def _check_limits(self, adding: int) -> None:
+        """The volume guards (RELIABILITY.md S11), before any row is written.
+
+        max_attempts and run_after against their caps; with MAX_PENDING_PER_QUEUE, the
+        queue's pending jobs, counted up to the cap only (an index scan of at most that
+        many entries). A run_after datetime is compared with this process's clock: a
+        bound of days or more, not a lease decision.
+        """
+        conf = get_settings()
+        max_attempts = self.resolved_max_attempts
+        if max_attempts > conf.MAX_ATTEMPTS_LIMIT:
+            raise InvalidJobError(
+                f"max_attempts {max_attempts} is over SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
+                f"({conf.MAX_ATTEMPTS_LIMIT})"
+            )
+        if self.run_after is not None:
+            delay = self.run_after
+            if isinstance(delay, datetime):
+                delay = delay - timezone.now()
+            if delay.total_seconds() > conf.MAX_DELAY_SECONDS:
+                raise InvalidJobError(
+                    f"run_after is {delay} ahead, over SKIPQUEUE['MAX_DELAY_SECONDS'] "
+                    f"({conf.MAX_DELAY_SECONDS:.0f} s)"
+                )
+        cap = conf.MAX_PENDING_PER_QUEUE
+        if cap is not None:
+            from django.db import connections
+
+            with connections[self.get_database()].cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM (SELECT 1 FROM skipqueue_job WHERE state = 'pending' "
+                    "AND queue_name = %s LIMIT %s) AS capped",
+                    [self.queue_name, cap],
+                )
+                pending = cursor.fetchone()[0]
+            if pending + adding > cap:
+                raise QueueFullError(
+                    f"queue {self.queue_name!r} holds {pending} pending jobs; adding {adding} "
+                    f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
+                )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """INSERT a pending job in the caller's transaction and return it.
@@ -302,6 +344,7 @@ class Task(Generic[P, R]):
         checked = [
             encode_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES) for args, kwargs in calls
         ]
+        self._check_limits(len(checked))
         run_at = self.run_after if isinstance(self.run_after, datetime) else None
         delay = self.run_after if isinstance(self.run_after, timedelta) else timedelta(0)
         lease, max_attempts = self.resolved_lease, self.resolved_max_attempts

@@ -2,7 +2,11 @@
 
 Ids are never reused: E001 unknown key, E002 bad value, E003 SKIPQUEUE not a dict,
 E004 unknown database alias, E005 database cannot SKIP LOCKED, E006 SkipQueueBackend
-in TASKS on a Django without django.tasks.
+in TASKS on a Django without django.tasks, E007 a task asks for more attempts than
+MAX_ATTEMPTS_LIMIT. Warnings about the connection (RELIABILITY.md S15), for a
+DATABASES entry that marks itself as behind a transaction pooler with
+DISABLE_SERVER_SIDE_CURSORS = True, as Django's docs ask: W001 prepared statements
+(psycopg's prepare_threshold) and W002 LISTEN through it; W003 (deploy) DEBUG on.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import difflib
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
 
 from django_skipqueue.conf import KNOWN_KEYS, get_settings
@@ -92,3 +96,69 @@ def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 )
             ]
     return []
+
+
+@register()
+def check_task_limits(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    from django_skipqueue.registry import registry
+
+    conf = get_settings()
+    if conf.problems():
+        return []  # E002 says what is wrong with the settings first
+    errors = []
+    for name in registry.names():
+        wanted = registry.get(name).max_attempts
+        if wanted is not None and wanted > conf.MAX_ATTEMPTS_LIMIT:
+            errors.append(
+                Error(
+                    f"Task {name!r} asks for max_attempts={wanted}, over MAX_ATTEMPTS_LIMIT."[:79],
+                    hint=f"Lower it, or raise SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
+                    f"({conf.MAX_ATTEMPTS_LIMIT}).",
+                    id="skipqueue.E007",
+                )
+            )
+    return errors
+
+
+@register(Tags.database)
+def check_pooled_connection(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    conf = get_settings()
+    alias = conf.DATABASE_ALIAS
+    entry = settings.DATABASES.get(alias) if isinstance(alias, str) else None
+    if not entry or not entry.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return []
+    warnings = []
+    options = entry.get("OPTIONS") or {}
+    if options.get("prepare_threshold") is not None:
+        warnings.append(
+            Warning(
+                f"Database {alias!r} is behind a transaction pooler with prepared statements.",
+                hint="DISABLE_SERVER_SIDE_CURSORS marks a transaction pooler; there a "
+                "prepared statement may run on another server session. Remove "
+                "OPTIONS['prepare_threshold'] (PgBouncer < 1.21 cannot track them).",
+                id="skipqueue.W001",
+            )
+        )
+    if conf.LISTEN:
+        warnings.append(
+            Warning(
+                f"Workers LISTEN through {alias!r}, which is behind a transaction pooler.",
+                hint="Notifications do not reach a pooled session: workers detect it and "
+                "poll. Set SKIPQUEUE['LISTEN'] = False, or give workers a direct connection.",
+                id="skipqueue.W002",
+            )
+        )
+    return warnings
+
+
+@register(Tags.security, deploy=True)
+def check_debug(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    if not settings.DEBUG:
+        return []
+    return [
+        Warning(
+            "DEBUG is on: every worker keeps each query it runs in memory.",
+            hint="Run workers (and production) with DEBUG = False.",
+            id="skipqueue.W003",
+        )
+    ]

@@ -54,6 +54,10 @@ def _none_or_zero_or_more_int(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
+def _none_or_positive_int(value: Any) -> bool:
+    return value is None or _positive_int(value)
+
+
 def _name(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
 
@@ -72,6 +76,14 @@ class SkipQueueSettings:
     LEASE_SECONDS: float = 300.0
     #: Attempts (claims) a job gets before it ends failed, unless its task says otherwise.
     MAX_ATTEMPTS: int = 5
+    #: The most attempts a task or enqueue may ask for (a guard against runaway retries).
+    MAX_ATTEMPTS_LIMIT: int = 100
+    #: The furthest ahead a job may be scheduled (run_after), in seconds: one year.
+    MAX_DELAY_SECONDS: float = 365 * 24 * 3600.0
+    #: If set, an enqueue that would leave more pending jobs than this in its queue is
+    #: refused with QueueFullError (a guard against floods and tasks that fan out
+    #: without end). Approximate under concurrent enqueues. None: no limit.
+    MAX_PENDING_PER_QUEUE: int | None = None
     #: Backoff of the default retry policy: base * 2**(attempt-1), capped, +/- jitter.
     RETRY_BASE_SECONDS: float = 1.0
     RETRY_CAP_SECONDS: float = 3600.0
@@ -111,6 +123,9 @@ class SkipQueueSettings:
             "DATABASE_ALIAS": (_name, "a database alias (non-empty string)"),
             "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
             "MAX_ATTEMPTS": (_positive_int, "a positive integer"),
+            "MAX_ATTEMPTS_LIMIT": (_positive_int, "a positive integer"),
+            "MAX_DELAY_SECONDS": (_positive_number, "a positive number of seconds"),
+            "MAX_PENDING_PER_QUEUE": (_none_or_positive_int, "None or a positive integer"),
             "RETRY_BASE_SECONDS": (_positive_number, "a positive number of seconds"),
             "RETRY_CAP_SECONDS": (_positive_number, "a positive number of seconds"),
             "RETRY_JITTER": (_fraction, "a fraction in [0, 1)"),
@@ -135,6 +150,10 @@ class SkipQueueSettings:
                 found.append((key, f"must be {expected}, got {value!r}"))
         if not found and self.RETRY_CAP_SECONDS < self.RETRY_BASE_SECONDS:
             found.append(("RETRY_CAP_SECONDS", "must be >= RETRY_BASE_SECONDS"))
+        if not found and self.MAX_ATTEMPTS > self.MAX_ATTEMPTS_LIMIT:
+            found.append(
+                ("MAX_ATTEMPTS", f"must be <= MAX_ATTEMPTS_LIMIT ({self.MAX_ATTEMPTS_LIMIT})")
+            )
         return found
 
 

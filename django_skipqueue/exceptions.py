@@ -36,6 +36,14 @@ class InvalidJobError(SkipQueueError, ValueError):
     """An enqueue was refused before anything was written: bad arguments or options."""
 
 
+class QueueFullError(SkipQueueError):
+    """An enqueue was refused: the queue holds SKIPQUEUE['MAX_PENDING_PER_QUEUE'] pending jobs.
+
+    Not an InvalidJobError: the call itself is fine and may succeed later, so a task
+    that meets it is retried with backoff like any other failure.
+    """
+
+
 class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Retry)
     """Raise from a task to run it again after `delay`, without spending an attempt.
 
