@@ -12,7 +12,7 @@ from tests.chaos.harness import Supervisor
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        if here in Path(item.fspath).parents and not item.get_closest_marker("soak"):
             item.add_marker(pytest.mark.chaos)
 
 

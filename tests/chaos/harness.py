@@ -34,6 +34,7 @@ class Supervisor:
         settings: dict | None = None,
         pg_options: str = "",
         clock_skew: float = 0.0,
+        command: str = "runworker",
     ) -> WorkerHandle:
         index = len(self.workers) + len(self.retired)
         env = {"SKIPQUEUE_TEST_SETTINGS": json.dumps(settings or {})}
@@ -41,7 +42,9 @@ class Supervisor:
             env["SKIPQUEUE_TEST_CLOCK_SKEW_SECONDS"] = str(clock_skew)
         if pg_options:
             env["SKIPQUEUE_TEST_PG_OPTIONS"] = pg_options
-        handle = WorkerHandle(["-v", "1", *args], self.log_dir / f"worker-{index}.log", **env)
+        handle = WorkerHandle(
+            ["-v", "1", *args], self.log_dir / f"worker-{index}.log", command, **env
+        )
         self.workers.append(handle)
         return handle
 

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from django_skipqueue.models import Job, JobState
-from tests.chaos.harness import check
+from tests.chaos.harness import check, scalar
 from tests.processes import wait_until
 from tests.testapp import tasks
 
@@ -68,3 +68,38 @@ def test_t35_sigterm_drain_finishes_short_jobs_and_releases_long_ones(supervisor
     released = Job.objects.filter(id__in=long)
     assert set(released.values_list("attempts", "releases")) == {(1, 1)}  # attempt given back
     assert not Job.objects.filter(state=JobState.RUNNING).exists()
+
+
+@pytest.mark.timeout(240)
+def test_t3_at_the_lease_boundary_an_attempt_is_acked_or_reaped_never_both(supervisor):
+    """T3 at half the plan's scale in time (lease 0.5 s, sleep 0.5 s +/- 25 ms; the
+    plan's 1 s doubles the run), 2,000 jobs, renewal off, a reaper every 10 ms."""
+    lease_ms = 500
+    calls = [((), {"ms": lease_ms, "jitter_ms": lease_ms / 20})] * 2000
+    ids = [
+        j.id for j in tasks.probe.using(lease=lease_ms / 1000, max_attempts=40).enqueue_many(calls)
+    ]
+    supervisor.start_command("reapjobs", "--loop", "--interval", "0.01")
+    for _ in range(2):
+        supervisor.start(
+            *("--concurrency", "32", "--prefetch", "0", "--reap-interval", "0"),
+            *("--no-listen", "--poll-interval", "0.05"),
+            command="runworker_without_renewal",
+        )
+    wait_until(lambda: finished(ids), timeout=200)
+
+    report = check(ids)
+    done_twice = scalar(
+        "SELECT count(*) FROM (SELECT job_id FROM testapp_jobaudit WHERE job_id = ANY(%s) "
+        "AND old_state = 'running' AND new_state = 'done' GROUP BY job_id "
+        "HAVING count(*) <> 1) AS bad",
+        [ids],
+    )
+    expirations = scalar("SELECT sum(expirations) FROM skipqueue_job WHERE id = ANY(%s)", [ids])
+    refused = supervisor.count_in_logs(r"outcome refused by the fence")
+    print(f"\nT3 {report} expirations={expirations} refused_acks={refused}")
+    assert report.violations() == []
+    assert Job.objects.filter(id__in=ids, state=JobState.DONE).count() == len(ids)
+    assert done_twice == 0  # exactly one running -> done per job
+    assert expirations > 100 and refused > 0  # the race really ran, both ways
+    assert refused <= expirations  # a refused ack always matches a lease taken back

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 
 from django_skipqueue import Retry, RetryPolicy, TaskContext, task
@@ -87,7 +88,7 @@ def drops_its_connection() -> str:
 
 
 @task(takes_context=True, max_attempts=10)
-def probe(context: TaskContext, ms: int = 0, mode: str = "ok") -> int:
+def probe(context: TaskContext, ms: int = 0, mode: str = "ok", jitter_ms: float = 0) -> int:
     """The fault tests' task (RELIABILITY.md 4.1): log the run, misbehave per mode, then
     write a unique effect; a second effect for the same job is logged as a duplicate."""
     import signal
@@ -103,7 +104,7 @@ def probe(context: TaskContext, ms: int = 0, mode: str = "ok") -> int:
         os.kill(os.getpid(), signal.SIGSEGV)
     if mode == "raise":
         raise RuntimeError(f"probe {context.job_id} raised on attempt {context.attempt}")
-    time.sleep(ms / 1000)
+    time.sleep(max(ms + random.uniform(-jitter_ms, jitter_ms), 0) / 1000)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO testapp_effect (job_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING id",
@@ -135,3 +136,10 @@ def t23_hangs(seconds: float) -> None:
 @task(max_attempts=1)
 def leaks_a_secret(dsn: str) -> None:
     raise ConnectionError(f"could not connect to {dsn} with token=abc123")
+
+
+@task(max_attempts=2)
+def fan_out() -> None:
+    """Enqueue two copies of itself: without MAX_PENDING_PER_QUEUE, a job bomb."""
+    fan_out.enqueue()
+    fan_out.enqueue()

@@ -157,10 +157,10 @@ class Command(BaseCommand):
             "Default: SKIPQUEUE['REAP_INTERVAL_SECONDS'] (10).",
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        configure_logging(self, options["verbosity"])
+    def make_worker(self, options: dict[str, Any]) -> Worker:
+        """The Worker these options describe (a subclass may adjust it)."""
         try:
-            worker = Worker(
+            return Worker(
                 queues=options["queues"] or ["default"],
                 concurrency=options["concurrency"],
                 burst=options["burst"],
@@ -174,6 +174,10 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(self, options["verbosity"])
+        worker = self.make_worker(options)
         if settings.DEBUG:
             logger.warning(
                 "DEBUG=True: every query is kept in memory and slows the worker; run "
