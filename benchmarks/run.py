@@ -238,20 +238,76 @@ def part_enqueue(opts: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def part_latency(opts: argparse.Namespace) -> dict[str, float]:
-    # The floor: a bare LISTEN/NOTIFY round trip after an idle gap, in this run.
-    listener, sender = raw_connection(), raw_connection()
-    listener.execute("LISTEN bench_floor")
-    floor = []
-    for _ in range(opts.trials):
+# A bare LISTEN/NOTIFY receiver in its own process, as the worker is: it prints the wall
+# clock at each notification, so both are timed the same way (sender's clock before the
+# sending statement, receiver's clock on arrival; one machine, one clock).
+FLOOR_LISTENER = """
+import sys, time, psycopg
+conn = psycopg.connect(sys.argv[1], autocommit=True)
+conn.execute("LISTEN bench_floor")
+conn.execute("LISTEN skipqueue_bench_floor")
+print("ready", flush=True)
+for notify in conn.notifies():
+    print(time.time(), flush=True)
+"""
+
+
+def dsn() -> str:
+    params = connection.get_connection_params()
+    keys = ("host", "port", "dbname", "user", "password")
+    return " ".join(f"{key}='{params[key]}'" for key in keys if params.get(key))
+
+
+def floor_latencies(trials: int) -> tuple[list[float], list[float], list[float]]:
+    """Bare LISTEN/NOTIFY after an idle gap: across processes, within one, and from an
+    enqueue to a bare listener in another process."""
+    sender = raw_connection()
+    listener = subprocess.Popen(
+        [sys.executable, "-c", FLOOR_LISTENER, dsn()], stdout=subprocess.PIPE, text=True
+    )
+    across, enqueued = [], []
+    try:
+        assert listener.stdout is not None
+        if listener.stdout.readline().strip() != "ready":
+            raise SystemExit("the floor listener did not start")
+        for _ in range(trials):
+            time.sleep(0.2)
+            sent = time.time()
+            sender.execute("SELECT pg_notify('bench_floor', '')")
+            across.append(float(listener.stdout.readline()) - sent)
+        # The same receiver woken by an enqueue (INSERT, its NOTIFY trigger, a durable
+        # commit) into a queue no worker serves: what is left is the worker's own part.
+        for trial in range(trials):
+            time.sleep(0.2)
+            sent = time.time()
+            mark_pickup.using(queue_name="bench_floor").enqueue(trial)
+            enqueued.append(float(listener.stdout.readline()) - sent)
+    finally:
+        listener.kill()
+        listener.wait()
+        reset()
+    same = []
+    receiver = raw_connection()
+    receiver.execute("LISTEN bench_floor")
+    for _ in range(trials):
         time.sleep(0.2)
         started = time.perf_counter()
         sender.execute("SELECT pg_notify('bench_floor', '')")
-        next(listener.notifies(timeout=5, stop_after=1))
-        floor.append(time.perf_counter() - started)
-    listener.close()
+        next(receiver.notifies(timeout=5, stop_after=1))
+        same.append(time.perf_counter() - started)
+    receiver.close()
     sender.close()
-    results = {"floor_median_ms": statistics.median(floor) * 1000}
+    return across, same, enqueued
+
+
+def part_latency(opts: argparse.Namespace) -> dict[str, float]:
+    across, same, enqueued = floor_latencies(opts.trials)
+    results = {
+        "floor_median_ms": statistics.median(across) * 1000,
+        "floor_p95_ms": percentile(across, 0.95) * 1000,
+        "floor_same_process_median_ms": statistics.median(same) * 1000,
+        "enqueue_to_listener_median_ms": statistics.median(enqueued) * 1000,
+    }
     for label, args, trials in [
         ("listen", ["--poll-interval", "30"], opts.trials),
         ("poll", ["--no-listen", "--poll-interval", "0.5"], max(10, opts.trials // 5)),
@@ -277,6 +333,9 @@ def part_latency(opts: argparse.Namespace) -> dict[str, float]:
         results[f"{label}_median_ms"] = statistics.median(latencies) * 1000
         results[f"{label}_p95_ms"] = percentile(latencies, 0.95) * 1000
     results["listen_vs_floor"] = results["listen_median_ms"] / results["floor_median_ms"]
+    results["listen_vs_enqueue_to_listener"] = (
+        results["listen_median_ms"] / results["enqueue_to_listener_median_ms"]
+    )
     return results
 
 
@@ -381,6 +440,34 @@ def part_duplicates(opts: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def targets(report: dict[str, Any]) -> dict[str, tuple[float, str, bool]]:
+    """Each target of issue 5 found in this run: (ratio, goal, met)."""
+    found: dict[str, tuple[float, str, bool]] = {}
+    raw, thr = report.get("raw"), report.get("throughput", {})
+    if raw and "c4_jobs_per_s" in thr:
+        ratio = thr["c4_jobs_per_s"] / raw["single_prepared_jobs_per_s"]
+        found["c4_vs_raw_single"] = (ratio, ">= 1.5", ratio >= 1.5)
+        ratio = thr["c4_jobs_per_s"] / (raw["batch10_prepared_jobs_per_s"] / 4)
+        found["c4_vs_raw_batch10_div4"] = (ratio, ">= 1.0", ratio >= 1.0)
+    if latency := report.get("latency"):
+        ratio = latency["listen_vs_floor"]
+        found["pickup_median_vs_floor"] = (ratio, "<= 1.3", ratio <= 1.3)
+        p95 = latency["listen_p95_ms"]
+        found["pickup_p95_ms"] = (p95, "<= 50", p95 <= 50)
+    if claim := report.get("claim"):
+        ratio = claim["history_ratio"]
+        found["claim_history_ratio"] = (ratio, "<= 1.3", ratio <= 1.3)
+    if enqueue := report.get("enqueue"):
+        ratio = enqueue["enqueue_vs_create"]
+        found["enqueue_vs_create"] = (ratio, ">= 0.8", ratio >= 0.8)
+        ratio = enqueue["bulk_vs_sql"]
+        found["bulk_enqueue_vs_sql"] = (ratio, ">= 0.35", ratio >= 0.35)
+    if memory := report.get("memory"):
+        growth = memory["growth"] * 100
+        found["rss_growth_percent"] = (growth, "< 10", growth < 10)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
@@ -417,16 +504,11 @@ def main() -> None:
             print(
                 f"  {key:32} {value:12.2f}" if isinstance(value, float) else f"  {key:32} {value}"
             )
-    if "raw" in report and "throughput" in report:
-        raw, thr = report["raw"], report["throughput"]
-        report["targets"] = {
-            "c4_vs_raw_single": thr.get("c4_jobs_per_s", 0) / raw["single_prepared_jobs_per_s"],
-            "c4_vs_raw_batch10_div4": thr.get("c4_jobs_per_s", 0)
-            / (raw["batch10_prepared_jobs_per_s"] / 4),
-        }
-        print("\ntargets")
-        for key, value in report["targets"].items():
-            print(f"  {key:32} {value:12.2f}")
+    report["targets"] = targets(report)
+    if report["targets"]:
+        print("\ntargets (issue 5)")
+        for key, (value, goal, met) in report["targets"].items():
+            print(f"  {key:32} {value:8.2f}  goal {goal:<8} {'met' if met else 'NOT MET'}")
     opts.json.parent.mkdir(parents=True, exist_ok=True)
     opts.json.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {opts.json}")

@@ -292,3 +292,23 @@ def test_s6_any_queue_name_is_either_valid_or_refused_cleanly(name):
         len(name.encode()) <= 48
         and name.replace("_", "").replace("-", "").replace(".", "").isalnum()
     )
+
+
+@pytest.mark.django_db
+def test_enqueue_sends_save_signals_when_a_receiver_listens():
+    from django.db.models.signals import post_save
+
+    saved = []
+
+    def record(sender, instance, created, **kwargs):
+        saved.append((instance.id, created))
+
+    plain = tasks.add.enqueue(1, 2)  # no receiver: the one-statement INSERT
+    post_save.connect(record, sender=Job)
+    try:
+        job = tasks.add.enqueue(3, 4)
+    finally:
+        post_save.disconnect(record, sender=Job)
+    assert saved == [(job.id, True)]
+    for each in (plain, job):
+        assert fields_of(each) == fields_of(Job.objects.get(id=each.id))
