@@ -346,6 +346,7 @@ class Task(Generic[P, R]):
         from django.db import connections
 
         from django_skipqueue import sql
+        from django_skipqueue.loading import loaded_jobs
         from django_skipqueue.models import Job
 
         conf = get_settings()
@@ -389,7 +390,7 @@ class Task(Generic[P, R]):
                 ids, job_run_at, created_at = cursor.fetchone()
             shared = template | {"run_at": job_run_at, "created_at": created_at}
             jobs.extend(
-                _loaded_jobs(
+                loaded_jobs(
                     alias,
                     names,
                     (
@@ -402,30 +403,6 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name}>"
-
-
-def _loaded_jobs(alias: str, names: list[str], rows: Iterable[dict[str, Any]]) -> list[Job]:
-    """Job instances as the ORM loads them, from rows holding every column (attname).
-
-    Measured: Model.__init__ cost more than the INSERT itself in enqueue_many. With no
-    pre_init or post_init receiver for Job it only sets each attribute, so that is done
-    directly; when a project connects one, every row takes from_db's full path.
-    """
-    from django.db.models import signals
-    from django.db.models.base import ModelState
-
-    from django_skipqueue.models import Job
-
-    if signals.pre_init.has_listeners(Job) or signals.post_init.has_listeners(Job):
-        return [Job.from_db(alias, names, [row[name] for name in names]) for row in rows]
-    jobs = []
-    for row in rows:
-        job = Job.__new__(Job)
-        state = ModelState()
-        state.adding, state.db = False, alias
-        job.__dict__.update(row, _state=state)
-        jobs.append(job)
-    return jobs
 
 
 @overload

@@ -152,6 +152,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if limit < 1:
             return []
         from django_skipqueue import sql
+        from django_skipqueue.loading import fetch_jobs
 
         names = list(queues)
         params = {
@@ -163,7 +164,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         statement = sql.CLAIM_ONE_QUEUE if len(names) == 1 else sql.CLAIM_QUEUES
         # One statement: in autocommit it is its own transaction and commits before
         # returning (no BEGIN/COMMIT round trips); inside atomic() it joins the caller's.
-        claimed = list(self.raw(statement, params, using=self.db))
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(statement, params)
+            claimed = fetch_jobs(cursor, self.db)
         claimed.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return claimed
 

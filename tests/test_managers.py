@@ -41,6 +41,33 @@ def test_claim_marks_job_running_with_attempt_lease_and_worker(worker_process):
     assert lease_left.exists()
 
 
+def fields_of(job: Job) -> dict:
+    return {field.attname: getattr(job, field.attname) for field in Job._meta.concrete_fields}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("receiver", [False, True], ids=["fast path", "post_init receiver"])
+def test_a_claimed_job_equals_the_row_as_the_orm_loads_it(worker_process, receiver):
+    from django.db.models.signals import post_init
+
+    seen = []
+
+    def count(sender, instance, **kwargs):
+        seen.append(instance)
+
+    JobFactory(args=[1, {"a": [2, None]}], kwargs={"k": "é"}, errors=[{"attempt": 1}])
+    if receiver:
+        post_init.connect(count, sender=Job)
+    try:
+        job = claim_one(worker=worker_process)
+    finally:
+        post_init.disconnect(count, sender=Job)
+    assert len(seen) == (1 if receiver else 0)
+    assert fields_of(job) == fields_of(Job.objects.get(id=job.id))
+    assert job.args == [1, {"a": [2, None]}] and job.errors == [{"attempt": 1}]
+    assert not job._state.adding and job._state.db == "default"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_claim_orders_by_priority_then_run_at_then_id():
     low = JobFactory(priority=-5)
