@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Adaptive prefetch: hold about this much work per thread claimed ahead...
+PREFETCH_WINDOW_SECONDS = 0.05
+#: ...and at most this many jobs per thread.
+PREFETCH_PER_THREAD_MAX = 16
+
 #: CONN_HEALTH_CHECKS: the least time between two pings of one thread's connection.
 HEALTH_CHECK_SECONDS = 1.0
 
@@ -178,11 +183,12 @@ class Worker:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.concurrency = concurrency
-        self.prefetch = conf.PREFETCH if prefetch is None else prefetch
-        if self.prefetch is None:
-            self.prefetch = concurrency
-        if self.prefetch < 0:
-            raise ValueError(f"prefetch must be zero or more, got {self.prefetch}")
+        #: Jobs claimed ahead of free threads: a fixed number, or None to adapt it to
+        #: how long jobs take (see `prefetch`).
+        self.fixed_prefetch: int | None = conf.PREFETCH if prefetch is None else prefetch
+        if self.fixed_prefetch is not None and self.fixed_prefetch < 0:
+            raise ValueError(f"prefetch must be zero or more, got {self.fixed_prefetch}")
+        self._mean_duration: float | None = None  # moving average of jobs' run time
         self.burst = burst
         self.max_jobs = max_jobs
         self.max_memory_mb = max_memory_mb
@@ -273,6 +279,29 @@ class Worker:
         return sum(1 for thread in self._threads if thread.is_alive())
 
     # -- the dispatcher ---------------------------------------------------------------
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs to hold claimed ahead of free threads now.
+
+        Fixed if PREFETCH (or --prefetch) says so. Otherwise enough to keep every thread
+        busy for about PREFETCH_WINDOW_SECONDS at the jobs' mean run time, at most
+        PREFETCH_PER_THREAD_MAX per thread: many for jobs of milliseconds (claims and
+        acks then come in large batches), none for jobs of a second or more (they stay
+        in the table, where an idle worker elsewhere can take them). None until the
+        first jobs have run.
+        """
+        if self.fixed_prefetch is not None:
+            return self.fixed_prefetch
+        mean = self._mean_duration
+        if mean is None:
+            return 0
+        ahead = self.concurrency * PREFETCH_WINDOW_SECONDS / max(mean, 1e-6)
+        return int(min(ahead, self.concurrency * PREFETCH_PER_THREAD_MAX))
+
+    def _observe_duration(self, seconds: float) -> None:
+        mean = self._mean_duration
+        self._mean_duration = seconds if mean is None else 0.9 * mean + 0.1 * seconds
 
     def _free_slots(self) -> int:
         """Jobs to claim now: free threads plus free room in the prefetch buffer.
@@ -467,6 +496,7 @@ class Worker:
                 return  # counted when it timed out
             self.stats.finished += 1
             if execution is not None:
+                self._observe_duration(execution.duration)
                 key = execution.outcome.value
                 self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
         self._wake.set()

@@ -141,6 +141,7 @@ NOT_JSON = [
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("value", "message"), NOT_JSON)
 def test_arguments_that_are_not_json_are_refused_before_any_sql(value, message):
+    """T27: each refused naming the argument, before any SQL, the caller's atomic() usable."""
     with transaction.atomic():
         with (
             CaptureQueriesContext(connection) as queries,

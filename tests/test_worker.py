@@ -46,7 +46,7 @@ def claim_limits(queries) -> list[int]:
 def test_one_claim_fills_every_free_thread_and_the_prefetch_buffer():
     tasks.record.enqueue_many([((), {"sleep": 0.2})] * 12)
     with CaptureQueriesContext(connection) as queries:
-        worker = Worker(concurrency=4, burst=True, listen=False, reap_interval=0)
+        worker = Worker(concurrency=4, burst=True, listen=False, reap_interval=0, prefetch=4)
         worker.run()
     limits = claim_limits(queries)
     assert limits[0] == 8  # four threads and a buffer of four, in one claim
@@ -87,6 +87,23 @@ def test_a_job_limit_runs_the_prefetched_jobs_instead_of_releasing_them():
     worker.run()
     assert states() == {JobState.DONE: 3, JobState.PENDING: 3}
     assert worker.stats.released_on_shutdown == 0
+
+
+def test_by_default_short_jobs_are_claimed_far_ahead_and_long_ones_not_at_all():
+    tasks.add.enqueue_many([((1, 1), {})] * 400)
+    with CaptureQueriesContext(connection) as queries:
+        short = Worker(concurrency=2, burst=True, listen=False, reap_interval=0)
+        short.run()
+    assert max(claim_limits(queries)) > 2 * short.concurrency  # batches, not one by one
+    assert short.prefetch <= 16 * short.concurrency
+    assert all_done(400)
+
+    tasks.record.enqueue_many([((), {"sleep": 1.2})] * 4)
+    with CaptureQueriesContext(connection) as queries:
+        long = Worker(concurrency=2, burst=True, listen=False, reap_interval=0)
+        long.run()
+    assert long.prefetch == 0  # a second or more per job: nothing held back
+    assert max(claim_limits(queries)) <= long.concurrency
 
 
 def test_a_negative_prefetch_is_refused():
@@ -220,6 +237,8 @@ def test_sigterm_with_a_short_grace_releases_unfinished_jobs(start_worker):
 
 @pytest.mark.slow
 def test_a_second_signal_exits_at_once(start_worker):
+    """T36: a second signal during the drain exits within a second; the job is left
+    running for the reaper, not lost."""
     tasks.record.enqueue(sleep=30)
     worker = start_worker("--grace", "60")
     wait_until(lambda: Run.objects.exists(), timeout=20)
@@ -230,7 +249,7 @@ def test_a_second_signal_exits_at_once(start_worker):
     worker.signal(signal.SIGTERM)
 
     assert worker.wait(timeout=5) != 0
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started <= 1.0
     assert Job.objects.get().state == JobState.RUNNING  # left for the reaper, not lost
 
 

@@ -110,7 +110,7 @@ class Command(BaseCommand):
             type=zero_or_more_int,
             metavar="N",
             help="Jobs claimed ahead of free threads, so that claims and acks come in "
-            "batches; 0 for long jobs. Default: SKIPQUEUE['PREFETCH'] (as many as threads).",
+            "batches; 0 never. Default: SKIPQUEUE['PREFETCH'] (adapted to the jobs' run time).",
         )
         parser.add_argument(
             "--burst",
