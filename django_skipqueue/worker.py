@@ -221,6 +221,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._helpers: list[threading.Thread] = []  # housekeeper, listener
         self._abandoned: set[int] = set()  # job ids whose thread was given up on
+        self._timed_out: set[int] = set()  # the same ids, until their outcome is in
 
     # -- control ----------------------------------------------------------------------
 
@@ -492,7 +493,8 @@ class Worker:
     def _finished(self, job: Job, execution: Execution | None) -> None:
         with self._lock:
             self._flights.pop(job.id, None)
-            if job.id in self._abandoned:
+            if job.id in self._timed_out:
+                self._timed_out.discard(job.id)
                 return  # counted when it timed out
             self.stats.finished += 1
             if execution is not None:
@@ -549,7 +551,11 @@ class Worker:
 
         now = time.monotonic()
         with self._lock:
-            timed_out = [f for f in self._flights.values() if f.timeout_at <= now]
+            timed_out = [
+                f
+                for f in self._flights.values()
+                if f.timeout_at <= now and f.job.id not in self._acking  # not if finished
+            ]
             due = [f for f in self._flights.values() if f.renew_at <= now and f.timeout_at > now]
         for flight in timed_out:
             self._abandon(flight)
@@ -579,6 +585,7 @@ class Worker:
             if self._flights.pop(flight.job.id, None) is None:
                 return  # finished just now
             self._abandoned.add(flight.job.id)
+            self._timed_out.add(flight.job.id)
             self.stats.timed_out += 1
             hung = len(self._abandoned)
         logger.warning(

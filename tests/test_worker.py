@@ -106,6 +106,19 @@ def test_by_default_short_jobs_are_claimed_far_ahead_and_long_ones_not_at_all():
     assert max(claim_limits(queries)) <= long.concurrency
 
 
+def test_a_success_after_the_timeout_is_refused_and_counted_once():
+    tasks.outlives_its_timeout.enqueue()
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0.05)
+    threading.Timer(1.6, worker.stop).start()
+    worker.run()
+    wait_until(lambda: worker.stuck_threads == 0, timeout=10)
+    job = Job.objects.get()
+    assert (job.state, job.attempts, job.expirations) == (JobState.FAILED, 1, 1)
+    assert job.result is None  # the late ack was refused by the fence
+    assert worker.stats.timed_out == 1
+    assert worker.stats.finished == 0  # counted once, as timed out
+
+
 def test_a_negative_prefetch_is_refused():
     with pytest.raises(ValueError, match="prefetch must be zero or more"):
         Worker(prefetch=-1)

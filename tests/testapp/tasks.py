@@ -143,3 +143,10 @@ def fan_out() -> None:
     """Enqueue two copies of itself: without MAX_PENDING_PER_QUEUE, a job bomb."""
     fan_out.enqueue()
     fan_out.enqueue()
+
+
+@task(timeout=0.3, lease=0.6, max_attempts=1)
+def outlives_its_timeout() -> str:
+    """Runs past its timeout and its lease, then returns: the late success is refused."""
+    time.sleep(0.9)
+    return "late"
