@@ -60,6 +60,9 @@ def test_pages_render_for_a_superuser(superuser_client):
     detail = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
     assert b"Traceback (boom)" in detail.content
     assert b"hunter2" not in detail.content  # redacted
+    done = JobFactory(state="done", result={"api_key": "s3cr3t-value", "sent": 3})  # S14
+    detail = superuser_client.get(reverse("admin:skipqueue_job_change", args=[done.id]))
+    assert b"s3cr3t-value" not in detail.content and b"sent" in detail.content
     assert b"throughput-chart" in superuser_client.get(reverse("admin:skipqueue_overview")).content
 
 

@@ -233,3 +233,13 @@ def test_logs_carry_id_task_and_attempt_but_never_arguments_or_results(caplog):
     assert f"job succeeded id={job.id} task=tests.testapp.tasks.add attempt=1" in caplog.text
     assert "job raised" in caplog.text
     assert "zq9x" not in caplog.text and "vw7k" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_s14_a_return_value_over_the_payload_limit_fails_and_is_not_stored(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PAYLOAD_BYTES": 100}
+    tasks.repeats.enqueue("ab", 100)  # small arguments, a 202-byte result
+    job, outcome = run()
+    assert outcome is Outcome.FAILED  # not retried: it would fail the same way
+    assert (job.state, job.attempts, job.result) == (JobState.FAILED, 1, None)
+    assert "the return value encodes to more than 100 bytes" in job.last_error

@@ -150,3 +150,8 @@ def outlives_its_timeout() -> str:
     """Runs past its timeout and its lease, then returns: the late success is refused."""
     time.sleep(0.9)
     return "late"
+
+
+@task
+def repeats(text: str, times: int) -> str:
+    return text * times
