@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -80,6 +80,16 @@ def describe_error(error: BaseException) -> ErrorInfo:
 #: Takes over a success's fenced ack: (job, attempt, result, duration). It must end
 #: with `record_success()` once the ack is answered.
 DeferredAck = Callable[["Job", int, Any, float], None]
+
+
+@overload
+def execute(job: Job, *, database: str | None = None, defer_ack: None = None) -> Execution: ...
+
+
+@overload
+def execute(
+    job: Job, *, database: str | None = None, defer_ack: DeferredAck
+) -> Execution | None: ...
 
 
 def execute(
