@@ -289,7 +289,7 @@ class Worker:
         busy for about PREFETCH_WINDOW_SECONDS at the jobs' mean run time, at most
         PREFETCH_PER_THREAD_MAX per thread: many for jobs of milliseconds (claims and
         acks then come in large batches), none for jobs of a second or more (they stay
-        in the table, where an idle worker elsewhere can take them). None until the
+        in the table, where an idle worker elsewhere can take them). Nothing until the
         first jobs have run.
         """
         if self.fixed_prefetch is not None:
@@ -377,10 +377,17 @@ class Worker:
         acks = [(item.job.id, item.attempt, item.result) for item in batch]
         give_up = min(item.job.lease.total_seconds() for item in batch)
         what = f"ids={','.join(str(item.job.id) for item in batch[:10])}"
-        acked = persist(
-            lambda: jobs.ack_many(acks), give_up_after=give_up, what=what, database=self.database
-        )
-        acked = set(acked or ())
+        try:
+            answer = persist(
+                lambda: jobs.ack_many(acks),
+                give_up_after=give_up,
+                what=what,
+                database=self.database,
+            )
+        except DatabaseError:  # not a connection error: the statement itself failed
+            logger.exception("worker could not acknowledge %s; left to the reaper", what)
+            answer = None
+        acked = set(answer or ())
         refused = [(item.job.id, item.attempt) for item in batch if item.job.id not in acked]
         if refused:
             found = persist(
