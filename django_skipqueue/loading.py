@@ -54,12 +54,13 @@ def fetch_jobs(cursor: Any, alias: str) -> list[Job]:
     if len(names) != len(Job._meta.concrete_fields):
         raise ValueError(f"fetch_jobs needs every column of skipqueue_job, got {names}")
     converters = _converters(alias, tuple(names))
+    connection = connections[alias]
     rows = []
     for values in cursor.fetchall():
         row = {}
         for name, value, convert in zip(names, values, converters, strict=True):
             for function, col in convert:
-                value = function(value, col, connections[alias])
+                value = function(value, col, connection)
             row[name] = value
         rows.append(row)
     return loaded_jobs(alias, names, rows)

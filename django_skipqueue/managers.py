@@ -173,15 +173,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def ack(self, job_id: int, attempt: int, result: JSONValue = None) -> bool:
         """Mark done only if `attempt` still holds the lease. False: this attempt lost it.
 
-        One fenced UPDATE (`sql.ACK`) in autocommit, or in the caller's transaction.
+        The one-row case of `ack_many` (one fenced UPDATE), in autocommit or in the
+        caller's transaction.
         """
-        from django_skipqueue import sql
-
-        field = self.model._meta.get_field("result")
-        value = field.get_db_prep_value(result, connection=connections[self.db])
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.ACK, [value, job_id, attempt])
-            return cursor.rowcount == 1
+        return job_id in self.ack_many([(job_id, attempt, result)])
 
     def ack_many(self, acks: Sequence[tuple[int, int, JSONValue]]) -> set[int]:
         """Fenced acks of several jobs in one statement: (job id, attempt, result) each.

@@ -88,15 +88,8 @@ RETURNING job.*
 CLAIM_ONE_QUEUE = _CLAIM.format(queue_filter="queue_name = %(queues)s")
 CLAIM_QUEUES = _CLAIM.format(queue_filter="queue_name = ANY(%(queues)s)")
 
-# The fenced ack, raw for the same measured reason as the claim.
-ACK = """
-UPDATE skipqueue_job
-SET state = 'done', result = %s, finished_at = statement_timestamp(), leased_until = NULL
-WHERE id = %s AND state = 'running' AND attempts = %s
-  AND leased_until > statement_timestamp()
-"""
-
-# Several fenced acks in one statement, one row per (id, attempt, result): the worker
+# The fenced ack, raw for the same measured reason as the claim: one statement for one
+# job or many, one row per (id, attempt, result), each with its own fence. The worker
 # acknowledges every job that finished while its previous batch committed.
 ACK_MANY = """
 UPDATE skipqueue_job AS job
