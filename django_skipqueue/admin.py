@@ -8,7 +8,7 @@ they changed and how many they skipped. HTML is built only with format_html.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
@@ -25,7 +25,12 @@ from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.redaction import redact
 from django_skipqueue.stats import queue_stats, throughput_last_hour
 
-STATE_COLOURS = {
+if TYPE_CHECKING:
+    from django.utils.functional import _StrPromise
+
+    from django_skipqueue.managers import JobQuerySet
+
+STATE_COLOURS: dict[str, str] = {
     JobState.PENDING: "#6b7280",
     JobState.RUNNING: "#2563eb",
     JobState.DONE: "#16a34a",
@@ -46,7 +51,7 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list.order_by()
+        queryset = cast("QuerySet[Any]", self.object_list).order_by()
         capped = queryset[: self.CAP + 1].count()
         if capped <= self.CAP:
             return capped
@@ -58,7 +63,9 @@ class HealthFilter(admin.SimpleListFilter):
     title = _("health")
     parameter_name = "health"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
         return [
             ("stuck", _("stuck (lease expired, not yet reaped)")),
             ("repeatedly_expired", _("repeatedly expired")),
@@ -67,16 +74,17 @@ class HealthFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        jobs = cast("JobQuerySet", queryset)  # Job.objects is built from JobQuerySet
         value = self.value()
         if value == "stuck":
-            return queryset.expired()
+            return jobs.expired()
         if value == "repeatedly_expired":
-            return queryset.repeatedly_expired(get_settings().REPEATED_EXPIRY_THRESHOLD)
+            return jobs.repeatedly_expired(get_settings().REPEATED_EXPIRY_THRESHOLD)
         if value == "failed":
-            return queryset.filter(state=JobState.FAILED)
+            return jobs.filter(state=JobState.FAILED)
         if value == "scheduled":
-            return queryset.scheduled()
-        return queryset
+            return jobs.scheduled()
+        return jobs
 
 
 class ValuesFilter(admin.SimpleListFilter):
@@ -84,7 +92,9 @@ class ValuesFilter(admin.SimpleListFilter):
 
     field = ""
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
         values = (
             Job.objects.filter(state__in=[JobState.PENDING, JobState.RUNNING])
             .values_list(self.field, flat=True)
@@ -334,17 +344,18 @@ class JobAdmin(admin.ModelAdmin):
             raise PermissionDenied
         buckets = throughput_last_hour()
         peak = max((count for _, count in buckets), default=0) or 1
-        bars = [
-            {
-                "x": index * 40 + 10,
-                "height": round(count / peak * 100),
-                "count": count,
-                "label": f"-{minutes}m",
-            }
-            for index, (minutes, count) in enumerate(buckets)
-        ]
-        for bar in bars:
-            bar["y"] = 110 - bar["height"]
+        bars = []
+        for index, (minutes, count) in enumerate(buckets):
+            height = round(count / peak * 100)
+            bars.append(
+                {
+                    "x": index * 40 + 10,
+                    "y": 110 - height,
+                    "height": height,
+                    "count": count,
+                    "label": f"-{minutes}m",
+                }
+            )
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),

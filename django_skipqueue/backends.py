@@ -125,7 +125,7 @@ class SkipQueueBackend(BaseTaskBackend):
     def result_from_job(self, job: Any, task: DjangoTask) -> TaskResult:
         """A TaskResult that mirrors the job's row."""
         worker_ids = [str(job.worker_id or "")] * job.attempts
-        result = TaskResult(
+        result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(job.id),
             status=STATUSES[job.state],

@@ -222,14 +222,14 @@ class Task(Generic[P, R]):
         database: str | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept."""
-        changes = {
+        changes: dict[str, Any] = {
             key: value
             for key, value in {
                 "queue_name": queue_name,
                 "priority": priority,
                 "run_after": run_after,
                 "max_attempts": max_attempts,
-                "lease": lease,
+                "lease": _validate_lease(lease),
                 "database": database,
             }.items()
             if value is not None
@@ -374,7 +374,7 @@ class Task(Generic[P, R]):
         jobs: list[Job] = []
         for start in range(0, len(checked), batch_size):
             batch = checked[start : start + batch_size]
-            params = {
+            params: dict[str, Any] = {
                 "task": self.name,
                 "queue": self.queue_name,
                 "priority": self.priority,
@@ -465,12 +465,12 @@ def task(
             queue_name=queue_name,
             priority=priority,
             max_attempts=max_attempts,
-            lease=lease,  # seconds or timedelta: __post_init__ checks and converts
+            lease=_validate_lease(lease),  # seconds or a timedelta, as a timedelta
             retry=retry,
             non_retryable=tuple(non_retryable),
             takes_context=takes_context,
             database=database,
-            timeout=timeout,
+            timeout=_validate_lease(timeout, "timeout"),
         )
         registry.register(new)
         return new

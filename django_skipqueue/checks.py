@@ -128,7 +128,9 @@ def check_pooled_connection(app_configs: Any = None, **kwargs: Any) -> list[Warn
     if not entry or not entry.get("DISABLE_SERVER_SIDE_CURSORS"):
         return []
     warnings = []
-    options = entry.get("OPTIONS") or {}
+    options = entry.get("OPTIONS")
+    if not isinstance(options, dict):
+        options = {}
     if options.get("prepare_threshold") is not None:
         warnings.append(
             Warning(

@@ -37,7 +37,15 @@ class _AppendCapped(Func):
     def __init__(self, history: Expression | F, entry: Expression, cap: int) -> None:
         super().__init__(history, entry, Value(cap))
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+    def as_sql(
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> tuple[str, tuple[Any, ...]]:
         (h_sql, h_params), (e_sql, e_params), (c_sql, c_params) = (
             compiler.compile(expression) for expression in self.get_source_expressions()
         )
@@ -155,7 +163,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         from django_skipqueue.loading import fetch_jobs
 
         names = list(queues)
-        params = {
+        params: dict[str, Any] = {
             "queues": names[0] if len(names) == 1 else names,
             "limit": limit,
             "worker": worker.pk if worker is not None else None,

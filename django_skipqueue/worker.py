@@ -82,14 +82,15 @@ def refresh_connections() -> None:
             continue
         now = time.monotonic()
         if now - getattr(connection, "skipqueue_checked_at", 0.0) >= HEALTH_CHECK_SECONDS:
-            connection.health_check_done = False  # CONN_HEALTH_CHECKS: ping before next use
-            connection.skipqueue_checked_at = now
+            # Django's own flag (not in django-stubs): CONN_HEALTH_CHECKS pings before next use.
+            connection.health_check_done = False  # type: ignore[attr-defined]
+            connection.skipqueue_checked_at = now  # type: ignore[attr-defined]
         if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
             connection.close()
         elif connection.errors_occurred:
             if connection.is_usable():
                 connection.errors_occurred = False
-                connection.health_check_done = True
+                connection.health_check_done = True  # type: ignore[attr-defined]
             else:
                 connection.close()
 
@@ -714,6 +715,8 @@ class Worker:
             try:
                 job = self._work.get_nowait()
             except queue.Empty:
+                break
+            if job is None:  # the threads' stop sentinel (only put after this drain)
                 break
             with self._lock:
                 flight = self._flights.pop(job.id, None)
