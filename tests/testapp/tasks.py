@@ -90,7 +90,10 @@ def drops_its_connection() -> str:
 @task(takes_context=True, max_attempts=10)
 def probe(context: TaskContext, ms: int = 0, mode: str = "ok", jitter_ms: float = 0) -> int:
     """The fault tests' task (RELIABILITY.md 4.1): log the run, misbehave per mode, then
-    write a unique effect; a second effect for the same job is logged as a duplicate."""
+    write a unique effect; a second effect for the same job is logged as a duplicate.
+
+    Sleeps `ms` +/- `jitter_ms`; with mode "boundary", until the lease ends +/- `jitter_ms`
+    (T3: aimed at the boundary whatever the claim-to-start delay under load)."""
     import signal
 
     from django.db import connection
@@ -104,6 +107,14 @@ def probe(context: TaskContext, ms: int = 0, mode: str = "ok", jitter_ms: float 
         os.kill(os.getpid(), signal.SIGSEGV)
     if mode == "raise":
         raise RuntimeError(f"probe {context.job_id} raised on attempt {context.attempt}")
+    if mode == "boundary":  # sleep to this attempt's lease end by the database's clock
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT extract(epoch FROM leased_until - clock_timestamp()) * 1000 "
+                "FROM skipqueue_job WHERE id = %s",
+                [context.job_id],
+            )
+            ms = float(cursor.fetchone()[0] or 0)  # None: already taken back
     time.sleep(max(ms + random.uniform(-jitter_ms, jitter_ms), 0) / 1000)
     with connection.cursor() as cursor:
         cursor.execute(
