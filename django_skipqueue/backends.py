@@ -18,7 +18,8 @@ failed and cancelled -> FAILED.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -52,12 +53,54 @@ STATUSES = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Task(DjangoTask):
-    """Django's Task with our options: `@task(max_attempts=3, lease=60)` under this backend."""
+    """Django's Task with our options: `@task(max_attempts=3, lease=60)` under this backend
+    (Django 6.1's `@task`, or `django_skipqueue.backends.task` on 6.0 and later)."""
 
     max_attempts: int | None = None
     lease: float | None = None  # seconds
     retry: RetryPolicy | None = None
     timeout: float | None = None  # seconds
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = 0,
+    queue_name: str = "default",
+    backend: str = "default",
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """Django's `@task` that takes our options on Django 6.0 too.
+
+    Django 6.1's own `@task` passes extra keyword arguments (`max_attempts`, `lease`,
+    `retry`, `timeout`) to the backend's task class; Django 6.0's refuses them. This one
+    takes them on both. Used with a backend other than SkipQueueBackend, our options
+    raise a TypeError naming them and the backend.
+    """
+    from django.tasks import task_backends
+
+    def wrapper(func: Callable[..., Any]) -> Any:
+        task_class = task_backends[backend].task_class
+        ours = {field.name for field in fields(Task)} - {field.name for field in fields(DjangoTask)}
+        foreign = sorted(set(options) - ours) if issubclass(task_class, Task) else sorted(options)
+        if foreign:
+            raise TypeError(
+                f"@task got {', '.join(foreign)}: not an option of TASKS[{backend!r}] "
+                f"({task_backends[backend].__class__.__name__}); SkipQueueBackend takes "
+                f"{', '.join(sorted(ours))}"
+            )
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,
+            **options,
+        )
+
+    return wrapper(function) if function is not None else wrapper
 
 
 class SkipQueueBackend(BaseTaskBackend):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import django
 import pytest
 
 pytest.importorskip("django.tasks", reason="django.tasks needs Django 6.0 or newer")
@@ -14,6 +15,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa:
 from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from django_skipqueue import backends  # noqa: E402
 from django_skipqueue.backends import SkipQueueBackend  # noqa: E402
 from django_skipqueue.models import Job, JobState  # noqa: E402
 from django_skipqueue.testing import run_jobs  # noqa: E402
@@ -99,10 +101,22 @@ def test_an_async_task_runs():
     assert result.return_value == 42
 
 
-def test_our_options_work_under_djangos_task_decorator():
+def test_our_options_work_under_our_task_decorator_on_every_django_6():
     result = django_tasks.dj_options.enqueue()
     job = Job.objects.get(id=int(result.id))
     assert (job.max_attempts, job.lease) == (3, timedelta(seconds=60))
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="Django 6.0's @task takes no options")
+def test_our_options_work_under_djangos_task_decorator():
+    result = django_tasks.dj_options_django.enqueue()
+    job = Job.objects.get(id=int(result.id))
+    assert (job.max_attempts, job.lease) == (4, timedelta(seconds=30))
+
+
+def test_an_option_our_backend_does_not_know_is_named():
+    with pytest.raises(TypeError, match=r"got max_tries: not an option of TASKS\['default'\]"):
+        backends.task(max_tries=3)(django_tasks.dj_add.func)
 
 
 def test_an_unknown_id_raises_task_result_does_not_exist():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import django
 from django.tasks import task
+
+from django_skipqueue import backends
 
 
 @task
@@ -28,9 +31,16 @@ async def dj_async(a: int) -> int:
     return a * 2
 
 
-@task(max_attempts=3, lease=60)
+@backends.task(max_attempts=3, lease=60)  # our options on Django 6.0 too
 def dj_options() -> str:
     return "ok"
+
+
+if django.VERSION >= (6, 1):  # Django's own @task passes our options through
+
+    @task(max_attempts=4, lease=30)
+    def dj_options_django() -> str:
+        return "ok"
 
 
 @task(queue_name="other", priority=10)
