@@ -93,7 +93,11 @@ class Reaper:
         deleted = 0
         while True:
             with transaction.atomic(using=self.database):
-                ids = list(old.values_list("id", flat=True)[: self.batch_size])
+                # Lock the batch, skipping rows another pruner holds: batches never
+                # overlap, so two pruners never wait on each other (without it, two
+                # DELETEs of overlapping batches deadlocked once in T43).
+                batch = old.select_for_update(skip_locked=True).order_by()
+                ids = list(batch.values_list("id", flat=True)[: self.batch_size])
                 if not ids:
                     return deleted
                 # Re-check state in the DELETE itself: a job retried meanwhile stays.

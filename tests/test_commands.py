@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.models import Job, JobState
+from django_skipqueue.reaper import Reaper
 from tests.factories import JobFactory
 
 
@@ -51,6 +53,40 @@ def test_reapjobs_prunes_old_finished_jobs_in_batches():
         Job.objects.filter(state=JobState.FAILED).values_list("id", flat=True)
     )
     assert Job.objects.filter(state=JobState.FAILED).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pruner_skips_rows_another_pruner_holds_instead_of_waiting():
+    ids = [
+        job.id
+        for job in Job.objects.bulk_create(
+            JobFactory.build_batch(10, done=True, finished_at=Now() - timedelta(days=2))
+        )
+    ]
+    held, holding, release = ids[:4], threading.Event(), threading.Event()
+
+    def other_pruner() -> None:  # mid-batch: its rows locked, its DELETE not yet run
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id__in=held))
+                holding.set()
+                release.wait(timeout=10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_pruner)
+    thread.start()
+    try:
+        assert holding.wait(timeout=10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a wait would fail, not hang
+        result = Reaper(batch_size=100).prune(done_older_than=timedelta(days=1))
+    finally:
+        release.set()
+        thread.join(timeout=10)
+        connection.close()
+    assert result.pruned_done == 6
+    assert sorted(Job.objects.values_list("id", flat=True)) == sorted(held)
 
 
 @pytest.mark.django_db(transaction=True)
