@@ -23,6 +23,9 @@ class Supervisor:
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
+        #: The database's deadlock counter when the test began: C7 counts from here, so
+        #: one test's deadlock is not every later test's.
+        self.deadlocks_at_start = deadlocks()
         self.workers: list[WorkerHandle] = []
         self.retired: list[WorkerHandle] = []
         self.others: list[WorkerHandle] = []
@@ -112,7 +115,7 @@ def deadlocks() -> int:
     return scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
 
 
-def check(job_ids: list[int], deadlocks_before: int = 0) -> Report:
+def check(job_ids: list[int], deadlocks_before: int) -> Report:
     """C1-C7 over the given jobs (RELIABILITY.md 4.1)."""
     ids = list(job_ids)
     figures = {

@@ -38,7 +38,7 @@ def test_t9_backend_kills_every_five_seconds_fail_no_job(supervisor):
             )
             kills += cursor.fetchone()[0]
     wait_until(lambda: finished(ids), timeout=180)
-    report = check(ids)
+    report = check(ids, supervisor.deadlocks_at_start)
     connection_failures = Job.objects.filter(
         id__in=ids, state=JobState.FAILED, last_error__iregex=r"OperationalError|InterfaceError"
     ).count()
@@ -95,7 +95,7 @@ def test_t3_at_the_lease_boundary_an_attempt_is_acked_or_reaped_never_both(super
         )
     wait_until(lambda: finished(ids), timeout=330)
 
-    report = check(ids)
+    report = check(ids, supervisor.deadlocks_at_start)
     done_twice = scalar(
         "SELECT count(*) FROM (SELECT job_id FROM testapp_jobaudit WHERE job_id = ANY(%s) "
         "AND old_state = 'running' AND new_state = 'done' GROUP BY job_id "

@@ -88,7 +88,7 @@ def test_fault3_sixteen_threads_through_four_server_connections(supervisor, pgbo
         peak = max(peak, server_connections(port))
         time.sleep(0.1)
 
-    report = check(ids)
+    report = check(ids, supervisor.deadlocks_at_start)
     logs = "".join(handle.output() for handle in pooled)
     print(f"\nfault3 server_connections_peak={peak} {report}")
     assert report.violations() == []
