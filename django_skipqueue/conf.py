@@ -12,6 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -25,6 +26,20 @@ def _positive_number(value: Any) -> bool:
         and not isinstance(value, bool)
         and math.isfinite(value)
         and value > 0
+    )
+
+
+#: The bounds of a lease (and of a task's timeout). Below a quarter second a loaded
+#: worker's claim-to-ack time passes the lease, so every attempt would expire; past a
+#: week a crashed worker's job would wait that long. The claim and the renewal clamp a
+#: row's lease to the same bounds, whoever wrote it.
+MIN_LEASE = timedelta(seconds=0.25)
+MAX_LEASE = timedelta(days=7)
+
+
+def _lease_seconds(value: Any) -> bool:
+    return _positive_number(value) and (
+        MIN_LEASE.total_seconds() <= value <= MAX_LEASE.total_seconds()
     )
 
 
@@ -117,14 +132,25 @@ class SkipQueueSettings:
     GRACE_SECONDS: float = 30.0
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
-    #: Keys whose values are masked in stored errors and the admin (substring, any case).
-    REDACT_KEYS: tuple[str, ...] = ("password", "token", "secret", "authorization", "api_key")
+    #: Keys whose values are masked in stored errors and the admin (substring, any case,
+    #: punctuation ignored: "api_key" also masks "apiKey" and "X-Api-Key").
+    REDACT_KEYS: tuple[str, ...] = (
+        "password",
+        "passwd",
+        "token",
+        "secret",
+        "authorization",
+        "api_key",
+        "private_key",
+        "credential",
+        "cookie",
+    )
 
     def problems(self) -> list[tuple[str, str]]:
         """(key, what is wrong) for each value of the wrong type or out of range."""
         rules: dict[str, tuple[Callable[[Any], bool], str]] = {
             "DATABASE_ALIAS": (_name, "a database alias (non-empty string)"),
-            "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
+            "LEASE_SECONDS": (_lease_seconds, "seconds from 0.25 to 604800 (7 days)"),
             "MAX_ATTEMPTS": (_positive_int, "a positive integer"),
             "MAX_ATTEMPTS_LIMIT": (_positive_int, "a positive integer"),
             "MAX_DELAY_SECONDS": (_positive_number, "a positive number of seconds"),

@@ -17,6 +17,7 @@ from django_skipqueue.base import (
     JobState,
 )
 from django_skipqueue.managers import JobManager, WorkerProcessQuerySet
+from django_skipqueue.payload import PayloadField
 
 __all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "WorkerProcess"]
 
@@ -53,8 +54,8 @@ class Job(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     task = models.CharField(_("task"), max_length=255, help_text=_("The registered task name."))
-    args = models.JSONField(default=list, blank=True)
-    kwargs = models.JSONField(default=dict, blank=True)
+    args = PayloadField(default=list, blank=True)
+    kwargs = PayloadField(default=dict, blank=True)
     queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, default=DEFAULT_QUEUE_NAME)
     priority = models.SmallIntegerField(default=0, help_text=_("-100 to 100; higher runs first."))
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
@@ -70,10 +71,10 @@ class Job(models.Model):
         default=0, help_text=_("Attempts given back (graceful shutdown or Retry).")
     )
     last_error = models.TextField(blank=True, default="")
-    errors = models.JSONField(
+    errors = PayloadField(
         default=list, blank=True, help_text=_("The latest errors, one entry per failed attempt.")
     )
-    result = models.JSONField(null=True, blank=True, help_text=_("The return value when done."))
+    result = PayloadField(null=True, blank=True, help_text=_("The return value when done."))
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(
         null=True, blank=True, help_text=_("Start of the last claim.")

@@ -74,7 +74,7 @@ def test_using_returns_a_configured_copy_and_leaves_the_task_alone():
         ({"run_after": timedelta(seconds=-1)}, "negative delay"),
         ({"run_after": datetime(2030, 1, 1)}, "naive datetime while USE_TZ is on"),  # noqa: DTZ001
         ({"max_attempts": 0}, "max_attempts must be a positive integer"),
-        ({"lease": -5}, "lease must be a positive"),
+        ({"lease": -5}, "lease -5 is out of bounds: use 0.25 seconds to 7 days"),
     ],
 )
 def test_bad_options_are_refused_with_a_message_naming_the_problem(options, message):
@@ -155,21 +155,26 @@ def test_arguments_that_are_not_json_are_refused_before_any_sql(value, message):
 @pytest.mark.django_db
 def test_a_keyword_argument_is_named_in_the_error():
     with pytest.raises(InvalidJobError, match="argument 'when' is a datetime.datetime"):
-        tasks.add.enqueue(1, when=datetime.fromisoformat("2030-01-01T00:00:00+00:00"))
+        tasks.echoes_arguments.enqueue(1, when=datetime.fromisoformat("2030-01-01T00:00:00+00:00"))
 
 
 @pytest.mark.django_db
 def test_payload_at_the_limit_round_trips_and_one_byte_more_is_refused(settings):
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PAYLOAD_BYTES": 100}
-    overhead = len('[["' + '"],{}]')  # [["...."],{}]
+    overhead = len('["' + '"]' + "{}")  # args and kwargs as jsonb prints them
     exact = "x" * (100 - overhead)
 
-    job = tasks.add.enqueue(exact)
+    job = tasks.returns_value.enqueue(exact)
     job.refresh_from_db()
     assert job.args == [exact]
+    with connection.cursor() as cursor:  # the size counted is the size stored
+        cursor.execute(
+            "SELECT octet_length(args::text) + octet_length(kwargs::text) FROM skipqueue_job"
+        )
+        assert cursor.fetchone()[0] == 100
 
-    with pytest.raises(InvalidJobError, match="101 bytes of JSON, over the limit of 100"):
-        tasks.add.enqueue(exact + "x")
+    with pytest.raises(InvalidJobError, match="101 bytes as stored .*, over the limit of 100"):
+        tasks.returns_value.enqueue(exact + "x")
     assert Job.objects.count() == 1
 
 
@@ -218,9 +223,9 @@ def test_enqueue_many_returns_jobs_exactly_as_the_orm_loads_them(receiver):
 @pytest.mark.django_db
 def test_the_payload_limit_counts_utf8_bytes_in_bulk_too(settings):
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PAYLOAD_BYTES": 20}
-    tasks.add.enqueue_many([(("a" * 11,), {})])  # [["aaaaaaaaaaa"],{}]: 20 bytes
-    with pytest.raises(InvalidJobError, match="encode to 21 bytes"):
-        tasks.add.enqueue_many([(("é" * 6,), {})])  # 15 characters, 21 bytes
+    tasks.returns_value.enqueue_many([(("a" * 14,), {})])  # ["aaaaaaaaaaaaaa"] and {}: 20 bytes
+    with pytest.raises(InvalidJobError, match="take 21 bytes as stored"):
+        tasks.returns_value.enqueue_many([(("é" * 7 + "a",), {})])  # 8 characters, 21 bytes stored
     assert Job.objects.count() == 1
 
 

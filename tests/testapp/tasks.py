@@ -166,3 +166,68 @@ def outlives_its_timeout() -> str:
 @task
 def repeats(text: str, times: int) -> str:
     return text * times
+
+
+@task(takes_context=True)
+def begins_raw_transaction(context: TaskContext, fail_in_it: bool = False) -> str:
+    """Open a transaction behind Django's back (a raw BEGIN) and return inside it; with
+    `fail_in_it`, leave it failed too. Its Run row must never commit."""
+    from django.db import DatabaseError, connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if fail_in_it:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")
+        except DatabaseError:
+            pass  # swallowed: the transaction stays open, and failed
+    return "left open"
+
+
+class UnprintableError(ValueError):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+@task(non_retryable=(ValueError,), max_attempts=5)
+def raises_unstorable(kind: str) -> None:
+    """Raise a non-retryable error whose text PostgreSQL cannot store as it is."""
+    if kind == "nul":
+        raise ValueError("bad byte \x00 in the input")
+    if kind == "surrogate":
+        raise ValueError("half a character: \udc80")
+    raise UnprintableError()
+
+
+@task(max_attempts=5)
+def returns_value(value: object) -> object:
+    return value
+
+
+@task(takes_context=True)
+def echoes_arguments(context: TaskContext, *args: object, **kwargs: object) -> object:
+    """Return the arguments exactly as the worker loaded them, with their types."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task
+def returns_huge_floats(count: int) -> list[float]:
+    """A small call whose result is 7 bytes a number as JSON and 310 as stored (jsonb)."""
+    return [1e308] * count
+
+
+@task(takes_context=True, lease=1.0)
+def extends_then_waits(context: TaskContext, seconds: float, wait: float) -> float:
+    """Extend the lease, outlive a few of the worker's renewals, return what is left."""
+    from django.db import connection
+
+    context.extend_lease(seconds=seconds)
+    time.sleep(wait)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM leased_until - now()) FROM skipqueue_job WHERE id = %s",
+            [context.job_id],
+        )
+        return float(cursor.fetchone()[0])
