@@ -8,19 +8,22 @@ unexpired lease in its own WHERE, so a stale attempt changes nothing (0 rows).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import Expression, F, Func, Value
-from django.db.models.functions import Greatest, JSONObject, Now
+from django.db.models.functions import Greatest, JSONObject, Least, Now
 
-from django_skipqueue.base import FINISHED_STATES, JobState
-from django_skipqueue.conf import get_settings
+from django_skipqueue.base import CLAIM_ORDER, FINISHED_STATES, JobState
+from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.faults import is_transient
+from django_skipqueue.loading import fetch_jobs
+from django_skipqueue.payload import encode, storable_text
 
 if TYPE_CHECKING:
     from django_skipqueue.models import Job, WorkerProcess
@@ -49,11 +52,14 @@ class _AppendCapped(Func):
         (h_sql, h_params), (e_sql, e_params), (c_sql, c_params) = (
             compiler.compile(expression) for expression in self.get_source_expressions()
         )
+        # A history that is not an array (written by hand or by another service) is
+        # kept as the first entry of a new one: never lost, never an error.
         sql = (
-            f"(CASE WHEN jsonb_array_length({h_sql}) >= {c_sql} THEN {h_sql} - 0 "
+            f"(CASE WHEN jsonb_typeof({h_sql}) <> 'array' THEN jsonb_build_array({h_sql}) "
+            f"WHEN jsonb_array_length({h_sql}) >= {c_sql} THEN {h_sql} - 0 "
             f"ELSE {h_sql} END) || {e_sql}"
         )
-        return sql, (*h_params, *c_params, *h_params, *h_params, *e_params)
+        return sql, (*h_params, *h_params, *h_params, *c_params, *h_params, *h_params, *e_params)
 
 
 @dataclass(frozen=True)
@@ -159,24 +165,94 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         if limit < 1:
             return []
+        statement, params = self.claim_statement(queues, limit=limit, worker=worker, lease=lease)
+        # One statement: in autocommit it is its own transaction and commits before
+        # returning (no BEGIN/COMMIT round trips); inside atomic() it joins the caller's.
+        try:
+            with connections[self.db].cursor() as cursor:
+                cursor.execute(statement, params)
+                claimed = fetch_jobs(cursor, self.db)
+        except DatabaseError as error:
+            if is_transient(error):
+                raise
+            logger.error("claim failed, claiming row by row: %s", error)
+            claimed = self._claim_row_by_row(params)
+        claimed.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        return claimed
+
+    def claim_statement(
+        self,
+        queues: Sequence[str],
+        *,
+        limit: int = 1,
+        worker: WorkerProcess | None = None,
+        lease: timedelta | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The claim's SQL and parameters (see `sql.claim_statement`), for claim and EXPLAIN."""
         from django_skipqueue import sql
-        from django_skipqueue.loading import fetch_jobs
 
         names = list(queues)
+        columns = tuple(field.column for field in self.model._meta.concrete_fields)
         params: dict[str, Any] = {
             "queues": names[0] if len(names) == 1 else names,
             "limit": limit,
             "worker": worker.pk if worker is not None else None,
             "lease": lease,
+            **sql.lease_bounds(),
         }
-        statement = sql.CLAIM_ONE_QUEUE if len(names) == 1 else sql.CLAIM_QUEUES
-        # One statement: in autocommit it is its own transaction and commits before
-        # returning (no BEGIN/COMMIT round trips); inside atomic() it joins the caller's.
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(statement, params)
-            claimed = fetch_jobs(cursor, self.db)
-        claimed.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        queue_filter = sql.ONE_QUEUE if len(names) == 1 else sql.QUEUES
+        return sql.claim_statement(queue_filter, columns), params
+
+    def _claim_row_by_row(self, params: dict[str, Any]) -> list[Job]:
+        """The claim after its batched statement failed: each row alone, in a savepoint.
+
+        A row whose claim still fails (a trigger of the project's that refuses it, say)
+        ends failed with the database's error, so it cannot stop its queue; every other
+        row is claimed as usual. One transaction, committed before returning.
+        """
+        from django_skipqueue import sql
+
+        columns = tuple(field.column for field in self.model._meta.concrete_fields)
+        one_row = sql.claim_statement(sql.ONE_ROW, columns)
+        queues = params["queues"]
+        queue_list = [queues] if isinstance(queues, str) else list(queues)
+        claimed: list[Job] = []
+        with transaction.atomic(using=self.db):
+            ids = list(
+                self.due()
+                .for_queues(queue_list)
+                .order_by(*CLAIM_ORDER)
+                .select_for_update(skip_locked=True, no_key=True)
+                .values_list("id", flat=True)[: params["limit"]]
+            )
+            for job_id in ids:
+                try:
+                    with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
+                        cursor.execute(one_row, {**params, "queues": queue_list, "only": job_id})
+                        claimed.extend(fetch_jobs(cursor, self.db))
+                except DatabaseError as error:
+                    if is_transient(error):
+                        raise
+                    self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
         return claimed
+
+    def _quarantine(self, job_id: int, state: str, why: str) -> None:
+        """End a job that the protocol cannot move (its own write fails): failed, with `why`.
+
+        In a savepoint, guarded by `state`; if even this fails, the error is logged and
+        the row is left as it is.
+        """
+        why = storable_text(why)[:8192]
+        try:
+            with transaction.atomic(using=self.db):
+                self.filter(id=job_id, state=state).update(
+                    state=JobState.FAILED, finished_at=Now(), leased_until=None, last_error=why
+                )
+            logger.error("job failed id=%s: %s", job_id, why)
+        except DatabaseError as error:
+            if is_transient(error):
+                raise
+            logger.error("job cannot be written id=%s: %s; then: %s", job_id, why, error)
 
     def ack(self, job_id: int, attempt: int, result: JSONValue = None) -> bool:
         """Mark done only if `attempt` still holds the lease. False: this attempt lost it.
@@ -186,28 +262,65 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         return job_id in self.ack_many([(job_id, attempt, result)])
 
-    def ack_many(self, acks: Sequence[tuple[int, int, JSONValue]]) -> set[int]:
+    def ack_many(
+        self,
+        acks: Sequence[tuple[int, int, JSONValue]],
+        *,
+        errors: dict[int, DatabaseError] | None = None,
+    ) -> set[int]:
         """Fenced acks of several jobs in one statement: (job id, attempt, result) each.
 
         Each row is fenced on its own (`sql.ACK_MANY`: the same WHERE as `ack`), so one
         stale attempt changes nothing but itself. Returns the ids marked done; any other
-        id's attempt had lost its lease.
+        id's attempt had lost its lease, or (with `errors`) is listed there with the
+        database error its own ack raised.
+
+        If the statement fails other than by the connection (one row's result breaks a
+        constraint, say), each row is acknowledged alone, in a savepoint, so that one
+        bad row cannot fail the others. Without `errors`, a row's error is raised.
         """
         from django_skipqueue import sql
 
         if not acks:
             return set()
-        encoder = self.model._meta.get_field("result").encoder
-        ids = [job_id for job_id, _, _ in acks]
-        attempts = [attempt for _, attempt, _ in acks]
-        results = [None if r is None else json.dumps(r, cls=encoder) for _, _, r in acks]
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.ACK_MANY, [ids, attempts, results])
-            return {row[0] for row in cursor.fetchall()}
+        texts = [None if r is None else encode(r) for _, _, r in acks]
+        try:
+            with _savepoint_if_in_transaction(self.db), connections[self.db].cursor() as cursor:
+                cursor.execute(
+                    sql.ACK_MANY,
+                    [[ack[0] for ack in acks], [ack[1] for ack in acks], texts],
+                )
+                return {row[0] for row in cursor.fetchall()}
+        except DatabaseError as error:
+            if is_transient(error) or (len(acks) == 1 and errors is None):
+                raise
+            if len(acks) == 1:
+                errors[acks[0][0]] = error  # type: ignore[index]
+                return set()
+            logger.error("batched ack failed, acknowledging row by row: %s", error)
+        done: set[int] = set()
+        for (job_id, attempt, _), text in zip(acks, texts, strict=True):
+            try:
+                with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
+                    cursor.execute(sql.ACK_MANY, [[job_id], [attempt], [text]])
+                    done.update(row[0] for row in cursor.fetchall())
+            except DatabaseError as error:
+                if is_transient(error) or errors is None:
+                    raise
+                errors[job_id] = error
+        return done
 
     def renew(self, job_id: int, attempt: int, lease: timedelta | None = None) -> bool:
-        """Extend the lease to now + `lease` (the job's own by default). False: it was lost."""
-        until = Now() + (Value(lease) if lease is not None else F("lease"))
+        """Extend the lease to now + `lease` (the job's own by default). False: it was lost.
+
+        Never shortens it: a lease that the task extended further (`extend_lease`) is
+        kept. The job's own lease is clamped to MIN_LEASE..MAX_LEASE, whoever wrote it.
+        """
+        if lease is not None:
+            wanted: Expression = Value(lease)
+        else:
+            wanted = Least(Greatest(F("lease"), Value(MIN_LEASE)), Value(MAX_LEASE))
+        until = Greatest(F("leased_until"), Now() + wanted)
         return self.holding(job_id, attempt).update(leased_until=until) == 1
 
     def fail(
@@ -257,6 +370,19 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         left alone, and two reapers never count a job twice): jobs with an attempt left
         go back to pending, due now; the others end failed.
         """
+        try:
+            with _savepoint_if_in_transaction(self.db):
+                result = self._reap(self.expired())
+        except DatabaseError as error:
+            if is_transient(error):
+                raise
+            logger.error("reap failed, reaping row by row: %s", error)
+            result = self._reap_row_by_row()
+        if result.total:
+            logger.warning("leases expired requeued=%d failed=%d", result.requeued, result.failed)
+        return result
+
+    def _reap(self, expired: JobQuerySet) -> ReapResult:
         cap = get_settings().ERROR_HISTORY_LENGTH
         written = {
             "leased_until": None,
@@ -264,18 +390,30 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "errors": _AppendCapped(F("errors"), LEASE_EXPIRED.entry(), cap),
             "last_error": LEASE_EXPIRED.summary(),
         }
-        requeued = (
-            self.expired()
-            .filter(attempts__lt=F("max_attempts"))
-            .update(state=JobState.PENDING, run_at=Now(), **written)
+        requeued = expired.filter(attempts__lt=F("max_attempts")).update(
+            state=JobState.PENDING, run_at=Now(), **written
         )
-        failed = (
-            self.expired()
-            .filter(attempts__gte=F("max_attempts"))
-            .update(state=JobState.FAILED, finished_at=Now(), **written)
+        failed = expired.filter(attempts__gte=F("max_attempts")).update(
+            state=JobState.FAILED, finished_at=Now(), **written
         )
-        if requeued or failed:
-            logger.warning("leases expired requeued=%d failed=%d", requeued, failed)
+        return ReapResult(requeued=requeued, failed=failed)
+
+    def _reap_row_by_row(self, batch_size: int = 1000) -> ReapResult:
+        """The reap after its batched statements failed: each expired row in a savepoint.
+
+        A row that cannot be reaped ends failed with the database's error instead.
+        """
+        requeued = failed = 0
+        for job_id in self.expired().values_list("id", flat=True)[:batch_size]:
+            try:
+                with transaction.atomic(using=self.db):
+                    one = self._reap(self.expired().filter(id=job_id))
+                requeued, failed = requeued + one.requeued, failed + one.failed
+            except DatabaseError as error:
+                if is_transient(error):
+                    raise
+                self._quarantine(job_id, JobState.RUNNING, f"the reap failed: {error}")
+                failed += 1
         return ReapResult(requeued=requeued, failed=failed)
 
     # -- operator actions (the admin's), each guarded and done in bounded batches ------
@@ -334,6 +472,14 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def _in_batches(ids: Iterable[int], size: int, write: Any) -> int:
         ids = list(ids)
         return sum(write(ids[start : start + size]) for start in range(0, len(ids), size))
+
+
+def _savepoint_if_in_transaction(alias: str) -> Any:
+    """A savepoint inside the caller's transaction (so a failed statement does not abort
+    it); nothing in autocommit, where each statement is its own transaction."""
+    if connections[alias].in_atomic_block:
+        return transaction.atomic(using=alias)
+    return contextlib.nullcontext()
 
 
 def _run_at(run_after: datetime | timedelta) -> datetime | Expression:

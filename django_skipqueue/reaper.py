@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models.functions import Now
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
+from django_skipqueue.faults import is_transient
 from django_skipqueue.managers import ReapResult
 from django_skipqueue.sql import try_advisory_xact_lock
 
@@ -91,18 +93,41 @@ class Reaper:
         if dry_run:
             return old.count()
         deleted = 0
+        refused: list[int] = []  # rows whose DELETE fails: skipped for this pass
         while True:
             with transaction.atomic(using=self.database):
                 # Lock the batch, skipping rows another pruner holds: batches never
                 # overlap, so two pruners never wait on each other (without it, two
                 # DELETEs of overlapping batches deadlocked once in T43).
-                batch = old.select_for_update(skip_locked=True).order_by()
+                batch = old.exclude(id__in=refused).select_for_update(skip_locked=True).order_by()
                 ids = list(batch.values_list("id", flat=True)[: self.batch_size])
                 if not ids:
                     return deleted
                 # Re-check state in the DELETE itself: a job retried meanwhile stays.
-                deleted += old.filter(id__in=ids).delete()[0]
+                try:
+                    with transaction.atomic(using=self.database):
+                        deleted += old.filter(id__in=ids).delete()[0]
+                except DatabaseError as error:
+                    if is_transient(error):
+                        raise
+                    logger.error("prune failed, deleting row by row: %s", error)
+                    deleted += self._delete_row_by_row(old, ids, refused)
             logger.info("pruned jobs count=%d states=%s", deleted, ",".join(states))
+
+    def _delete_row_by_row(self, old: Any, ids: list[int], refused: list[int]) -> int:
+        """Each row alone, in a savepoint; one that cannot be deleted (a project's
+        foreign key or trigger, say) is logged and left, and the others go."""
+        deleted = 0
+        for job_id in ids:
+            try:
+                with transaction.atomic(using=self.database):
+                    deleted += old.filter(id=job_id).delete()[0]
+            except DatabaseError as error:
+                if is_transient(error):
+                    raise
+                refused.append(job_id)
+                logger.error("job not pruned id=%s: %s", job_id, error)
+        return deleted
 
     def _locked(self) -> bool:
         with connections[self.database].cursor() as cursor:

@@ -7,11 +7,14 @@ except LISTEN, which the worker runs only on its own direct connection.
 
 from __future__ import annotations
 
+import functools
+from datetime import timedelta
 from typing import Any
 
 from psycopg import sql
 
 from django_skipqueue.base import validate_queue_name
+from django_skipqueue.conf import MAX_LEASE, MIN_LEASE
 
 #: The advisory lock that lets one housekeeper at a time reap and prune. A constant
 #: from the bytes "skipqueue" so it does not collide with the project's own locks.
@@ -65,7 +68,13 @@ def seconds_until_next_due(cursor: Any, queue_names: list[str]) -> float | None:
 # The claim: one statement, one round trip, no ORM compilation (measured: the ORM form
 # took about 10 ms per claim, mostly compiling three queries; see benchmarks/). The
 # MATERIALIZED CTE keeps the planner from running the locking subquery more than once,
-# which could claim more rows than LIMIT (Oban commit 3990921; RELIABILITY.md 0.9).
+# which could claim more rows than LIMIT (Oban commit 3990921; docs/explanation/protocol.md).
+#
+# Whatever state a row was put in by hand or by another writer, this write keeps the
+# table's constraints: a job set back to pending with no attempt left gets one more
+# (`attempts <= max_attempts`), and its lease is clamped to the bounds a task may ask
+# for (a lease of `timedelta.max` would overflow the timestamp). It names the columns it
+# returns: a column added by a later migration must not reach an older worker.
 _CLAIM = """
 WITH claimable AS MATERIALIZED (
     SELECT id FROM skipqueue_job
@@ -77,16 +86,42 @@ WITH claimable AS MATERIALIZED (
 UPDATE skipqueue_job AS job
 SET state = 'running',
     attempts = job.attempts + 1,
+    max_attempts = GREATEST(job.max_attempts, job.attempts + 1),
     worker_id = %(worker)s,
     started_at = statement_timestamp(),
-    leased_until = statement_timestamp() + COALESCE(%(lease)s, job.lease)
+    leased_until = statement_timestamp() + {lease}
 FROM claimable
 WHERE job.id = claimable.id
-RETURNING job.*
+RETURNING {columns}
 """
-# One queue: plain equality, so the claim index yields rows already in claim order.
-CLAIM_ONE_QUEUE = _CLAIM.format(queue_filter="queue_name = %(queues)s")
-CLAIM_QUEUES = _CLAIM.format(queue_filter="queue_name = ANY(%(queues)s)")
+
+#: A lease within the bounds (conf.MIN_LEASE, conf.MAX_LEASE), from `%(lease)s` or the row.
+_CLAMPED_LEASE = "LEAST(GREATEST(COALESCE(%(lease)s, job.lease), %(min_lease)s), %(max_lease)s)"
+#: The row's own lease, clamped: the worker schedules its renewals by it.
+_CLAMPED_ROW_LEASE = "LEAST(GREATEST(job.lease, %(min_lease)s), %(max_lease)s)"
+
+
+#: The claim's filters: one queue (plain equality, so the claim index yields rows already
+#: in claim order), several, or one given row (`%(only)s`, the row-by-row fallback).
+ONE_QUEUE = "queue_name = %(queues)s"
+QUEUES = "queue_name = ANY(%(queues)s)"
+ONE_ROW = "queue_name = ANY(%(queues)s) AND id = %(only)s"
+
+
+@functools.cache
+def claim_statement(queue_filter: str, columns: tuple[str, ...]) -> str:
+    """The claim with `queue_filter` (above), returning `columns` of each claimed row."""
+    returning = ", ".join(
+        f'job."{column}"' if column != "lease" else f"{_CLAMPED_ROW_LEASE} AS lease"
+        for column in columns
+    )
+    return _CLAIM.format(queue_filter=queue_filter, lease=_CLAMPED_LEASE, columns=returning)
+
+
+def lease_bounds() -> dict[str, timedelta]:
+    """The parameters `min_lease` and `max_lease` of the claim."""
+    return {"min_lease": MIN_LEASE, "max_lease": MAX_LEASE}
+
 
 # The fenced ack, raw for the same measured reason as the claim: one statement for one
 # job or many, one row per (id, attempt, result), each with its own fence. The worker

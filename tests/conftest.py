@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,40 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerHandle]]:
     yield start
     for handle in handles:
         handle.stop()
+
+
+@contextmanager
+def refusing(transition: str) -> Iterator[None]:
+    """A trigger on the job table that refuses one `transition` of the jobs whose kwargs
+    hold the key "poison", with a CHECK violation: what a project's own trigger or a
+    constraint added by another service does. Transitions: "claim", "ack", "reap", "prune"."""
+    condition = {
+        "claim": "OLD.state = 'pending' AND NEW.state = 'running'",
+        "ack": "OLD.state = 'running' AND NEW.state = 'done'",
+        "reap": "OLD.state = 'running' AND NEW.expirations > OLD.expirations",
+        "prune": "TRUE",
+    }[transition]
+    row, when = ("OLD", "DELETE") if transition == "prune" else ("NEW", "UPDATE")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            CREATE FUNCTION skipqueue_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF {row}.kwargs ? 'poison' AND {condition} THEN
+                    RAISE EXCEPTION 'job % is poison to this {transition}', {row}.id
+                        USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN {row};
+            END $$;
+            CREATE TRIGGER skipqueue_test_refuse BEFORE {when} ON skipqueue_job
+                FOR EACH ROW EXECUTE FUNCTION skipqueue_test_refuse();
+            """
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DROP TRIGGER skipqueue_test_refuse ON skipqueue_job; "
+                "DROP FUNCTION skipqueue_test_refuse()"
+            )

@@ -418,11 +418,9 @@ def test_claim_uses_the_claim_index_with_100000_done_and_10000_pending_rows():
             """
         )
         cursor.execute("ANALYZE skipqueue_job")
-    from django_skipqueue import sql
-
-    params = {"queues": "default", "limit": 10, "worker": None, "lease": None}
+    statement, params = Job.objects.claim_statement(["default"], limit=10)
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + sql.CLAIM_ONE_QUEUE, params)  # plans; changes nothing
+        cursor.execute("EXPLAIN " + statement, params)  # plans; changes nothing
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "skipqueue_job_claim_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
@@ -493,3 +491,152 @@ def test_t19_a_locking_select_outside_a_transaction_is_refused():
 
     with pytest.raises(TransactionManagementError):
         list(Job.objects.due().select_for_update(skip_locked=True))
+
+
+# -- issue 12: no row's state, put there by hand or by another writer, stops a verb ------
+
+
+def insert_raw(**columns: object) -> int:
+    """A job row as another service (or a DBA) would write it, bypassing our checks."""
+    row = {
+        "task": "'tests.testapp.tasks.add'",
+        "args": "'[1, 2]'",
+        "kwargs": "'{}'",
+        "queue_name": "'default'",
+        "priority": "0",
+        "state": "'pending'",
+        "run_at": "now()",
+        "lease": "'30 s'",
+        "attempts": "0",
+        "max_attempts": "5",
+        "expirations": "0",
+        "releases": "0",
+        "last_error": "''",
+        "errors": "'[]'",
+        "created_at": "now()",
+    } | {name: str(value) for name, value in columns.items()}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO skipqueue_job ({', '.join(row)}) VALUES ({', '.join(row.values())}) "
+            "RETURNING id"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_job_set_back_to_pending_by_hand_is_claimed_with_one_more_attempt():
+    JobFactory(failed=True)
+    Job.objects.filter(state="failed").update(state="pending")  # attempts == max_attempts
+
+    job = claim_one()
+
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.max_attempts) == (JobState.RUNNING, 6, 6)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_out_of_bounds_in_a_row_is_clamped_by_the_claim_and_the_renewal():
+    huge = insert_raw(lease="'999999999 days'")  # timedelta.max, by another writer
+    tiny = insert_raw(lease="'1 microsecond'")
+
+    claimed = {job.id: job for job in Job.objects.claim(queues=["default"], limit=2)}
+
+    assert set(claimed) == {huge, tiny}
+    assert claimed[huge].lease == timedelta(days=7)  # the worker renews by this one
+    week = Now() + timedelta(days=7)
+    assert Job.objects.filter(id=huge, leased_until__lte=week).exists()
+    assert Job.objects.filter(id=tiny, leased_until__gte=Now() + timedelta(seconds=0.2)).exists()
+    assert Job.objects.renew(huge, 1) and Job.objects.renew(tiny, 1)
+    assert Job.objects.filter(id=huge, leased_until__lte=week).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_column_added_by_a_later_migration_does_not_reach_the_claim():
+    JobFactory.create_batch(3)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE skipqueue_job ADD COLUMN from_the_future integer DEFAULT 7")
+    try:
+        claimed = Job.objects.claim(queues=["default"], limit=3)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE skipqueue_job DROP COLUMN from_the_future")
+    assert len(claimed) == 3
+    assert all(Job.objects.ack(job.id, job.attempts, job.args[0]) for job in claimed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_whose_claim_fails_ends_failed_and_the_others_are_claimed():
+    from tests.conftest import refusing
+
+    good = [JobFactory(priority=1).id for _ in range(4)]
+    poison = JobFactory(kwargs={"poison": True}).id
+    with refusing("claim"):
+        claimed = Job.objects.claim(queues=["default"], limit=10)
+    assert sorted(job.id for job in claimed) == good
+    job = Job.objects.get(id=poison)
+    assert (job.state, job.attempts) == (JobState.FAILED, 0)
+    assert "the claim failed" in job.last_error
+    assert f"job {poison} is poison to this claim" in job.last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_whose_ack_fails_is_reported_and_the_others_are_acked():
+    from django.db import IntegrityError
+
+    from tests.conftest import refusing
+
+    for _ in range(4):
+        JobFactory()
+    JobFactory(kwargs={"poison": True})
+    claimed = Job.objects.claim(queues=["default"], limit=5)
+    poison = next(job.id for job in claimed if job.kwargs)
+    errors: dict = {}
+    with refusing("ack"):
+        done = Job.objects.ack_many([(job.id, job.attempts, 3) for job in claimed], errors=errors)
+        with pytest.raises(IntegrityError, match="poison to this ack"):
+            Job.objects.ack(poison, 1)  # one row, no `errors`: raised
+    assert done == {job.id for job in claimed} - {poison}
+    assert list(errors) == [poison]
+    assert isinstance(errors[poison], IntegrityError)
+    assert Job.objects.filter(state=JobState.DONE).count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expired_row_with_a_history_that_is_not_an_array_is_reaped_and_keeps_it():
+    broken = JobFactory(expired=True, errors={"from": "a hand edit"})
+    other = JobFactory(expired=True)
+
+    result = Job.objects.reap()
+
+    assert result.requeued == 2
+    broken.refresh_from_db()
+    assert broken.state == JobState.PENDING
+    assert broken.errors[0] == {"from": "a hand edit"}  # kept, not lost
+    assert broken.errors[1]["type"].endswith("LeaseExpiredError")
+    assert Job.objects.get(id=other.id).state == JobState.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_whose_reap_fails_ends_failed_and_the_others_are_reaped():
+    from tests.conftest import refusing
+
+    others = [JobFactory(expired=True).id for _ in range(3)]
+    poison = JobFactory(expired=True, kwargs={"poison": True}).id
+    with refusing("reap"):
+        result = Job.objects.reap()
+    assert (result.requeued, result.failed) == (3, 1)
+    assert Job.objects.filter(id__in=others, state=JobState.PENDING).count() == 3
+    job = Job.objects.get(id=poison)
+    assert job.state == JobState.FAILED
+    assert "the reap failed" in job.last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_never_shortens_a_lease_the_task_extended():
+    JobFactory(lease=timedelta(seconds=3))
+    job = claim_one()
+    assert Job.objects.renew(job.id, job.attempts, timedelta(seconds=60))  # extend_lease(60)
+
+    assert Job.objects.renew(job.id, job.attempts)  # the worker's own renewal
+
+    assert Job.objects.filter(id=job.id, leased_until__gt=Now() + timedelta(seconds=55)).exists()

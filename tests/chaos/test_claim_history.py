@@ -20,7 +20,6 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection, connections
 
-from django_skipqueue import sql
 from django_skipqueue.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -151,10 +150,8 @@ def claim_plan() -> tuple[str, int]:
     """EXPLAIN (ANALYZE, BUFFERS) of one claim, rolled back: the plan and buffers touched."""
     with connection.cursor() as cursor:
         cursor.execute("BEGIN")
-        cursor.execute(
-            "EXPLAIN (ANALYZE, BUFFERS) " + sql.CLAIM_ONE_QUEUE,
-            {"queues": "default", "limit": 1, "worker": None, "lease": None},
-        )
+        statement, params = Job.objects.claim_statement(["default"], limit=1)
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("ROLLBACK")
     top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
