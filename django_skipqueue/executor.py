@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 
 from django_skipqueue import signals
 from django_skipqueue.base import TaskContext, default_retry_policy
@@ -29,8 +29,9 @@ from django_skipqueue.exceptions import (
     TransactionLeftOpenError,
     UnknownTaskError,
 )
+from django_skipqueue.faults import is_row_fault, is_transient
 from django_skipqueue.managers import ErrorInfo
-from django_skipqueue.payload import encoded_size, normalize
+from django_skipqueue.payload import Undecodable, encoded_size, normalize, storable_text
 from django_skipqueue.redaction import redact_text
 from django_skipqueue.registry import registry
 
@@ -65,15 +66,23 @@ class Execution:
 
 
 def describe_error(error: BaseException) -> ErrorInfo:
-    """The class path, message and traceback of `error`: capped, redacted, no frame locals."""
+    """The class path, message and traceback of `error`: capped, redacted, no frame locals.
+
+    Every text is made storable (NUL and lone surrogates escaped), and a message whose
+    `__str__` raises is described instead, so the history always shows the real error.
+    """
     kind = type(error)
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
     if len(text) > TRACEBACK_MAX_CHARS:
         text = "...(truncated)\n" + text[-TRACEBACK_MAX_CHARS:]
+    try:
+        message = str(error)
+    except Exception as unprintable:  # noqa: BLE001  (any __str__ may raise)
+        message = f"<str() of the exception raised {type(unprintable).__name__}>"
     return ErrorInfo(
-        type=f"{kind.__module__}.{kind.__qualname__}",
-        message=redact_text(str(error)[:MESSAGE_MAX_CHARS]),
-        traceback=redact_text(text),
+        type=storable_text(f"{kind.__module__}.{kind.__qualname__}"),
+        message=storable_text(redact_text(message[:MESSAGE_MAX_CHARS])),
+        traceback=storable_text(redact_text(text)),
     )
 
 
@@ -120,10 +129,11 @@ def execute(
             _roll_back_left_open(database, depth)
         result = normalize(value, "the return value")
         limit = get_settings().MAX_PAYLOAD_BYTES
-        if encoded_size(result) > limit:
+        size = encoded_size(result)
+        if size > limit:
             raise InvalidJobError(
-                f"the return value encodes to more than {limit} bytes of JSON "
-                f"(SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
+                f"the return value takes {size} bytes as stored (jsonb text), over the "
+                f"limit of {limit} (SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
             )
     except Retry as request:
         duration, delay = time.monotonic() - started, request.delay
@@ -154,10 +164,25 @@ def execute(
     if defer_ack is not None:
         defer_ack(job, attempt, result, duration)
         return None
-    acked = _persist(lambda: jobs.ack(job.id, attempt, result), job, database)
+    try:
+        acked = _persist(lambda: jobs.ack(job.id, attempt, result), job, database)
+    except DatabaseError as refused:  # not the connection: this row's ack itself fails
+        return record_ack_error(job, attempt, refused, duration, database)
     if not acked:
         acked = _persist(lambda: committed_before(jobs, [(job.id, attempt)]), job, database)
     return record_success(job, attempt, result, duration, acked=bool(acked))
+
+
+def record_ack_error(
+    job: Job, attempt: int, error: DatabaseError, duration: float, database: str
+) -> Execution:
+    """A success whose own ack the database refused (not by the connection): the job
+    fails with that error, as if the task had raised it (not retried for a bad row)."""
+    from django_skipqueue.models import Job
+
+    task = registry.get(job.task) if job.task in registry else None
+    jobs = Job.objects.db_manager(database)
+    return _record_failure(jobs, job, attempt, task, error, duration, database)
 
 
 def committed_before(jobs: Any, refused: list[tuple[int, int]]) -> set[int]:
@@ -189,6 +214,13 @@ def record_success(
 
 
 def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
+    for name in ("args", "kwargs"):
+        value = getattr(job, name)
+        if isinstance(value, Undecodable):
+            raise InvalidJobError(
+                f"job {job.id} has {name} that Python cannot load from JSON ({value.reason}); "
+                f"it was written by another client"
+            )
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         raise InvalidJobError(
             f"job {job.id} has malformed arguments: args must be a JSON array and kwargs a "
@@ -224,34 +256,72 @@ def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
 
 
 def _roll_back_left_open(database: str, depth: int) -> None:
-    """Roll back a transaction the task opened and never closed, and say so.
+    """Roll back every transaction the task left open on this thread, and say so.
 
-    The atomic() blocks it left are gone from the stack, so they cannot be exited: the
-    connection is closed (the server rolls back) and Django's bookkeeping reset, so the
-    fenced write that follows runs on a clean connection in autocommit.
+    Two ways to leave one: atomic() blocks entered and never exited (the stack is
+    deeper than before the task), or a transaction begun behind Django's back (a raw
+    `BEGIN`), which only the server's status shows. Either way the connection is
+    closed (the server rolls back) and Django's bookkeeping reset, so the fenced write
+    that follows, and the next job, run on a clean connection in autocommit. Raises
+    TransactionLeftOpenError naming what was rolled back.
     """
+    left = []
     connection = connections[database]
-    if len(connection.atomic_blocks) <= depth:
-        return
-    left = len(connection.atomic_blocks) - depth
+    if len(connection.atomic_blocks) > depth:
+        left.append(
+            f"{len(connection.atomic_blocks) - depth} atomic() block(s) on {database!r}, "
+            f"entered and never exited"
+        )
+        _discard(connection)
+        del connection.atomic_blocks[depth:]
+        connection.savepoint_ids = connection.savepoint_ids[: max(depth - 1, 0)]
+        connection.in_atomic_block = depth > 0
+        connection.needs_rollback = False
+        connection.closed_in_transaction = False
+    left.extend(end_open_transactions())
+    if left:
+        raise TransactionLeftOpenError(
+            f"the task left a transaction open ({'; '.join(left)}); its writes were rolled "
+            f"back, so this job is failed, not retried"
+        )
+
+
+def end_open_transactions() -> list[str]:
+    """Close this thread's connections that the server says are inside a transaction
+    Django did not open (outside atomic(), in autocommit); one line for each.
+
+    Closing makes the server roll the transaction back. A connection in atomic() (the
+    caller's own transaction, in tests) is left alone.
+    """
+    found = []
+    for connection in connections.all(initialized_only=True):
+        raw = connection.connection
+        if raw is None or connection.in_atomic_block or not connection.get_autocommit():
+            continue
+        status = int(raw.info.transaction_status)
+        if status == 0:  # IDLE: nothing open
+            continue
+        if status not in (1, 2, 3):  # UNKNOWN: the connection is broken, nothing is open
+            _discard(connection)
+            continue
+        name = {1: "ACTIVE", 2: "INTRANS", 3: "INERROR"}[status]
+        found.append(f"a transaction outside atomic() on {connection.alias!r}, status {name}")
+        _discard(connection)
+    return found
+
+
+def _discard(connection: Any) -> None:
     try:
         connection.close()
     except DatabaseError:
         pass
-    del connection.atomic_blocks[depth:]
-    connection.savepoint_ids = connection.savepoint_ids[: max(depth - 1, 0)]
-    connection.in_atomic_block = depth > 0
-    connection.needs_rollback = False
-    connection.closed_in_transaction = False
-    raise TransactionLeftOpenError(
-        f"the task left {left} transaction block(s) open (atomic() entered, never exited); "
-        f"rolled back"
-    )
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
-    if isinstance(error, InvalidJobError):
+    if isinstance(error, (InvalidJobError, TransactionLeftOpenError)):
         return False  # malformed row or result: another attempt would fail the same way
+    if is_row_fault(error):
+        return False  # the database refused this job's own row or result
     if isinstance(error, UnknownTaskError):
         return True  # a rolling deploy: a newer worker may know the task
     return task is None or not isinstance(error, task.non_retryable)
@@ -314,9 +384,10 @@ def _persist(write: Callable[[], T], job: Job, database: str) -> T | None:
 
 
 def persist(write: Callable[[], T], *, give_up_after: float, what: str, database: str) -> T | None:
-    """Run a fenced write, retrying through connection errors, never dropping it.
+    """Run a fenced write, retrying through passing errors, never dropping it.
 
-    A connection error leaves the outcome unknown, so the write is retried with backoff
+    A passing error (faults.is_transient: the connection, a read-only or restarting
+    server) leaves the outcome unknown, so the write is retried with backoff
     (the fence makes a repeat harmless) until it is answered, or until `give_up_after`
     seconds (a whole lease) have passed: by then the lease has surely run out and the
     write would be refused anyway, and the reaper owns the job. Returns None then.
@@ -326,7 +397,9 @@ def persist(write: Callable[[], T], *, give_up_after: float, what: str, database
     while True:
         try:
             return write()
-        except (OperationalError, InterfaceError) as error:
+        except DatabaseError as error:
+            if not is_transient(error):
+                raise
             try:
                 connections[database].close()
             except DatabaseError:

@@ -31,18 +31,14 @@ from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from django.db import (
-    DatabaseError,
-    InterfaceError,
-    OperationalError,
-    connections,
-)
+from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from django_skipqueue import sql
 from django_skipqueue.base import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.conf import get_settings
-from django_skipqueue.executor import Execution, Outcome, execute
+from django_skipqueue.executor import Execution, Outcome, end_open_transactions, execute
+from django_skipqueue.faults import is_transient
 from django_skipqueue.reaper import Reaper
 from django_skipqueue.registry import registry
 
@@ -58,9 +54,6 @@ PREFETCH_PER_THREAD_MAX = 16
 
 #: CONN_HEALTH_CHECKS: the least time between two pings of one thread's connection.
 HEALTH_CHECK_SECONDS = 1.0
-
-#: Errors that mean "the connection or the server is gone for now": back off, retry.
-CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 
 def refresh_connections() -> None:
@@ -153,6 +146,7 @@ class WorkerStats:
     released_on_shutdown: int = 0
     reaped: int = 0
     timed_out: int = 0
+    thread_restarts: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def count(self, outcome: Outcome) -> int:
@@ -222,6 +216,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._helpers: list[threading.Thread] = []  # housekeeper, listener
         self._abandoned: set[int] = set()  # job ids whose thread was given up on
+        self._current: dict[threading.Thread, int] = {}  # executor thread -> its job
         self._timed_out: set[int] = set()  # the same ids, until their outcome is in
 
     # -- control ----------------------------------------------------------------------
@@ -335,9 +330,14 @@ class Worker:
                 continue
             try:
                 claimed = self._claim(free)
-            except CONNECTION_ERRORS as error:
+            except DatabaseError as error:
+                # Passing (the connection, a read-only or restarting server) or not (the
+                # claim already isolated bad rows; what is left is logged): back off.
                 delay = backoff.next()
-                logger.warning("claim failed, retrying in %.2fs: %s", delay, error)
+                if is_transient(error):
+                    logger.warning("claim failed, retrying in %.2fs: %s", delay, error)
+                else:
+                    logger.exception("claim failed, retrying in %.2fs", delay)
                 discard_connection(self.database)
                 self._stopping.wait(delay)
                 continue
@@ -367,7 +367,12 @@ class Worker:
         is retried until answered (or a lease has passed), as for any outcome, and an
         ack refused after a retry is checked for having committed the first time.
         """
-        from django_skipqueue.executor import committed_before, persist, record_success
+        from django_skipqueue.executor import (
+            committed_before,
+            persist,
+            record_ack_error,
+            record_success,
+        )
         from django_skipqueue.models import Job
 
         with self._lock:
@@ -378,18 +383,23 @@ class Worker:
         acks = [(item.job.id, item.attempt, item.result) for item in batch]
         give_up = min(item.job.lease.total_seconds() for item in batch)
         what = f"ids={','.join(str(item.job.id) for item in batch[:10])}"
+        errors: dict[int, DatabaseError] = {}  # rows whose own ack the database refused
         try:
             answer = persist(
-                lambda: jobs.ack_many(acks),
+                lambda: jobs.ack_many(acks, errors=errors),
                 give_up_after=give_up,
                 what=what,
                 database=self.database,
             )
-        except DatabaseError:  # not a connection error: the statement itself failed
+        except DatabaseError:  # not a passing error, and not one row's: log, leave
             logger.exception("worker could not acknowledge %s; left to the reaper", what)
             answer = None
         acked = set(answer or ())
-        refused = [(item.job.id, item.attempt) for item in batch if item.job.id not in acked]
+        refused = [
+            (item.job.id, item.attempt)
+            for item in batch
+            if item.job.id not in acked and item.job.id not in errors
+        ]
         if refused:
             found = persist(
                 lambda: committed_before(jobs, refused),
@@ -402,15 +412,28 @@ class Worker:
         for item in batch:
             execution = None
             try:
-                execution = record_success(
-                    item.job, item.attempt, item.result, item.duration, acked=item.job.id in acked
-                )
+                if item.job.id in errors:
+                    execution = record_ack_error(
+                        item.job, item.attempt, errors[item.job.id], item.duration, self.database
+                    )
+                else:
+                    execution = record_success(
+                        item.job,
+                        item.attempt,
+                        item.result,
+                        item.duration,
+                        acked=item.job.id in acked,
+                    )
             except Exception:
                 logger.exception("worker could not record job id=%s", item.job.id)
             finally:
                 with self._lock:
                     self._acking.discard(item.job.id)
                 self._finished(item.job, execution)
+        # The success signals' receivers ran on this thread: nothing they left open may
+        # hold the next batch's acks uncommitted.
+        for what_was_left in end_open_transactions():
+            logger.error("worker rolled back %s, left by a signal receiver", what_was_left)
 
     def _claim(self, limit: int) -> list[Job]:
         from django_skipqueue.models import Job
@@ -441,7 +464,7 @@ class Worker:
         try:
             with connections[self.database].cursor() as cursor:
                 next_due = sql.seconds_until_next_due(cursor, self.queues)
-        except CONNECTION_ERRORS:
+        except DatabaseError:
             discard_connection(self.database)
             return min(timeout, 1.0)
         if next_due is not None:
@@ -480,11 +503,13 @@ class Worker:
                     refresh_connections()
                     with self._lock:
                         self._busy -= 1
+                        self._current.pop(threading.current_thread(), None)
                     if execution is not None or raised:  # else the dispatcher acks it
                         self._finished(job, execution)
                 with self._lock:
                     if job.id in self._abandoned:
                         self._abandoned.discard(job.id)
+                        self._threads.remove(threading.current_thread())
                         return  # a replacement thread took this one's place
         finally:
             connections.close_all()
@@ -493,6 +518,7 @@ class Worker:
         """A thread takes `job` from the buffer: its timeout counts from now."""
         with self._lock:
             self._busy += 1
+            self._current[threading.current_thread()] = job.id
             flight = self._flights.get(job.id)
             if flight is not None and flight.timeout is not None:
                 flight.timeout_at = time.monotonic() + flight.timeout
@@ -541,9 +567,12 @@ class Worker:
                         next_reap if self.reap_interval else next_beat,
                     )
                     wait = min(soonest - time.monotonic(), 1.0)
-                except CONNECTION_ERRORS as error:
+                except Exception as error:  # noqa: BLE001  (this thread must not die)
                     wait = backoff.next()
-                    logger.warning("housekeeping failed, retrying in %.2fs: %s", wait, error)
+                    if is_transient(error):
+                        logger.warning("housekeeping failed, retrying in %.2fs: %s", wait, error)
+                    else:
+                        logger.exception("housekeeping failed, retrying in %.2fs", wait)
                     discard_connection(self.database)
                 self._housekeeper_wake.wait(max(wait, 0.01))
                 self._housekeeper_wake.clear()
@@ -609,13 +638,40 @@ class Worker:
             self.stop(f"{hung} threads hung in timed-out tasks; restart the process")
 
     def _spawn_executor(self) -> None:
-        thread = threading.Thread(
-            target=self._execute_loop,
-            name=f"skipqueue-executor-{len(self._threads)}",
-            daemon=True,
-        )
+        self._start_thread(f"skipqueue-executor-{len(self._threads)}", self._execute_loop)
+
+    def _start_thread(self, name: str, target: Any) -> None:
+        thread = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
+        if target == self._execute_loop:
+            self._threads.append(thread)
+        else:
+            self._helpers.append(thread)
         thread.start()
-        self._threads.append(thread)
+
+    def _guarded(self, name: str, target: Any) -> None:
+        """Run a thread's loop; if it dies of an exception, start it again.
+
+        No thread of a worker may die silently: a dead housekeeper would stop renewals
+        and heartbeats, a dead executor would hold its job for ever. The job a dead
+        executor held stops being renewed, so the reaper takes it back. A loop that
+        returns (at shutdown, or a listener that falls back to polling) is not restarted.
+        """
+        try:
+            target()
+        except BaseException:  # noqa: BLE001  (whatever it was, the thread is gone)
+            with self._lock:
+                job_id = self._current.pop(threading.current_thread(), None)
+                if job_id is not None:
+                    self._flights.pop(job_id, None)
+                    self._busy -= 1
+                self.stats.thread_restarts += 1
+                threads = self._threads if target == self._execute_loop else self._helpers
+                if threading.current_thread() in threads:
+                    threads.remove(threading.current_thread())
+            logger.exception("worker thread died thread=%s job=%s; restarting it", name, job_id)
+            if not self._halted.wait(0.5):  # no tight loop if it dies at once again
+                self._start_thread(name, target)
+            self._wake.set()
 
     def _heartbeat(self) -> None:
         from django_skipqueue.models import WorkerProcess
@@ -686,25 +742,36 @@ class Worker:
     # -- start and stop ---------------------------------------------------------------
 
     def _register(self) -> None:
+        """Record this worker's row; a passing error (no server yet, a read-only one) is
+        retried with backoff until it goes through or the worker is stopped."""
         from django_skipqueue.models import WorkerProcess
 
-        self.process = WorkerProcess.objects.using(self.database).create(
-            hostname=socket.gethostname()[:255],
-            pid=os.getpid(),
-            queues=self.queues,
-            concurrency=self.concurrency,
-        )
+        backoff = Backoff()
+        while True:
+            try:
+                self.process = WorkerProcess.objects.using(self.database).create(
+                    hostname=socket.gethostname()[:255],
+                    pid=os.getpid(),
+                    queues=self.queues,
+                    concurrency=self.concurrency,
+                )
+                return
+            except DatabaseError as error:
+                if not is_transient(error):
+                    raise
+                if self._stopping.is_set():
+                    return
+                delay = backoff.next()
+                logger.warning("worker registration failed, retrying in %.2fs: %s", delay, error)
+                discard_connection(self.database)
+                self._stopping.wait(delay)
 
     def _start_threads(self) -> None:
         for _ in range(self.concurrency):
             self._spawn_executor()
-        helpers = [("skipqueue-housekeeper", self._housekeep_loop)]
+        self._start_thread("skipqueue-housekeeper", self._housekeep_loop)
         if self.listen:
-            helpers.append(("skipqueue-listener", self._listen_loop))
-        for name, target in helpers:
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._helpers.append(thread)
+            self._start_thread("skipqueue-listener", self._listen_loop)
 
     def _shutdown(self) -> None:
         """Give jobs in flight the grace period, release the rest, then end every thread."""
@@ -738,7 +805,7 @@ class Worker:
                 released = Job.objects.db_manager(self.database).release(
                     flight.job.id, flight.attempt
                 )
-            except CONNECTION_ERRORS as error:
+            except DatabaseError as error:
                 logger.warning("job not released id=%s: %s; the reaper will", flight.job.id, error)
                 continue
             if released:
@@ -763,7 +830,7 @@ class Worker:
                 WorkerProcess.objects.using(self.database).filter(id=self.process.id).update(
                     heartbeat_at=Now() - timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
                 )
-            except CONNECTION_ERRORS:
+            except DatabaseError:
                 pass
         connections.close_all()
         logger.info(

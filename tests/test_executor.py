@@ -242,4 +242,59 @@ def test_s14_a_return_value_over_the_payload_limit_fails_and_is_not_stored(setti
     job, outcome = run()
     assert outcome is Outcome.FAILED  # not retried: it would fail the same way
     assert (job.state, job.attempts, job.result) == (JobState.FAILED, 1, None)
-    assert "the return value encodes to more than 100 bytes" in job.last_error
+    assert "the return value takes 202 bytes as stored" in job.last_error
+
+
+# -- issue 12, item 1: no job runs inside another job's transaction --------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fail_in_it", [False, True], ids=["open", "failed"])
+def test_a_raw_transaction_left_open_is_rolled_back_and_fails_the_job(fail_in_it):
+    from django.db import connection
+
+    leaky = tasks.begins_raw_transaction.enqueue(fail_in_it=fail_in_it)
+    after = [tasks.record.enqueue() for _ in range(3)]
+
+    job, outcome = run()
+    assert job.id == leaky.id
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    assert "its writes were rolled back" in job.last_error
+    assert int(connection.connection.info.transaction_status) == 0  # IDLE: nothing open
+    for _ in after:  # later jobs on this thread commit their own writes
+        assert run()[1] is Outcome.SUCCEEDED
+    connection.close()  # read from a new session: only committed rows are there
+    assert not Run.objects.filter(job_id=leaky.id).exists()
+    assert set(Run.objects.values_list("job_id", flat=True)) == {job.id for job in after}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_that_returns_inside_its_own_atomic_block_is_still_caught():
+    tasks.leaves_transaction_open.enqueue()
+    job, outcome = run()
+    assert outcome is Outcome.FAILED  # not retried: it would leave it open again
+    assert "1 atomic() block(s) on 'default'" in job.last_error
+
+
+# -- issue 12, item 4: errors that cannot be stored as they are ------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("kind", "shown"),
+    [
+        ("nul", "bad byte \\x00 in the input"),
+        ("surrogate", "half a character: \\udc80"),
+        ("unprintable", "<str() of the exception raised RuntimeError>"),
+    ],
+)
+def test_an_error_whose_text_cannot_be_stored_is_stored_escaped_and_not_retried(kind, shown):
+    tasks.raises_unstorable.enqueue(kind)
+    job, outcome = run()
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    [entry] = job.errors
+    assert entry["message"] == shown
+    assert entry["type"].endswith("Error")
+    assert "raises_unstorable" in entry["traceback"]  # the real traceback, not a lease expiry
+    assert job.last_error.endswith(shown)

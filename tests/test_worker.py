@@ -390,3 +390,68 @@ def test_burst_on_a_terminal_shows_live_progress(tmp_path):
     text = output.decode()
     assert "\rdone " in text and "rate " in text and "remaining " in text
     assert "40 claimed, 40 succeeded" in text
+
+
+# -- issue 12: no thread dies silently, nothing a receiver leaves open holds an ack ------
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    return thread
+
+
+def test_a_housekeeper_that_dies_is_restarted_and_renewals_go_on():
+    from django_skipqueue import signals
+
+    Job.objects.filter(id=tasks.add.enqueue(1, 2).id).update(
+        state="running", attempts=1, leased_until=Now() - timedelta(minutes=1)
+    )  # an expired job: the first reap sends job_reaped
+    deaths = []
+
+    def dies_once(**kwargs: object) -> None:
+        if not deaths:
+            deaths.append(threading.current_thread().name)
+            raise SystemExit("a receiver ended its thread")  # not an Exception
+
+    signals.job_reaped.connect(dies_once)
+    worker = Worker(concurrency=1, listen=False, reap_interval=0.1, poll_interval=0.1)
+    thread = run_in_thread(worker)
+    try:
+        wait_until(lambda: deaths, timeout=10)
+        job = tasks.record.using(lease=1.0).enqueue(sleep=2.0)  # needs about 6 renewals
+        wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=20)
+    finally:
+        signals.job_reaped.disconnect(dies_once)
+        worker.stop()
+        thread.join(timeout=30)
+    assert deaths == ["skipqueue-housekeeper"]
+    assert worker.stats.thread_restarts == 1
+    job.refresh_from_db()
+    assert (job.attempts, job.expirations) == (1, 0)  # renewed all along: never expired
+    assert worker.stats.renewed >= 4
+
+
+def test_a_transaction_a_success_receiver_leaves_open_never_holds_later_acks():
+    from django_skipqueue import signals
+
+    def begins(**kwargs: object) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")  # on the dispatcher's connection: it acks with it
+
+    tasks.add.enqueue_many([((n, n), {}) for n in range(10)])
+    signals.job_succeeded.connect(begins)
+    try:
+        Worker(concurrency=2, burst=True, listen=False, reap_interval=0).run()
+    finally:
+        signals.job_succeeded.disconnect(begins)
+    connection.close()
+    assert all_done(10)  # committed, as a new session sees
+
+
+def test_a_renewal_never_undoes_an_extend_lease():
+    job = tasks.extends_then_waits.enqueue(seconds=60, wait=1.5)  # lease 1 s: renewed each 0.33
+    Worker(concurrency=1, burst=True, listen=False, reap_interval=0).run()
+    job.refresh_from_db()
+    assert job.state == JobState.DONE
+    assert job.result > 55
