@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -115,6 +116,37 @@ class TaskFilter(ValuesFilter):
     title, parameter_name, field = _("task"), "task", "task"
 
 
+class OwnLookupsOnly:
+    """Only the lookups this admin's own filters use reach the ORM from a query string.
+
+    Django's default accepts a lookup on any local field, so a view-only user could
+    probe a redacted secret in `?kwargs__password__startswith=...` one character at a
+    time, or send `?task__regex=(a` for a 500. Anything else is refused with a 400, and
+    so is a query string holding NUL, which PostgreSQL text cannot hold.
+    """
+
+    #: The query-string keys of this admin's list filters.
+    allowed_lookups: frozenset[str] = frozenset()
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.allowed_lookups
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        for key, values in request.GET.lists():
+            if any("\x00" in text for text in (key, *values)):
+                raise DisallowedModelAdminLookup(f"the query string has a NUL in {key!r}")
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
+def _entries(history: Any) -> list[dict[str, Any]]:
+    """The dict entries of an error history, whatever was stored (never raises)."""
+    if not isinstance(history, list):
+        return []
+    return [entry for entry in history if isinstance(entry, dict)]
+
+
 def _report(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,
@@ -131,7 +163,11 @@ def _report(
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
+    # HealthFilter, "state", QueueFilter, TaskFilter and the run_at date filter.
+    allowed_lookups = frozenset(
+        {"health", "state__exact", "queue", "task", "run_at__gte", "run_at__lt"}
+    )
     list_display = [
         "id",
         "task",
@@ -263,9 +299,10 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("timeline"))
     def timeline(self, job: Job) -> str:
-        events = [("enqueued", job.created_at)]
+        events: list[tuple[str, Any]] = [("enqueued", job.created_at)]
         events += [
-            (f"attempt {e.get('attempt')}: {e.get('type')}", e.get("at")) for e in job.errors
+            (f"attempt {e.get('attempt')}: {e.get('type')}", e.get("at"))
+            for e in _entries(job.errors)
         ]
         if job.started_at:
             events.append((f"attempt {job.attempts} started", job.started_at))
@@ -280,12 +317,14 @@ class JobAdmin(admin.ModelAdmin):
     def error_history(self, job: Job) -> str:
         if not job.errors:
             return "-"
+        if not _entries(job.errors):  # written by hand or by another client
+            return format_html("<pre>{}</pre>", json.dumps(redact(job.errors), indent=2))
         return format_html_join(
             "",
             "<p><b>attempt {} at {}: {}</b> {}</p><pre>{}</pre>",
             (
                 (e.get("attempt"), e.get("at"), e.get("type"), e.get("message"), e.get("traceback"))
-                for e in reversed(job.errors)
+                for e in reversed(_entries(job.errors))
             ),
         )
 
@@ -367,7 +406,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):
+class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
     list_display = [
         "id",
         "hostname",
