@@ -332,7 +332,7 @@ class Task(Generic[P, R]):
         return job
 
     def _check_limits(self, adding: int) -> None:
-        """The volume guards (RELIABILITY.md S11), before any row is written.
+        """The volume guards (case S11, docs/explanation/failure-model.md), before any SQL.
 
         max_attempts and run_after against their caps; with MAX_PENDING_PER_QUEUE, the
         queue's pending jobs, counted up to the cap only (an index scan of at most that

@@ -3,7 +3,7 @@
 Ids are never reused: E001 unknown key, E002 bad value, E003 SKIPQUEUE not a dict,
 E004 unknown database alias, E005 database cannot SKIP LOCKED, E006 SkipQueueBackend
 in TASKS on a Django without django.tasks, E007 a task asks for more attempts than
-MAX_ATTEMPTS_LIMIT. Warnings about the connection (RELIABILITY.md S15), for a
+MAX_ATTEMPTS_LIMIT. Warnings about the connection (docs/explanation/failure-model.md S15), for a
 DATABASES entry that marks itself as behind a transaction pooler with
 DISABLE_SERVER_SIDE_CURSORS = True, as Django's docs ask: W001 prepared statements
 (psycopg's prepare_threshold) and W002 LISTEN through it; W003 (deploy) DEBUG on.

@@ -196,7 +196,8 @@ class Worker:
         self.database = database or conf.DATABASE_ALIAS
         self.stats = WorkerStats()
         #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
-        #: boundary race, RELIABILITY.md T3): every job then has exactly its lease.
+        #: boundary race, case T3 of docs/explanation/failure-model.md): every job then
+        #: has exactly its lease.
         self.renew_leases = True
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
@@ -401,12 +402,16 @@ class Worker:
             if item.job.id not in acked and item.job.id not in errors
         ]
         if refused:
-            found = persist(
-                lambda: committed_before(jobs, refused),
-                give_up_after=give_up,
-                what=what,
-                database=self.database,
-            )
+            try:
+                found = persist(
+                    lambda: committed_before(jobs, refused),
+                    give_up_after=give_up,
+                    what=what,
+                    database=self.database,
+                )
+            except DatabaseError:  # not a passing error: count them lost, never crash
+                logger.exception("worker could not check refused acks %s", what)
+                found = None
             acked |= found or set()
         self.stats.acked_batches += 1
         for item in batch:

@@ -61,3 +61,36 @@ def test_every_signal_is_in_the_reference():
 
     names = [name for name, value in vars(signals).items() if isinstance(value, Signal)]
     assert names and all(f"`{name}`" in page("signals.md") for name in names)
+
+
+ROOT = REFERENCE.parent.parent
+FAILURE_MODEL = ROOT / "docs" / "explanation" / "failure-model.md"
+
+
+def project_texts() -> dict[Path, str]:
+    """The package, tests, docs and benchmarks: every text that may cite a case."""
+    found = {}
+    for folder in ("django_skipqueue", "tests", "docs", "benchmarks", "example_project"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in {".py", ".md", ".html", ".txt"} and "__pycache__" not in path.parts:
+                found[path] = path.read_text()
+    return found
+
+
+def test_the_repository_cites_no_file_outside_it():
+    outside = [
+        str(path.relative_to(ROOT))
+        for path, text in project_texts().items()
+        if path != Path(__file__).resolve() and ("RELIABILITY.md" in text or "shared/" in text)
+    ]
+    assert outside == []
+
+
+def test_every_numbered_case_cited_is_defined_in_the_failure_model():
+    defined = set(re.findall(r"^\| ([TSC]\d+)\b", FAILURE_MODEL.read_text(), re.MULTILINE))
+    defined |= set(re.findall(r"^- \*\*(0\.\d+)\b", FAILURE_MODEL.read_text(), re.MULTILINE))
+    cited = set()
+    for path, text in project_texts().items():
+        if path != FAILURE_MODEL:
+            cited |= set(re.findall(r"\b([TS](?:[1-9]\d?)|C[1-7])\b", text))
+    assert cited - defined == set()

@@ -1,4 +1,5 @@
-"""Volume guards (RELIABILITY.md S11): attempt and delay caps, and a cap on pending jobs."""
+"""Volume guards (case S11, docs/explanation/failure-model.md): attempt and delay caps,
+and a cap on pending jobs."""
 
 from __future__ import annotations
 

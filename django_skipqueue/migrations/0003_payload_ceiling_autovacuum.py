@@ -7,7 +7,7 @@ and for the return value (jsonb's text form is a little larger than compact JSON
 Autovacuum: a queue table churns (every job is inserted, updated two or three times and
 later deleted) while staying small, so the default scale factor (20 % of the table)
 lets dead tuples pile up between vacuums and claims slow down. A fixed threshold and
-no cost delay vacuum it early and quickly (RELIABILITY.md 0.10, T40).
+no cost delay vacuum it early and quickly (docs/explanation/failure-model.md 0.10, T40).
 """
 
 from django.db import migrations

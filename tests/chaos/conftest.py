@@ -1,4 +1,7 @@
-"""Fault tests (RELIABILITY.md section 4): real processes, real faults. Marked `chaos`."""
+"""Fault tests (docs/explanation/failure-model.md): real processes, real faults.
+
+Marked `chaos`.
+"""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def deadlocks() -> int:
 
 
 def check(job_ids: list[int], deadlocks_before: int) -> Report:
-    """C1-C7 over the given jobs (RELIABILITY.md 4.1)."""
+    """C1-C7 over the given jobs (docs/explanation/failure-model.md, "The harness")."""
     ids = list(job_ids)
     figures = {
         "C1_lost": len(ids)

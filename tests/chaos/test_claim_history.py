@@ -1,4 +1,4 @@
-"""T38: claim latency as history grows (RELIABILITY.md), at CI size.
+"""T38: claim latency as history grows (docs/explanation/failure-model.md), at CI size.
 
 The baseline (10,000 pending) and the history (1,000,000 done + 100,000 pending) live in
 two databases with the same schema and triggers (the second a copy of the test database

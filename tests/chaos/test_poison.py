@@ -42,7 +42,8 @@ def test_t2_a_paused_worker_loses_its_jobs_and_its_late_writes_are_refused(super
 
 
 def test_t4_a_released_attempt_can_never_ack_the_next_claim():
-    """ABA (RELIABILITY.md 0.1): 1,000 trials of release, reclaim, stale ack."""
+    """ABA (finding 0.1, docs/explanation/failure-model.md): 1,000 trials of release,
+    reclaim, stale ack."""
     tasks.add.enqueue(1, 1)
     refused = accepted = 0
     for _ in range(1000):

@@ -89,8 +89,9 @@ def drops_its_connection() -> str:
 
 @task(takes_context=True, max_attempts=10)
 def probe(context: TaskContext, ms: int = 0, mode: str = "ok", jitter_ms: float = 0) -> int:
-    """The fault tests' task (RELIABILITY.md 4.1): log the run, misbehave per mode, then
-    write a unique effect; a second effect for the same job is logged as a duplicate.
+    """The fault tests' task (docs/explanation/failure-model.md, "The harness"): log
+    the run, misbehave per mode, then write a unique effect; a second effect for the
+    same job is logged as a duplicate.
 
     Sleeps `ms` +/- `jitter_ms`; with mode "boundary", until the lease ends +/- `jitter_ms`
     (T3: aimed at the boundary whatever the claim-to-start delay under load)."""
