@@ -9,67 +9,32 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import itertools
 import math
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from django.conf import settings
-from django.db import models
 from django.utils import timezone
-from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError, QueueFullError
-from django_skipqueue.payload import encode_arguments, normalize_arguments
 from django_skipqueue.registry import registry
 from django_skipqueue.retry import RetryPolicy
+from django_skipqueue.states import (
+    DEFAULT_QUEUE_NAME,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    validate_queue_name,
+)
 
 if TYPE_CHECKING:
+    from django_skipqueue.managers import JobManager
     from django_skipqueue.models import Job
 
 P = ParamSpec("P")
 R = TypeVar("R")
-T = TypeVar("T")
-
-DEFAULT_QUEUE_NAME = "default"
-#: Longest queue name: LISTEN/NOTIFY channels are "skipqueue_<queue>" within 63 bytes.
-QUEUE_NAME_MAX_LENGTH = 48
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
-QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-#: The claim's ORDER BY, which the claim index mirrors.
-CLAIM_ORDER = ("-priority", "run_at", "id")
-
-
-class JobState(models.TextChoices):
-    PENDING = "pending", _("pending")
-    RUNNING = "running", _("running")
-    DONE = "done", _("done")
-    FAILED = "failed", _("failed")
-    CANCELLED = "cancelled", _("cancelled")
-
-
-FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
-
-
-def validate_queue_name(name: object) -> str:
-    """`name` if it is a valid queue name, else InvalidJobError saying why."""
-    if not isinstance(name, str) or not QUEUE_NAME_PATTERN.fullmatch(name):
-        raise InvalidJobError(
-            f"queue name {name!r} is invalid: use letters, digits, '_', '-' and '.', "
-            f"starting with a letter or digit"
-        )
-    if len(name.encode()) > QUEUE_NAME_MAX_LENGTH:
-        raise InvalidJobError(
-            f"queue name {name!r} is {len(name.encode())} bytes; at most "
-            f"{QUEUE_NAME_MAX_LENGTH} are allowed"
-        )
-    return name
 
 
 def _validate_priority(priority: object) -> int:
@@ -139,11 +104,6 @@ def _call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Si
         return None
     parameters = list(signature.parameters.values())
     return signature.replace(parameters=parameters[1:] if takes_context else parameters)
-
-
-def _batches(calls: Iterator[T], size: int) -> Iterator[list[T]]:
-    while batch := list(itertools.islice(calls, size)):
-        yield batch
 
 
 def default_retry_policy() -> RetryPolicy:
@@ -310,28 +270,9 @@ class Task(Generic[P, R]):
 
     def build(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """An unsaved, checked Job for this call. Raises InvalidJobError before any SQL."""
-        from django_skipqueue.models import Job
+        return self._jobs().build(self, args, kwargs)
 
-        conf = get_settings()
-        self.check_call(args, kwargs)
-        plain_args, plain_kwargs = normalize_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES)
-        self._check_limits(1)
-        job = Job(
-            task=self.name,
-            args=plain_args,
-            kwargs=plain_kwargs,
-            queue_name=self.queue_name,
-            priority=self.priority,
-            max_attempts=self.resolved_max_attempts,
-            lease=self.resolved_lease,
-        )
-        if self.run_after is not None:
-            from django_skipqueue.managers import _run_at
-
-            job.run_at = _run_at(self.run_after)
-        return job
-
-    def _check_limits(self, adding: int) -> None:
+    def check_limits(self, adding: int) -> None:
         """The volume guards (case S11, docs/explanation/failure-model.md), before any SQL.
 
         max_attempts and run_after against their caps; with MAX_PENDING_PER_QUEUE, the
@@ -357,15 +298,7 @@ class Task(Generic[P, R]):
                 )
         cap = conf.MAX_PENDING_PER_QUEUE
         if cap is not None:
-            from django.db import connections
-
-            with connections[self.get_database()].cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM (SELECT 1 FROM skipqueue_job WHERE state = 'pending' "
-                    "AND queue_name = %s LIMIT %s) AS capped",
-                    [self.queue_name, cap],
-                )
-                pending = cursor.fetchone()[0]
+            pending = self._jobs().pending_up_to(self.queue_name, cap)
             if pending + adding > cap:
                 raise QueueFullError(
                     f"queue {self.queue_name!r} holds {pending} pending jobs; adding {adding} "
@@ -376,19 +309,9 @@ class Task(Generic[P, R]):
         """INSERT a pending job in the caller's transaction and return it.
 
         Nothing is written if the arguments do not survive JSON; the job exists if and
-        only if the caller's transaction commits.
+        only if the caller's transaction commits. See `JobManager.enqueue`.
         """
-        from django.db.models import signals
-
-        from django_skipqueue.models import Job
-
-        if signals.pre_save.has_listeners(Job) or signals.post_save.has_listeners(Job):
-            job = self.build(*args, **kwargs)  # the ORM's save(), for the receivers
-            job.save(force_insert=True, using=self.get_database())
-            return job
-        # Measured: the same one-statement INSERT as enqueue_many skips compiling 20
-        # fields per call (about a fifth of an enqueue).
-        return self.enqueue_many([(args, kwargs)])[0]
+        return self._jobs().enqueue(self, args, kwargs)
 
     @overload
     def enqueue_many(
@@ -425,86 +348,19 @@ class Task(Generic[P, R]):
         batch checked and then written, and only the ids come back: memory stays
         bounded by the batch, for fan-outs of millions. A bad call then raises after
         the batches before it were written; wrap the call in `transaction.atomic()` so
-        that none of them commits.
+        that none of them commits. See `JobManager.enqueue_many`.
         """
-        from django_skipqueue.loading import loaded_jobs
+        jobs = self._jobs()
+        if ids_only:
+            return jobs.enqueue_many(self, calls, batch_size=batch_size, ids_only=True)
+        return jobs.enqueue_many(self, calls, batch_size=batch_size)
+
+    def _jobs(self) -> JobManager:
+        """Job.objects on this task's database (imported here: `@task` runs at import
+        time of user modules, possibly before the app registry is ready)."""
         from django_skipqueue.models import Job
 
-        if batch_size < 1:
-            raise InvalidJobError(f"batch_size must be at least 1, got {batch_size}")
-        if ids_only:
-            ids: list[int] = []
-            for some in _batches(iter(calls), batch_size):
-                inserted, _, _ = self._insert(self._checked(some))
-                ids.extend(inserted)
-            return ids
-        checked = self._checked(list(calls))
-        alias = self.get_database()
-        names = [field.attname for field in Job._meta.concrete_fields]
-        template = dict.fromkeys(names) | {
-            "task": self.name,
-            "queue_name": self.queue_name,
-            "priority": self.priority,
-            "state": JobState.PENDING,
-            "lease": self.resolved_lease,
-            "attempts": 0,
-            "max_attempts": self.resolved_max_attempts,
-            "expirations": 0,
-            "releases": 0,
-            "last_error": "",
-        }
-        jobs: list[Job] = []
-        for start in range(0, len(checked), batch_size):
-            batch = checked[start : start + batch_size]
-            inserted, job_run_at, created_at = self._insert(batch)
-            shared = template | {"run_at": job_run_at, "created_at": created_at}
-            jobs.extend(
-                loaded_jobs(
-                    alias,
-                    names,
-                    (
-                        shared | {"id": job_id, "args": args, "kwargs": kwargs, "errors": []}
-                        for (args, kwargs, _, _), job_id in zip(batch, inserted, strict=True)
-                    ),
-                )
-            )
-        return jobs
-
-    def _checked(
-        self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]
-    ) -> list[tuple[list[Any], dict[str, Any], str, str]]:
-        """Each call bound to the signature and encoded, then the volume guards."""
-        limit = get_settings().MAX_PAYLOAD_BYTES
-        checked = []
-        for args, kwargs in calls:
-            self.check_call(args, kwargs)
-            checked.append(encode_arguments(args, kwargs, limit=limit))
-        self._check_limits(len(checked))
-        return checked
-
-    def _insert(
-        self, batch: Sequence[tuple[list[Any], dict[str, Any], str, str]]
-    ) -> tuple[list[int], datetime, datetime]:
-        """One INSERT of checked calls: their ids, and the run_at and created_at they share."""
-        from django.db import connections
-
-        from django_skipqueue import sql
-
-        params: dict[str, Any] = {
-            "task": self.name,
-            "queue": self.queue_name,
-            "priority": self.priority,
-            "run_at": self.run_after if isinstance(self.run_after, datetime) else None,
-            "delay": self.run_after if isinstance(self.run_after, timedelta) else timedelta(0),
-            "lease": self.resolved_lease,
-            "max_attempts": self.resolved_max_attempts,
-            "args": [args_json for _, _, args_json, _ in batch],
-            "kwargs": [kwargs_json for _, _, _, kwargs_json in batch],
-        }
-        with connections[self.get_database()].cursor() as cursor:
-            cursor.execute(sql.ENQUEUE_MANY, params)
-            ids, run_at, created_at = cursor.fetchone()
-        return ids, run_at, created_at
+        return Job.objects.db_manager(self.get_database())
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name}>"

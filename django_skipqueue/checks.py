@@ -19,6 +19,7 @@ from django.core.checks import Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
 
 from django_skipqueue.conf import KNOWN_KEYS, get_settings
+from django_skipqueue.registry import registry
 
 
 @register()
@@ -100,8 +101,6 @@ def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_task_limits(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    from django_skipqueue.registry import registry
-
     conf = get_settings()
     if conf.problems():
         return []  # E002 says what is wrong with the settings first

@@ -31,6 +31,7 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.faults import is_row_fault, is_transient
 from django_skipqueue.managers import ErrorInfo
+from django_skipqueue.models import Job, JobState
 from django_skipqueue.payload import Undecodable, encoded_size, normalize, storable_text
 from django_skipqueue.redaction import redact_text
 from django_skipqueue.registry import registry
@@ -110,8 +111,6 @@ def execute(
     worker acknowledges the jobs that finished meanwhile in one fenced statement), and
     None is returned: the outcome is known once the ack is.
     """
-    from django_skipqueue.models import Job
-
     database = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.db_manager(database)
     attempt = job.attempts
@@ -178,8 +177,6 @@ def record_ack_error(
 ) -> Execution:
     """A success whose own ack the database refused (not by the connection): the job
     fails with that error, as if the task had raised it (not retried for a bad row)."""
-    from django_skipqueue.models import Job
-
     task = registry.get(job.task) if job.task in registry else None
     jobs = Job.objects.db_manager(database)
     return _record_failure(jobs, job, attempt, task, error, duration, database)
@@ -191,8 +188,6 @@ def committed_before(jobs: Any, refused: list[tuple[int, int]]) -> set[int]:
     A retried ack is refused when the first try committed but its answer was lost:
     the job is then done with exactly that attempt number.
     """
-    from django_skipqueue.models import JobState
-
     done = jobs.filter(id__in=[job_id for job_id, _ in refused], state=JobState.DONE)
     found = set(done.values_list("id", "attempts"))
     return {job_id for job_id, attempt in refused if (job_id, attempt) in found}
@@ -202,8 +197,6 @@ def record_success(
     job: Job, attempt: int, result: Any, duration: float, *, acked: bool
 ) -> Execution:
     """Log and signal a success whose fenced ack was answered (`acked`: accepted)."""
-    from django_skipqueue.models import Job
-
     if not acked:
         return _lost(job, attempt, duration)
     logger.info(
@@ -336,8 +329,6 @@ def _record_failure(
     duration: float,
     database: str,
 ) -> Execution:
-    from django_skipqueue.models import Job, JobState
-
     error = describe_error(raised)
     retry_in: timedelta | None = None
     if _is_retryable(task, raised):
@@ -413,8 +404,6 @@ def persist(write: Callable[[], T], *, give_up_after: float, what: str, database
 
 
 def _lost(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:
-    from django_skipqueue.models import Job
-
     logger.warning(
         "job lease lost id=%s task=%s attempt=%d: outcome refused by the fence",
         job.id,

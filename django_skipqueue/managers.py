@@ -9,25 +9,33 @@ unexpired lease in its own WHERE, so a stale attempt changes nothing (0 rows).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from django.db import DatabaseError, connections, models, transaction
-from django.db.models import Expression, F, Func, Value
+from django.db.models import Expression, F, Func, Value, signals
 from django.db.models.functions import Greatest, JSONObject, Least, Now
 
-from django_skipqueue.base import CLAIM_ORDER, FINISHED_STATES, JobState
+from django_skipqueue import sql
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.faults import is_transient
-from django_skipqueue.loading import fetch_jobs
-from django_skipqueue.payload import encode, storable_text
+from django_skipqueue.loading import fetch_jobs, loaded_jobs
+from django_skipqueue.payload import encode, encode_arguments, normalize_arguments, storable_text
+from django_skipqueue.states import CLAIM_ORDER, FINISHED_STATES, JobState
 
 if TYPE_CHECKING:
+    from django_skipqueue.base import Task
     from django_skipqueue.models import Job, WorkerProcess
     from django_skipqueue.payload import JSONValue
+
+T = TypeVar("T")
+#: A call checked for enqueue: plain args, plain kwargs, and their JSON texts.
+Checked: TypeAlias = "tuple[list[Any], dict[str, Any], str, str]"
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +179,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         try:
             with connections[self.db].cursor() as cursor:
                 cursor.execute(statement, params)
-                claimed = fetch_jobs(cursor, self.db)
+                claimed = fetch_jobs(self.model, cursor, self.db)
         except DatabaseError as error:
             if is_transient(error):
                 raise
@@ -189,8 +197,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lease: timedelta | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The claim's SQL and parameters (see `sql.claim_statement`), for claim and EXPLAIN."""
-        from django_skipqueue import sql
-
         names = list(queues)
         columns = tuple(field.column for field in self.model._meta.concrete_fields)
         params: dict[str, Any] = {
@@ -210,8 +216,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         ends failed with the database's error, so it cannot stop its queue; every other
         row is claimed as usual. One transaction, committed before returning.
         """
-        from django_skipqueue import sql
-
         columns = tuple(field.column for field in self.model._meta.concrete_fields)
         one_row = sql.claim_statement(sql.ONE_ROW, columns)
         queues = params["queues"]
@@ -229,7 +233,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 try:
                     with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
                         cursor.execute(one_row, {**params, "queues": queue_list, "only": job_id})
-                        claimed.extend(fetch_jobs(cursor, self.db))
+                        claimed.extend(fetch_jobs(self.model, cursor, self.db))
                 except DatabaseError as error:
                     if is_transient(error):
                         raise
@@ -253,6 +257,160 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             if is_transient(error):
                 raise
             logger.error("job cannot be written id=%s: %s; then: %s", job_id, why, error)
+
+    # -- enqueue: INSERTs in the caller's transaction ------------------------------------
+
+    def build(self, task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        """An unsaved, checked Job for one call of `task`. InvalidJobError before any SQL."""
+        task.check_call(args, kwargs)
+        plain_args, plain_kwargs = normalize_arguments(
+            args, kwargs, limit=get_settings().MAX_PAYLOAD_BYTES
+        )
+        task.check_limits(1)
+        job = self.model(
+            task=task.name,
+            args=plain_args,
+            kwargs=plain_kwargs,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            max_attempts=task.resolved_max_attempts,
+            lease=task.resolved_lease,
+        )
+        if task.run_after is not None:
+            job.run_at = _run_at(task.run_after)
+        return job
+
+    def enqueue(self, task: Task[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        """INSERT one pending job of `task` in the caller's transaction and return it.
+
+        One statement (`sql.ENQUEUE_MANY`), unless a pre_save or post_save receiver is
+        connected for Job: then the ORM's save(), so that the receivers see it.
+        """
+        if signals.pre_save.has_listeners(self.model) or signals.post_save.has_listeners(
+            self.model
+        ):
+            job = self.build(task, args, kwargs)
+            job.save(force_insert=True, using=self.db)
+            return job
+        # Measured: the same one-statement INSERT as enqueue_many skips compiling 20
+        # fields per call (about a fifth of an enqueue).
+        return self.enqueue_many(task, [(args, kwargs)])[0]
+
+    @overload
+    def enqueue_many(
+        self,
+        task: Task[Any, Any],
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int = ...,
+        ids_only: Literal[False] = ...,
+    ) -> list[Job]: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        task: Task[Any, Any],
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int = ...,
+        ids_only: Literal[True],
+    ) -> list[int]: ...
+
+    def enqueue_many(
+        self,
+        task: Task[Any, Any],
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int = 5000,
+        ids_only: bool = False,
+    ) -> list[Job] | list[int]:
+        """INSERT a pending job of `task` per call, one statement per `batch_size`.
+
+        See `Task.enqueue_many` for `ids_only`. Statements: `sql.ENQUEUE_MANY`, one per
+        batch, in the caller's transaction; the returned jobs are built from what that
+        statement returns (ids, run_at, created_at) and the checked calls.
+        """
+        if batch_size < 1:
+            raise InvalidJobError(f"batch_size must be at least 1, got {batch_size}")
+        if ids_only:
+            ids: list[int] = []
+            for some in _batches(iter(calls), batch_size):
+                inserted, _, _ = self._insert(task, self._checked(task, some))
+                ids.extend(inserted)
+            return ids
+        checked = self._checked(task, list(calls))
+        names = [field.attname for field in self.model._meta.concrete_fields]
+        defaults = {
+            field.attname: field.get_default()
+            for field in self.model._meta.concrete_fields
+            if field.has_default()
+        }
+        template = (
+            dict.fromkeys(names)
+            | defaults
+            | {
+                "task": task.name,
+                "queue_name": task.queue_name,
+                "priority": task.priority,
+                "lease": task.resolved_lease,
+                "max_attempts": task.resolved_max_attempts,
+            }
+        )
+        jobs: list[Job] = []
+        for start in range(0, len(checked), batch_size):
+            batch = checked[start : start + batch_size]
+            inserted, run_at, created_at = self._insert(task, batch)
+            shared = template | {"run_at": run_at, "created_at": created_at}
+            jobs.extend(
+                loaded_jobs(
+                    self.model,
+                    self.db,
+                    names,
+                    (
+                        shared | {"id": job_id, "args": args, "kwargs": kwargs, "errors": []}
+                        for (args, kwargs, _, _), job_id in zip(batch, inserted, strict=True)
+                    ),
+                )
+            )
+        return jobs
+
+    def pending_up_to(self, queue_name: str, cap: int) -> int:
+        """Pending jobs of a queue, counted up to `cap` only (`sql.COUNT_PENDING_UP_TO`)."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.COUNT_PENDING_UP_TO, [queue_name, cap])
+            return int(cursor.fetchone()[0])
+
+    def _checked(
+        self, task: Task[Any, Any], calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[Checked]:
+        """Each call bound to the task's signature and encoded, then the volume guards."""
+        limit = get_settings().MAX_PAYLOAD_BYTES
+        checked = []
+        for args, kwargs in calls:
+            task.check_call(args, kwargs)
+            checked.append(encode_arguments(args, kwargs, limit=limit))
+        task.check_limits(len(checked))
+        return checked
+
+    def _insert(
+        self, task: Task[Any, Any], batch: Sequence[Checked]
+    ) -> tuple[list[int], datetime, datetime]:
+        """One INSERT of checked calls: their ids, and the run_at and created_at they share."""
+        params: dict[str, Any] = {
+            "task": task.name,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "run_at": task.run_after if isinstance(task.run_after, datetime) else None,
+            "delay": task.run_after if isinstance(task.run_after, timedelta) else timedelta(0),
+            "lease": task.resolved_lease,
+            "max_attempts": task.resolved_max_attempts,
+            "args": [args_json for _, _, args_json, _ in batch],
+            "kwargs": [kwargs_json for _, _, _, kwargs_json in batch],
+        }
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.ENQUEUE_MANY, params)
+            ids, run_at, created_at = cursor.fetchone()
+        return ids, run_at, created_at
 
     def ack(self, job_id: int, attempt: int, result: JSONValue = None) -> bool:
         """Mark done only if `attempt` still holds the lease. False: this attempt lost it.
@@ -279,8 +437,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         constraint, say), each row is acknowledged alone, in a savepoint, so that one
         bad row cannot fail the others. Without `errors`, a row's error is raised.
         """
-        from django_skipqueue import sql
-
         if not acks:
             return set()
         texts = [None if r is None else encode(r) for _, _, r in acks]
@@ -472,6 +628,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def _in_batches(ids: Iterable[int], size: int, write: Any) -> int:
         ids = list(ids)
         return sum(write(ids[start : start + size]) for start in range(0, len(ids), size))
+
+
+def _batches(calls: Iterator[T], size: int) -> Iterator[list[T]]:
+    while batch := list(itertools.islice(calls, size)):
+        yield batch
 
 
 def _savepoint_if_in_transaction(alias: str) -> Any:

@@ -9,15 +9,15 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.base import (
+from django_skipqueue.managers import JobManager, WorkerProcessQuerySet
+from django_skipqueue.payload import PayloadField
+from django_skipqueue.states import (
     CLAIM_ORDER,
     DEFAULT_QUEUE_NAME,
     FINISHED_STATES,
     QUEUE_NAME_MAX_LENGTH,
     JobState,
 )
-from django_skipqueue.managers import JobManager, WorkerProcessQuerySet
-from django_skipqueue.payload import PayloadField
 
 __all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "WorkerProcess"]
 

@@ -20,6 +20,7 @@ from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient
 from django_skipqueue.managers import ReapResult
+from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.sql import try_advisory_xact_lock
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,6 @@ class Reaper:
 
     def reap(self) -> HousekeepingResult:
         """Take back expired leases (pending again, or failed with no attempt left)."""
-        from django_skipqueue.models import Job
-
         with transaction.atomic(using=self.database):
             if not self._locked():
                 return HousekeepingResult(locked_out=True)
@@ -72,8 +71,6 @@ class Reaper:
         so a large backlog never becomes one huge statement or one long lock. With
         `dry_run`, count what would go and delete nothing.
         """
-        from django_skipqueue.models import JobState, WorkerProcess
-
         done = self._prune_jobs([JobState.DONE, JobState.CANCELLED], done_older_than, dry_run)
         failed = self._prune_jobs([JobState.FAILED], failed_older_than, dry_run)
         workers = 0
@@ -83,8 +80,6 @@ class Reaper:
         return HousekeepingResult(pruned_done=done, pruned_failed=failed, pruned_workers=workers)
 
     def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:
-        from django_skipqueue.models import Job
-
         if older_than is None:
             return 0
         old = Job.objects.db_manager(self.database).filter(

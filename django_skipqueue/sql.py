@@ -13,8 +13,8 @@ from typing import Any
 
 from psycopg import sql
 
-from django_skipqueue.base import validate_queue_name
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE
+from django_skipqueue.states import validate_queue_name
 
 #: The advisory lock that lets one housekeeper at a time reap and prune. A constant
 #: from the bytes "skipqueue" so it does not collide with the project's own locks.
@@ -156,4 +156,12 @@ SELECT array_agg(id ORDER BY id),
     COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
     statement_timestamp()
 FROM inserted
+"""
+
+# The volume guard of MAX_PENDING_PER_QUEUE: an index scan of at most `cap` entries of
+# the claim index, never a count of the whole queue. Raw for the LIMIT inside count().
+COUNT_PENDING_UP_TO = """
+SELECT count(*) FROM (
+    SELECT 1 FROM skipqueue_job WHERE state = 'pending' AND queue_name = %s LIMIT %s
+) AS capped
 """

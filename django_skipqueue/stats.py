@@ -14,8 +14,9 @@ from django.db import connections
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from django_skipqueue.base import JobState
 from django_skipqueue.conf import get_settings
+from django_skipqueue.models import Job, WorkerProcess
+from django_skipqueue.states import JobState
 
 
 @dataclass
@@ -37,8 +38,6 @@ class QueueStats:
 
 def queue_stats(database: str | None = None) -> list[QueueStats]:
     """One row per queue that has jobs or live workers, sorted by name."""
-    from django_skipqueue.models import Job, WorkerProcess
-
     alias = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.using(alias)
     now = Now()

@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_skipqueue.base import DEFAULT_QUEUE_NAME, Task
-from django_skipqueue.executor import Execution, execute
+from django_skipqueue.base import Task
+from django_skipqueue.states import DEFAULT_QUEUE_NAME
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
+    from django_skipqueue.executor import Execution
     from django_skipqueue.models import Job
 
 
@@ -60,6 +61,7 @@ def run_jobs(
     delay, or give such tasks a zero-delay RetryPolicy in tests.
     """
     from django_skipqueue.conf import get_settings
+    from django_skipqueue.executor import execute
     from django_skipqueue.models import Job
 
     alias = database or get_settings().DATABASE_ALIAS

@@ -35,12 +35,22 @@ from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from django_skipqueue import sql
-from django_skipqueue.base import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.conf import get_settings
-from django_skipqueue.executor import Execution, Outcome, end_open_transactions, execute
+from django_skipqueue.executor import (
+    Execution,
+    Outcome,
+    committed_before,
+    end_open_transactions,
+    execute,
+    persist,
+    record_ack_error,
+    record_success,
+)
 from django_skipqueue.faults import is_transient
+from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.reaper import Reaper
 from django_skipqueue.registry import registry
+from django_skipqueue.states import DEFAULT_QUEUE_NAME, validate_queue_name
 
 if TYPE_CHECKING:
     from django_skipqueue.models import Job, WorkerProcess
@@ -368,14 +378,6 @@ class Worker:
         is retried until answered (or a lease has passed), as for any outcome, and an
         ack refused after a retry is checked for having committed the first time.
         """
-        from django_skipqueue.executor import (
-            committed_before,
-            persist,
-            record_ack_error,
-            record_success,
-        )
-        from django_skipqueue.models import Job
-
         with self._lock:
             batch, self._finished_jobs = self._finished_jobs, []
         if not batch:
@@ -441,8 +443,6 @@ class Worker:
             logger.error("worker rolled back %s, left by a signal receiver", what_was_left)
 
     def _claim(self, limit: int) -> list[Job]:
-        from django_skipqueue.models import Job
-
         claimed = Job.objects.db_manager(self.database).claim(
             queues=self.queues, limit=limit, worker=self.process
         )
@@ -589,8 +589,6 @@ class Worker:
             return min((flight.renew_at for flight in self._flights.values()), default=1e18)
 
     def _renew_due_leases(self) -> None:
-        from django_skipqueue.models import Job
-
         now = time.monotonic()
         with self._lock:
             timed_out = [
@@ -679,8 +677,6 @@ class Worker:
             self._wake.set()
 
     def _heartbeat(self) -> None:
-        from django_skipqueue.models import WorkerProcess
-
         if self.process is None:
             return
         beat = WorkerProcess.objects.using(self.database).filter(id=self.process.id)
@@ -749,8 +745,6 @@ class Worker:
     def _register(self) -> None:
         """Record this worker's row; a passing error (no server yet, a read-only one) is
         retried with backoff until it goes through or the worker is stopped."""
-        from django_skipqueue.models import WorkerProcess
-
         backoff = Backoff()
         while True:
             try:
@@ -780,8 +774,6 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Give jobs in flight the grace period, release the rest, then end every thread."""
-        from django_skipqueue.models import Job, WorkerProcess
-
         unstarted = []  # claimed ahead, never started: released at once
         while self._release_prefetched:
             try:

@@ -288,7 +288,7 @@ def test_the_queue_table_carries_its_autovacuum_settings():
 @given(name=st.text(max_size=80))
 @hypothesis_settings(max_examples=300, deadline=None)
 def test_s6_any_queue_name_is_either_valid_or_refused_cleanly(name):
-    from django_skipqueue.base import validate_queue_name
+    from django_skipqueue.states import validate_queue_name
 
     try:
         validate_queue_name(name)

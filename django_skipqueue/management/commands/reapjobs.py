@@ -14,6 +14,7 @@ from django.db.models import F
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.management.commands.runworker import configure_logging, positive_seconds
+from django_skipqueue.models import Job
 from django_skipqueue.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -93,8 +94,6 @@ class Command(BaseCommand):
                 return
 
     def one_pass(self, reaper: Reaper, options: dict[str, Any]) -> HousekeepingResult:
-        from django_skipqueue.models import Job
-
         prune_workers = timedelta(seconds=get_settings().WORKER_PRUNE_AFTER_SECONDS)
         if options["dry_run"]:
             expired = Job.objects.using(reaper.database).expired()

@@ -12,9 +12,10 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_skipqueue.base import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.executor import Outcome
+from django_skipqueue.models import Job
+from django_skipqueue.states import validate_queue_name
 from django_skipqueue.worker import Worker
 
 logger = logging.getLogger("django_skipqueue")
@@ -228,8 +229,6 @@ class BurstProgress:
         import time
 
         from django.db import connections
-
-        from django_skipqueue.models import Job
 
         try:
             while not self.done.wait(0.5):

@@ -1,0 +1,50 @@
+"""The shared definitions every layer uses: job states, the claim order, queue names.
+
+A leaf: it imports nothing of this package but `exceptions` (a leaf too), so that any
+module may import it without a cycle.
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.exceptions import InvalidJobError
+
+DEFAULT_QUEUE_NAME = "default"
+#: Longest queue name: LISTEN/NOTIFY channels are "skipqueue_<queue>" within 63 bytes.
+QUEUE_NAME_MAX_LENGTH = 48
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+#: The claim's ORDER BY, which the claim index mirrors.
+CLAIM_ORDER = ("-priority", "run_at", "id")
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    DONE = "done", _("done")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+def validate_queue_name(name: object) -> str:
+    """`name` if it is a valid queue name, else InvalidJobError saying why."""
+    if not isinstance(name, str) or not QUEUE_NAME_PATTERN.fullmatch(name):
+        raise InvalidJobError(
+            f"queue name {name!r} is invalid: use letters, digits, '_', '-' and '.', "
+            f"starting with a letter or digit"
+        )
+    if len(name.encode()) > QUEUE_NAME_MAX_LENGTH:
+        raise InvalidJobError(
+            f"queue name {name!r} is {len(name.encode())} bytes; at most "
+            f"{QUEUE_NAME_MAX_LENGTH} are allowed"
+        )
+    return name

@@ -1,0 +1,118 @@
+"""The package's layers: imports flow one way, from commands down to `states.py`.
+
+Module-level imports of the package must form no cycle. A function-local import of the
+package is allowed only in the modules that may be imported before Django's app
+registry is ready (they must not import models at import time), and in `apps.ready()`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_skipqueue"
+
+#: Imported by user code at import time (`@task`, settings, the django.tasks backend, test
+#: helpers in a conftest), possibly before the app registry is ready; and the app config.
+BEFORE_THE_REGISTRY = {
+    "django_skipqueue",
+    "django_skipqueue.apps",
+    "django_skipqueue.base",
+    "django_skipqueue.backends",
+    "django_skipqueue.registry",
+    "django_skipqueue.testing",
+}
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = ast.parse(path.read_text())
+    return found
+
+
+def imported(node: ast.Import | ast.ImportFrom, names: set[str]) -> set[str]:
+    """The package's modules that an import statement imports."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in names}
+    base = node.module or ""
+    if base not in names:
+        return set()
+    found = {f"{base}.{alias.name}" for alias in node.names} & names
+    return found or {base}
+
+
+def is_type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def module_level_imports(tree: ast.Module, names: set[str]) -> set[str]:
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= imported(node, names)
+        elif isinstance(node, ast.If) and not is_type_checking(node):
+            for child in node.body + node.orelse:
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    found |= imported(child, names)
+        elif isinstance(node, ast.Try):
+            for child in node.body:
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    found |= imported(child, names)
+    return found
+
+
+def function_local_imports(tree: ast.Module, names: set[str]) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in ast.walk(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    found |= imported(child, names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    trees = modules()
+    names = set(trees)
+    return {name: module_level_imports(tree, names) - {name} for name, tree in trees.items()}
+
+
+def test_module_level_imports_of_the_package_form_no_cycle():
+    edges = graph()
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(edges.get(name, ())):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = "done"
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_states_is_a_leaf():
+    assert graph()["django_skipqueue.states"] <= {"django_skipqueue.exceptions"}
+
+
+def test_function_local_imports_only_where_the_app_registry_requires_them():
+    trees = modules()
+    names = set(trees)
+    offenders = {
+        name: sorted(local)
+        for name, tree in trees.items()
+        if name not in BEFORE_THE_REGISTRY
+        and (local := function_local_imports(tree, names) - {name})
+    }
+    assert offenders == {}
