@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections
@@ -53,6 +53,20 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"  # ended failed
     RELEASED = "released"  # attempt given back (Retry)
     LOST = "lost"  # the fence refused the write: this attempt had lost the job
+    UNKNOWN = "unknown"  # no answer from the database within a lease: the reaper owns it
+
+
+@dataclass(frozen=True)
+class Answer(Generic[T]):
+    """What became of a fenced write: its value if the database answered.
+
+    `unknown` means no answer came within a lease (the connection kept failing): the
+    write may or may not have happened, and the reaper will take the job back if it
+    did not. Not the same as a refusal by the fence, which is an answer.
+    """
+
+    value: T | None = None
+    unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,9 @@ def execute(
     except Retry as request:
         duration, delay = time.monotonic() - started, request.delay
         released = _persist(lambda: jobs.release(job.id, attempt, delay=delay), job, database)
-        if not released:
+        if released.unknown:
+            return _unknown(job, attempt, duration)
+        if not released.value:
             return _lost(job, attempt, duration)
         logger.info(
             "job released id=%s task=%s attempt=%d delay=%.3fs reason=%s",
@@ -167,9 +183,12 @@ def execute(
         acked = _persist(lambda: jobs.ack(job.id, attempt, result), job, database)
     except DatabaseError as refused:  # not the connection: this row's ack itself fails
         return record_ack_error(job, attempt, refused, duration, database)
-    if not acked:
-        acked = _persist(lambda: committed_before(jobs, [(job.id, attempt)]), job, database)
-    return record_success(job, attempt, result, duration, acked=bool(acked))
+    if not acked.unknown and not acked.value:  # a retried ack may have committed before
+        found = _persist(lambda: committed_before(jobs, [(job.id, attempt)]), job, database)
+        acked = Answer(job.id in (found.value or ()), unknown=found.unknown)
+    return record_success(
+        job, attempt, result, duration, acked=None if acked.unknown else bool(acked.value)
+    )
 
 
 def record_ack_error(
@@ -194,9 +213,12 @@ def committed_before(jobs: Any, refused: list[tuple[int, int]]) -> set[int]:
 
 
 def record_success(
-    job: Job, attempt: int, result: Any, duration: float, *, acked: bool
+    job: Job, attempt: int, result: Any, duration: float, *, acked: bool | None
 ) -> Execution:
-    """Log and signal a success whose fenced ack was answered (`acked`: accepted)."""
+    """Log and signal a success by what its fenced ack became: accepted (True),
+    refused by the fence (False), or unknown (None: no answer within a lease)."""
+    if acked is None:
+        return _unknown(job, attempt, duration)
     if not acked:
         return _lost(job, attempt, duration)
     logger.info(
@@ -334,9 +356,12 @@ def _record_failure(
     if _is_retryable(task, raised):
         policy = task.retry_policy if task is not None else default_retry_policy()
         retry_in = policy.delay(attempt)
-    state = _persist(
+    answer = _persist(
         lambda: jobs.fail(job.id, attempt, error=error, retry_in=retry_in), job, database
     )
+    if answer.unknown:
+        return _unknown(job, attempt, duration, error)
+    state = answer.value
     if state is None:
         return _lost(job, attempt, duration, error)
     if isinstance(raised, UnknownTaskError):
@@ -367,27 +392,28 @@ def _record_failure(
     return Execution(job.id, attempt, Outcome.FAILED, duration, error)
 
 
-def _persist(write: Callable[[], T], job: Job, database: str) -> T | None:
+def _persist(write: Callable[[], T], job: Job, database: str) -> Answer[T]:
     """Run a fenced write of `job`'s outcome; see `persist`."""
     return persist(
         write, give_up_after=job.lease.total_seconds(), what=f"id={job.id}", database=database
     )
 
 
-def persist(write: Callable[[], T], *, give_up_after: float, what: str, database: str) -> T | None:
+def persist(write: Callable[[], T], *, give_up_after: float, what: str, database: str) -> Answer[T]:
     """Run a fenced write, retrying through passing errors, never dropping it.
 
     A passing error (faults.is_transient: the connection, a read-only or restarting
     server) leaves the outcome unknown, so the write is retried with backoff
     (the fence makes a repeat harmless) until it is answered, or until `give_up_after`
     seconds (a whole lease) have passed: by then the lease has surely run out and the
-    write would be refused anyway, and the reaper owns the job. Returns None then.
+    write would be refused anyway, and the reaper owns the job. The answer then says
+    `unknown`; a database error that is not passing is raised.
     """
     give_up = time.monotonic() + give_up_after
     delay = 0.05
     while True:
         try:
-            return write()
+            return Answer(write())
         except DatabaseError as error:
             if not is_transient(error):
                 raise
@@ -397,10 +423,22 @@ def persist(write: Callable[[], T], *, give_up_after: float, what: str, database
                 pass
             if time.monotonic() + delay > give_up:
                 logger.error("job outcome not written %s: %s; left to the reaper", what, error)
-                return None
+                return Answer(unknown=True)
             logger.warning("job outcome write failed %s, retrying in %.2fs: %s", what, delay, error)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def _unknown(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:
+    logger.error(
+        "job outcome unknown id=%s task=%s attempt=%d: no answer from the database within "
+        "a lease; the reaper will take the job back if the write did not happen",
+        job.id,
+        job.task,
+        attempt,
+    )
+    signals.job_outcome_unknown.send(sender=Job, job=job)
+    return Execution(job.id, attempt, Outcome.UNKNOWN, duration, error)
 
 
 def _lost(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:

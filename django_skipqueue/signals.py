@@ -6,6 +6,8 @@
 - job_failed(job, error): the job ended failed (last attempt, or a non-retryable error).
 - job_released(job, delay): the attempt was given back (Retry, or a graceful stop).
 - job_lost(job): the attempt had lost its lease; its outcome was refused by the fence.
+- job_outcome_unknown(job): the outcome could not be written (no answer from the
+  database within a lease); the reaper takes the job back if the write did not happen.
 - job_reaped(requeued, failed): the reaper took back expired leases.
 """
 
@@ -19,4 +21,5 @@ job_retried = Signal()
 job_failed = Signal()
 job_released = Signal()
 job_lost = Signal()
+job_outcome_unknown = Signal()
 job_reaped = Signal()

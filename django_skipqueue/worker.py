@@ -37,6 +37,7 @@ from django.db.models.functions import Now
 from django_skipqueue import sql
 from django_skipqueue.conf import get_settings
 from django_skipqueue.executor import (
+    Answer,
     Execution,
     Outcome,
     committed_before,
@@ -396,14 +397,15 @@ class Worker:
             )
         except DatabaseError:  # not a passing error, and not one row's: log, leave
             logger.exception("worker could not acknowledge %s; left to the reaper", what)
-            answer = None
-        acked = set(answer or ())
+            answer = Answer(unknown=True)
+        unknown = answer.unknown
+        acked = set(answer.value or ())
         refused = [
             (item.job.id, item.attempt)
             for item in batch
             if item.job.id not in acked and item.job.id not in errors
         ]
-        if refused:
+        if refused and not unknown:
             try:
                 found = persist(
                     lambda: committed_before(jobs, refused),
@@ -411,10 +413,11 @@ class Worker:
                     what=what,
                     database=self.database,
                 )
-            except DatabaseError:  # not a passing error: count them lost, never crash
+            except DatabaseError:  # not a passing error: their outcome is unknown
                 logger.exception("worker could not check refused acks %s", what)
-                found = None
-            acked |= found or set()
+                found = Answer(unknown=True)
+            acked |= found.value or set()
+            unknown = found.unknown
         self.stats.acked_batches += 1
         for item in batch:
             execution = None
@@ -429,7 +432,7 @@ class Worker:
                         item.attempt,
                         item.result,
                         item.duration,
-                        acked=item.job.id in acked,
+                        acked=True if item.job.id in acked else (None if unknown else False),
                     )
             except Exception:
                 logger.exception("worker could not record job id=%s", item.job.id)

@@ -51,6 +51,7 @@ def received():
         "job_failed",
         "job_released",
         "job_lost",
+        "job_outcome_unknown",
     ):
 
         def receiver(sender, _name=name, **kwargs):
@@ -298,3 +299,28 @@ def test_an_error_whose_text_cannot_be_stored_is_stored_escaped_and_not_retried(
     assert entry["type"].endswith("Error")
     assert "raises_unstorable" in entry["traceback"]  # the real traceback, not a lease expiry
     assert job.last_error.endswith(shown)
+
+
+# -- issue 14, item 3: an outcome that could not be written is unknown, not lost -------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_ack_with_no_answer_within_a_lease_is_unknown_not_refused(received, caplog):
+    from django.db import connection
+
+    job = tasks.fails_over_before_its_ack.enqueue()
+    [claimed] = Job.objects.claim(queues=["default"])
+    try:
+        execution = execute(claimed)
+    finally:
+        connection.close()
+        with connection.cursor() as cursor:  # the failover ends
+            cursor.execute("SET default_transaction_read_only = off")  # this session first
+            cursor.execute("SELECT current_database()")
+            name = cursor.fetchone()[0]
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        connection.close()
+    assert execution.outcome is Outcome.UNKNOWN
+    assert "job outcome unknown" in caplog.text and "job lease lost" not in caplog.text
+    assert [name for name, _ in received][-1] == "job_outcome_unknown"
+    assert Job.objects.get(id=job.id).state == JobState.RUNNING  # the reaper's, now

@@ -232,3 +232,21 @@ def extends_then_waits(context: TaskContext, seconds: float, wait: float) -> flo
             [context.job_id],
         )
         return float(cursor.fetchone()[0])
+
+
+@task(lease=1.0)
+def fails_over_before_its_ack() -> str:
+    """The primary becomes a standby right after the body: every new session is
+    read-only, and this one is cut. The test turns it back."""
+    from django.db import OperationalError, connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_database()")
+        name = cursor.fetchone()[0]
+        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    except OperationalError:
+        pass
+    return "done, but who will say so?"
