@@ -8,12 +8,10 @@ except LISTEN, which the worker runs only on its own direct connection.
 from __future__ import annotations
 
 import functools
-from datetime import timedelta
 from typing import Any
 
 from psycopg import sql
 
-from django_skipqueue.conf import MAX_LEASE, MIN_LEASE
 from django_skipqueue.states import validate_queue_name
 
 #: The advisory lock that lets one housekeeper at a time reap and prune. A constant
@@ -65,10 +63,21 @@ def seconds_until_next_due(cursor: Any, queue_names: list[str]) -> float | None:
     return None if value is None else float(value)
 
 
-# The claim: one statement, one round trip, no ORM compilation (measured: the ORM form
-# took about 10 ms per claim, mostly compiling three queries; see benchmarks/). The
-# MATERIALIZED CTE keeps the planner from running the locking subquery more than once,
-# which could claim more rows than LIMIT (Oban commit 3990921; docs/explanation/protocol.md).
+# The claim. Which rows, and in which order, is JobQuerySet.claimable(), an ORM
+# QuerySet; its compiled locking query (SELECT id ... ORDER BY ... LIMIT n FOR NO KEY
+# UPDATE SKIP LOCKED) becomes the CTE of one claiming statement, so the rows are locked
+# and marked running in one round trip. The MATERIALIZED CTE keeps the planner from
+# running the locking subquery more than once, which could claim more rows than LIMIT
+# (Oban commit 3990921; finding 0.9 of docs/explanation/failure-model.md).
+#
+# Measured, side by side: the ORM's own statements (BEGIN, locking SELECT, UPDATE,
+# SELECT, COMMIT) cost 3.3 ms a claim of one job and 5.9 ms of 16 (0.37 ms a job), where
+# one raw statement cost 0.9 and 2.3 ms (0.14 ms a job), on PostgreSQL 15. This form
+# (the QuerySet compiled once, then one statement in autocommit) costs what the raw
+# statement does: 1.00x to 1.01x per job at 16 a claim and at 1, over three runs of
+# benchmarks/run.py --parts claimpath (embedded PostgreSQL 18, 2 cores; about 0.2 ms a
+# job at 16). Compiling on every claim, or wrapping the statement in atomic()'s BEGIN
+# and COMMIT, cost 10 to 40 % more a job.
 #
 # Whatever state a row was put in by hand or by another writer, this write keeps the
 # table's constraints: a job set back to pending with no attempt left gets one more
@@ -76,51 +85,33 @@ def seconds_until_next_due(cursor: Any, queue_names: list[str]) -> float | None:
 # for (a lease of `timedelta.max` would overflow the timestamp). It names the columns it
 # returns: a column added by a later migration must not reach an older worker.
 _CLAIM = """
-WITH claimable AS MATERIALIZED (
-    SELECT id FROM skipqueue_job
-    WHERE state = 'pending' AND run_at <= statement_timestamp() AND {queue_filter}
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
-)
+WITH claimable AS MATERIALIZED ({locking})
 UPDATE skipqueue_job AS job
 SET state = 'running',
     attempts = job.attempts + 1,
     max_attempts = GREATEST(job.max_attempts, job.attempts + 1),
-    worker_id = %(worker)s,
+    worker_id = %s,
     started_at = statement_timestamp(),
-    leased_until = statement_timestamp() + {lease}
+    leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s)
 FROM claimable
 WHERE job.id = claimable.id
 RETURNING {columns}
 """
 
-#: A lease within the bounds (conf.MIN_LEASE, conf.MAX_LEASE), from `%(lease)s` or the row.
-_CLAMPED_LEASE = "LEAST(GREATEST(COALESCE(%(lease)s, job.lease), %(min_lease)s), %(max_lease)s)"
-#: The row's own lease, clamped: the worker schedules its renewals by it.
-_CLAMPED_ROW_LEASE = "LEAST(GREATEST(job.lease, %(min_lease)s), %(max_lease)s)"
 
+@functools.lru_cache(maxsize=256)
+def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
+    """The claim around a compiled locking query, returning `columns` of each row.
 
-#: The claim's filters: one queue (plain equality, so the claim index yields rows already
-#: in claim order), several, or one given row (`%(only)s`, the row-by-row fallback).
-ONE_QUEUE = "queue_name = %(queues)s"
-QUEUES = "queue_name = ANY(%(queues)s)"
-ONE_ROW = "queue_name = ANY(%(queues)s) AND id = %(only)s"
-
-
-@functools.cache
-def claim_statement(queue_filter: str, columns: tuple[str, ...]) -> str:
-    """The claim with `queue_filter` (above), returning `columns` of each claimed row."""
+    Parameters, after the locking query's own: the worker's id, the lease (None: each
+    row's own), then the lease bounds twice (MIN_LEASE, MAX_LEASE: for the new lease
+    and for the lease returned, by which the worker schedules its renewals).
+    """
     returning = ", ".join(
-        f'job."{column}"' if column != "lease" else f"{_CLAMPED_ROW_LEASE} AS lease"
+        f'job."{column}"' if column != "lease" else "LEAST(GREATEST(job.lease, %s), %s) AS lease"
         for column in columns
     )
-    return _CLAIM.format(queue_filter=queue_filter, lease=_CLAMPED_LEASE, columns=returning)
-
-
-def lease_bounds() -> dict[str, timedelta]:
-    """The parameters `min_lease` and `max_lease` of the claim."""
-    return {"min_lease": MIN_LEASE, "max_lease": MAX_LEASE}
+    return _CLAIM.format(locking=locking, columns=returning)
 
 
 # The fenced ack, raw for the same measured reason as the claim: one statement for one

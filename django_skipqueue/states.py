@@ -7,6 +7,8 @@ module may import it without a cycle.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
+from typing import Any
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -22,6 +24,12 @@ QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 #: The claim's ORDER BY, which the claim index mirrors.
 CLAIM_ORDER = ("-priority", "run_at", "id")
+
+
+def sort_in_claim_order(jobs: list[Any]) -> None:
+    """Sort `jobs` in place by CLAIM_ORDER (stable sorts, last key first)."""
+    for key in reversed(CLAIM_ORDER):
+        jobs.sort(key=attrgetter(key.lstrip("-")), reverse=key.startswith("-"))
 
 
 class JobState(models.TextChoices):

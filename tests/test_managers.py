@@ -11,6 +11,9 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from django_skipqueue.managers import ErrorInfo
 from django_skipqueue.models import Job, JobState
@@ -109,15 +112,19 @@ def test_claim_honours_limit():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_claim_costs_the_same_statements_for_one_job_or_fifty():
-    JobFactory.create_batch(60)
+def test_claim_costs_one_statement_for_one_job_or_fifty():
+    JobFactory.create_batch(102)
+    for limit in (1, 50):  # the first claim of a limit compiles its QuerySet (once)
+        Job.objects.claim(queues=["default"], limit=limit)
 
-    def statements(limit: int) -> int:
+    def statements(limit: int) -> list[str]:
         with CaptureQueriesContext(connection) as queries:
             assert len(Job.objects.claim(queues=["default"], limit=limit)) == limit
-        return len(queries)
+        return [query["sql"] for query in queries]
 
-    assert statements(1) == statements(50)
+    one, fifty = statements(1), statements(50)
+    assert len(one) == len(fifty) == 1
+    assert "FOR NO KEY UPDATE SKIP LOCKED" in one[0] and "RETURNING" in one[0]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -418,8 +425,8 @@ def test_claim_uses_the_claim_index_with_100000_done_and_10000_pending_rows():
             """
         )
         cursor.execute("ANALYZE skipqueue_job")
-    statement, params = Job.objects.claim_statement(["default"], limit=10)
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        statement, params = Job.objects.claim_statement(["default"], limit=10)
         cursor.execute("EXPLAIN " + statement, params)  # plans; changes nothing
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "skipqueue_job_claim_idx" in plan, plan
@@ -640,3 +647,50 @@ def test_a_renewal_never_shortens_a_lease_the_task_extended():
     assert Job.objects.renew(job.id, job.attempts)  # the worker's own renewal
 
     assert Job.objects.filter(id=job.id, leased_until__gt=Now() + timedelta(seconds=55)).exists()
+
+
+# -- issue 14, item 1: the claim takes exactly what its QuerySet describes ---------------
+
+
+ROW = st.tuples(
+    st.sampled_from(["default", "other", "third"]),  # queue
+    st.integers(min_value=-2, max_value=2),  # priority
+    st.integers(min_value=-3, max_value=2),  # run_at: seconds ago, or (> 0) minutes ahead
+    st.sampled_from(["pending", "pending", "pending", "running", "done"]),  # state
+)
+
+
+@pytest.mark.django_db(transaction=True)
+@hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    rows=st.lists(ROW, max_size=25),
+    queues=st.lists(st.sampled_from(["default", "other", "third"]), min_size=1, unique=True),
+    limit=st.integers(min_value=1, max_value=8),
+)
+def test_the_claim_takes_exactly_the_rows_and_order_its_queryset_describes(rows, queues, limit):
+    Job.objects.all().delete()
+    jobs = [
+        Job(
+            task="tests.testapp.tasks.add",
+            args=[1, 2],
+            queue_name=queue,
+            priority=priority,
+            run_at=Now()
+            + (timedelta(minutes=offset) if offset > 0 else timedelta(seconds=offset - 1))
+            + timedelta(milliseconds=index),
+            state=state,
+            lease=timedelta(seconds=30),
+            max_attempts=5,
+            attempts=0 if state == "pending" else 1,
+        )
+        for index, (queue, priority, offset, state) in enumerate(rows)
+    ]
+    Job.objects.bulk_create(jobs)
+    with transaction.atomic():  # the QuerySet, evaluated (and locked) the ORM's way
+        described = list(Job.objects.claimable(queues).values_list("id", flat=True)[:limit])
+        transaction.set_rollback(True)
+
+    claimed = [job.id for job in Job.objects.claim(queues=queues, limit=limit)]
+
+    assert claimed == described
+    assert Job.objects.filter(id__in=claimed, state="running", attempts=1).count() == len(claimed)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from django_skipqueue.models import Job
 
@@ -148,12 +148,11 @@ def p99(values: list[float]) -> float:
 
 def claim_plan() -> tuple[str, int]:
     """EXPLAIN (ANALYZE, BUFFERS) of one claim, rolled back: the plan and buffers touched."""
-    with connection.cursor() as cursor:
-        cursor.execute("BEGIN")
+    with transaction.atomic(), connection.cursor() as cursor:
         statement, params = Job.objects.claim_statement(["default"], limit=1)
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("ROLLBACK")
+        transaction.set_rollback(True)
     top = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
     return plan, int(top[1]) + int(top[2] or 0) if top else 0
 
