@@ -26,6 +26,7 @@ from django_skipqueue.states import (
     DEFAULT_QUEUE_NAME,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    idempotency_key_of,
     validate_queue_name,
 )
 
@@ -128,7 +129,7 @@ class TaskContext:
     @property
     def idempotency_key(self) -> str:
         """Stable across every attempt of this job: hand it to external services."""
-        return f"skipqueue-job-{self.job_id}"
+        return idempotency_key_of(self.job_id)
 
     @property
     def is_last_attempt(self) -> bool:

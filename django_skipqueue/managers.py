@@ -132,6 +132,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Running jobs whose lease has run out and which the reaper has not yet taken back."""
         return self.filter(state=JobState.RUNNING, leased_until__lt=Now())
 
+    def reapable(self) -> tuple[JobQuerySet, JobQuerySet]:
+        """The expired jobs of this set the reaper sends back to pending (an attempt is
+        left) and those it ends failed (none is left)."""
+        expired = self.expired()
+        return (
+            expired.filter(attempts__lt=F("max_attempts")),
+            expired.filter(attempts__gte=F("max_attempts")),
+        )
+
     def repeatedly_expired(self, threshold: int) -> JobQuerySet:
         """Jobs whose lease ran out at least `threshold` times (poison suspects)."""
         return self.filter(expirations__gte=threshold)
@@ -560,7 +569,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         try:
             with _savepoint_if_in_transaction(self.db):
-                result = self._reap(self.expired())
+                result = self._reap(self.all())
         except DatabaseError as error:
             if is_transient(error):
                 raise
@@ -578,12 +587,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "errors": _AppendCapped(F("errors"), LEASE_EXPIRED.entry(), cap),
             "last_error": LEASE_EXPIRED.summary(),
         }
-        requeued = expired.filter(attempts__lt=F("max_attempts")).update(
-            state=JobState.PENDING, run_at=Now(), **written
-        )
-        failed = expired.filter(attempts__gte=F("max_attempts")).update(
-            state=JobState.FAILED, finished_at=Now(), **written
-        )
+        to_pending, to_failed = expired.reapable()
+        requeued = to_pending.update(state=JobState.PENDING, run_at=Now(), **written)
+        failed = to_failed.update(state=JobState.FAILED, finished_at=Now(), **written)
         return ReapResult(requeued=requeued, failed=failed)
 
     def _reap_row_by_row(self, batch_size: int = 1000) -> ReapResult:
@@ -595,7 +601,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for job_id in self.expired().values_list("id", flat=True)[:batch_size]:
             try:
                 with transaction.atomic(using=self.db):
-                    one = self._reap(self.expired().filter(id=job_id))
+                    one = self._reap(self.filter(id=job_id))
                 requeued, failed = requeued + one.requeued, failed + one.failed
             except DatabaseError as error:
                 if is_transient(error):
@@ -712,10 +718,16 @@ def _run_at(run_after: datetime | timedelta) -> datetime | Expression:
     return run_after
 
 
+def dead_after() -> timedelta:
+    """How long without a heartbeat before a worker counts as dead (WORKER_DEAD_AFTER_SECONDS)."""
+    return timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+
+
 class WorkerProcessQuerySet(models.QuerySet["WorkerProcess"]):
-    def alive(self, within: timedelta) -> WorkerProcessQuerySet:
-        """Workers whose heartbeat is newer than `within`, on the database clock."""
-        return self.filter(heartbeat_at__gte=Now() - Value(within))
+    def alive(self, within: timedelta | None = None) -> WorkerProcessQuerySet:
+        """Workers whose heartbeat is newer than `within` (default: `dead_after()`), on the
+        database clock."""
+        return self.filter(heartbeat_at__gte=Now() - Value(within or dead_after()))
 
     def dead(self, after: timedelta) -> WorkerProcessQuerySet:
         return self.filter(heartbeat_at__lt=Now() - Value(after))

@@ -17,6 +17,7 @@ from django_skipqueue.states import (
     FINISHED_STATES,
     QUEUE_NAME_MAX_LENGTH,
     JobState,
+    idempotency_key_of,
 )
 
 __all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "WorkerProcess"]
@@ -103,7 +104,7 @@ class Job(models.Model):
             # The claim: WHERE state = 'pending' AND queue_name = ... AND run_at <= now()
             # ORDER BY priority DESC, run_at, id.
             models.Index(
-                fields=["queue_name", "-priority", "run_at", "id"],
+                fields=["queue_name", *CLAIM_ORDER],
                 name="skipqueue_job_claim_idx",
                 condition=Q(state="pending"),
             ),
@@ -163,4 +164,4 @@ class Job(models.Model):
     @property
     def idempotency_key(self) -> str:
         """Stable across every attempt of this job: hand it to external services."""
-        return f"skipqueue-job-{self.id}"
+        return idempotency_key_of(self.id)

@@ -47,12 +47,20 @@ class Reaper:
         self.database = database or get_settings().DATABASE_ALIAS
         self.batch_size = batch_size
 
-    def reap(self) -> HousekeepingResult:
-        """Take back expired leases (pending again, or failed with no attempt left)."""
+    def reap(self, *, dry_run: bool = False) -> HousekeepingResult:
+        """Take back expired leases (pending again, or failed with no attempt left).
+
+        With `dry_run`, count what the reap would do (the same classification,
+        `JobQuerySet.reapable`) and change nothing.
+        """
+        jobs = Job.objects.db_manager(self.database)
+        if dry_run:
+            requeued, failed = jobs.reapable()
+            return HousekeepingResult(requeued=requeued.count(), failed=failed.count())
         with transaction.atomic(using=self.database):
             if not self._locked():
                 return HousekeepingResult(locked_out=True)
-            result: ReapResult = Job.objects.db_manager(self.database).reap()
+            result: ReapResult = jobs.reap()
         if result.total:
             signals.job_reaped.send(sender=Job, requeued=result.requeued, failed=result.failed)
         return HousekeepingResult(requeued=result.requeued, failed=result.failed)

@@ -4,7 +4,8 @@
 - job_succeeded(job, result, duration): the attempt returned and its ack was accepted.
 - job_retried(job, error, run_after): the attempt failed; the job will run again.
 - job_failed(job, error): the job ended failed (last attempt, or a non-retryable error).
-- job_released(job, delay): the attempt was given back (Retry, or a graceful stop).
+- job_released(job, delay): the attempt was given back by the task (Retry). A graceful
+  stop's releases are logged, not signalled.
 - job_lost(job): the attempt had lost its lease; its outcome was refused by the fence.
 - job_outcome_unknown(job): the outcome could not be written (no answer from the
   database within a lease); the reaper takes the job back if the write did not happen.

@@ -56,3 +56,8 @@ def validate_queue_name(name: object) -> str:
             f"{QUEUE_NAME_MAX_LENGTH} are allowed"
         )
     return name
+
+
+def idempotency_key_of(job_id: int) -> str:
+    """A job's idempotency key: stable across all its attempts; hand it to external services."""
+    return f"skipqueue-job-{job_id}"

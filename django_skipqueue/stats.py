@@ -79,8 +79,7 @@ def queue_stats(database: str | None = None) -> list[QueueStats]:
         entry.done_1h, entry.done_5m = item["done_1h"], item["done_5m"]
     for item in jobs.filter(state=JobState.FAILED).values("queue_name").annotate(n=Count("id")):
         row(item["queue_name"]).failed = item["n"]
-    alive = timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
-    for queues in WorkerProcess.objects.using(alias).alive(alive).values_list("queues", flat=True):
+    for queues in WorkerProcess.objects.using(alias).alive().values_list("queues", flat=True):
         for name in queues or []:
             row(name).live_workers += 1
     return [stats[name] for name in sorted(stats)]

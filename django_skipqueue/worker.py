@@ -48,13 +48,14 @@ from django_skipqueue.executor import (
     record_success,
 )
 from django_skipqueue.faults import is_transient
+from django_skipqueue.managers import dead_after
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.reaper import Reaper
 from django_skipqueue.registry import registry
 from django_skipqueue.states import DEFAULT_QUEUE_NAME, validate_queue_name
 
 if TYPE_CHECKING:
-    from django_skipqueue.models import Job, WorkerProcess
+    from django_skipqueue.managers import dead_after
 
 logger = logging.getLogger(__name__)
 
@@ -828,7 +829,7 @@ class Worker:
         if self.process is not None:
             try:
                 WorkerProcess.objects.using(self.database).filter(id=self.process.id).update(
-                    heartbeat_at=Now() - timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+                    heartbeat_at=Now() - dead_after()
                 )
             except DatabaseError:
                 pass

@@ -278,3 +278,31 @@ def test_a_history_that_is_not_a_list_of_entries_is_shown_not_a_500(superuser_cl
     for job in odd:
         url = reverse("admin:skipqueue_job_change", args=[job.id])
         assert superuser_client.get(url).status_code == 200
+
+
+def test_the_worker_list_costs_the_same_queries_for_one_worker_or_ten(superuser_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(workers: int) -> int:
+        WorkerProcess.objects.all().delete()
+        for pid in range(workers):
+            worker = WorkerProcess.objects.create(hostname="h", pid=pid, queues=["default"])
+            JobFactory(running=True, worker=worker)
+        with CaptureQueriesContext(connection) as captured:
+            assert (
+                superuser_client.get(
+                    reverse("admin:skipqueue_workerprocess_changelist")
+                ).status_code
+                == 200
+            )
+        return len(captured)
+
+    assert queries(1) == queries(10)
+
+
+def test_worker_rows_cannot_be_deleted_from_the_admin(superuser_client):
+    worker = WorkerProcess.objects.create(hostname="h", pid=1, queues=["default"])
+    url = reverse("admin:skipqueue_workerprocess_delete", args=[worker.id])
+    assert superuser_client.post(url, {"post": "yes"}).status_code == 403
+    assert WorkerProcess.objects.filter(id=worker.id).exists()

@@ -36,3 +36,17 @@ def test_a_reap_pass_in_the_housekeeper_isolates_a_row_it_cannot_reap():
         result = Reaper().reap()
 
     assert (result.requeued, result.failed) == (3, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dry_run_counts_what_the_reap_would_do_and_changes_nothing():
+    JobFactory.create_batch(3, expired=True)
+    JobFactory.create_batch(2, expired=True, attempts=5, max_attempts=5)
+    JobFactory(running=True)
+
+    counted = Reaper().reap(dry_run=True)
+
+    assert (counted.requeued, counted.failed) == (3, 2)
+    assert Job.objects.filter(state="running").count() == 6
+    done = Reaper().reap()
+    assert (done.requeued, done.failed) == (counted.requeued, counted.failed)

@@ -10,11 +10,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db.models import F
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.management.commands.runworker import configure_logging, positive_seconds
-from django_skipqueue.models import Job
+from django_skipqueue.management.arguments import configure_logging, positive_seconds
 from django_skipqueue.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -95,14 +93,7 @@ class Command(BaseCommand):
 
     def one_pass(self, reaper: Reaper, options: dict[str, Any]) -> HousekeepingResult:
         prune_workers = timedelta(seconds=get_settings().WORKER_PRUNE_AFTER_SECONDS)
-        if options["dry_run"]:
-            expired = Job.objects.using(reaper.database).expired()
-            reaped = HousekeepingResult(
-                requeued=expired.filter(attempts__lt=F("max_attempts")).count(),
-                failed=expired.filter(attempts__gte=F("max_attempts")).count(),
-            )
-        else:
-            reaped = reaper.reap()
+        reaped = reaper.reap(dry_run=options["dry_run"])
         pruned = reaper.prune(
             done_older_than=options["prune_done_older_than"],
             failed_older_than=options["prune_failed_older_than"],

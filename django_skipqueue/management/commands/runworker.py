@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -12,74 +11,20 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.executor import Outcome
+from django_skipqueue.management.arguments import (
+    configure_logging,
+    megabytes,
+    positive_int,
+    positive_seconds,
+    queue_name,
+    seconds,
+    zero_or_more_int,
+)
 from django_skipqueue.models import Job
-from django_skipqueue.states import validate_queue_name
 from django_skipqueue.worker import Worker
 
 logger = logging.getLogger("django_skipqueue")
-LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
-
-
-def _whole_number(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(
-            f"{value} is not positive" if minimum else f"{value} is negative"
-        )
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _whole_number(text, 1)
-
-
-def zero_or_more_int(text: str) -> int:
-    return _whole_number(text, 0)
-
-
-def _number(text: str, unit: str, *, allow_zero: bool) -> float:
-    """A finite number of `unit`: positive, or zero or more with `allow_zero`."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
-    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
-        kind = "zero or more" if allow_zero else "more than zero"
-        raise argparse.ArgumentTypeError(f"{text!r} must be {kind} {unit}")
-    return value
-
-
-def seconds(text: str) -> float:
-    return _number(text, "seconds", allow_zero=True)
-
-
-def positive_seconds(text: str) -> float:
-    return _number(text, "seconds", allow_zero=False)
-
-
-def megabytes(text: str) -> float:
-    return _number(text, "megabytes", allow_zero=False)
-
-
-def queue_name(text: str) -> str:
-    try:
-        return validate_queue_name(text)
-    except InvalidJobError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def configure_logging(command: BaseCommand, verbosity: int) -> None:
-    """Map --verbosity to our loggers' level; log to stdout unless a handler exists."""
-    logger.setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler(command.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
 
 
 class Command(BaseCommand):
