@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -23,6 +23,7 @@ from django.db import DatabaseError, connections
 from django_skipqueue import signals
 from django_skipqueue.base import TaskContext, default_retry_policy
 from django_skipqueue.conf import get_settings
+from django_skipqueue.connections import discard
 from django_skipqueue.exceptions import (
     InvalidJobError,
     Retry,
@@ -101,8 +102,9 @@ def describe_error(error: BaseException) -> ErrorInfo:
     )
 
 
-#: Takes over a success's fenced ack: (job, attempt, result, duration). It must end
-#: with `record_success()` once the ack is answered.
+#: A success whose ack is deferred: (job, attempt, result, duration in seconds).
+Success = tuple["Job", int, Any, float]
+#: Takes over a success's fenced ack; `acknowledge()` must record it later.
 DeferredAck = Callable[["Job", int, Any, float], None]
 
 
@@ -189,6 +191,90 @@ def execute(
     return record_success(
         job, attempt, result, duration, acked=None if acked.unknown else bool(acked.value)
     )
+
+
+def acknowledge(successes: Sequence[Success], database: str) -> list[Execution | None]:
+    """Acknowledge successes in one fenced statement, then log and signal each outcome.
+
+    Each job keeps its own fence (id, attempt, unexpired lease). A passing error is
+    retried until answered (or a lease has passed: the outcome is then unknown), and an
+    ack refused after a retry is checked for having committed the first time. A row
+    whose own ack the database refuses fails that job with the error. Returns each
+    success's Execution, in order (None where recording it failed, which is logged).
+    """
+    jobs = Job.objects.db_manager(database)
+    acks = [(job.id, attempt, result) for job, attempt, result, _ in successes]
+    give_up = min(job.lease.total_seconds() for job, _, _, _ in successes)
+    what = f"ids={','.join(str(job.id) for job, _, _, _ in successes[:10])}"
+    errors: dict[int, DatabaseError] = {}  # rows whose own ack the database refused
+    try:
+        answer = persist(
+            lambda: jobs.ack_many(acks, errors=errors),
+            give_up_after=give_up,
+            what=what,
+            database=database,
+        )
+    except DatabaseError:  # not a passing error, and not one row's: log, leave
+        logger.exception("worker could not acknowledge %s; left to the reaper", what)
+        answer = Answer(unknown=True)
+    unknown, acked = answer.unknown, set(answer.value or ())
+    refused = [
+        (job.id, attempt)
+        for job, attempt, _, _ in successes
+        if job.id not in acked and job.id not in errors
+    ]
+    if refused and not unknown:
+        try:
+            found = persist(
+                lambda: committed_before(jobs, refused),
+                give_up_after=give_up,
+                what=what,
+                database=database,
+            )
+        except DatabaseError:  # not a passing error: their outcome is unknown
+            logger.exception("worker could not check refused acks %s", what)
+            found = Answer(unknown=True)
+        acked |= found.value or set()
+        unknown = found.unknown
+    executions: list[Execution | None] = []
+    for job, attempt, result, duration in successes:
+        try:
+            if job.id in errors:
+                executions.append(
+                    record_ack_error(job, attempt, errors[job.id], duration, database)
+                )
+            else:
+                outcome = True if job.id in acked else (None if unknown else False)
+                executions.append(record_success(job, attempt, result, duration, acked=outcome))
+        except Exception:
+            logger.exception("worker could not record job id=%s", job.id)
+            executions.append(None)
+    # The success signals' receivers ran on this thread: nothing they left open may
+    # hold the next batch's acks uncommitted.
+    for left in end_open_transactions():
+        logger.error("worker rolled back %s, left by a signal receiver", left)
+    return executions
+
+
+def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> int:
+    """Give each attempt back at a graceful stop (fenced): pending again without
+    spending an attempt. Returns how many were released; the others had finished or
+    lost their lease, or the database did not answer (then the reaper takes them back).
+    """
+    jobs = Job.objects.db_manager(database)
+    released = 0
+    for job, attempt in attempts:
+        try:
+            if not jobs.release(job.id, attempt):
+                continue
+        except DatabaseError as error:
+            logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
+            continue
+        released += 1
+        logger.warning(
+            "job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt
+        )
+    return released
 
 
 def record_ack_error(
@@ -287,7 +373,7 @@ def _roll_back_left_open(database: str, depth: int) -> None:
             f"{len(connection.atomic_blocks) - depth} atomic() block(s) on {database!r}, "
             f"entered and never exited"
         )
-        _discard(connection)
+        discard(connection)
         del connection.atomic_blocks[depth:]
         connection.savepoint_ids = connection.savepoint_ids[: max(depth - 1, 0)]
         connection.in_atomic_block = depth > 0
@@ -317,19 +403,12 @@ def end_open_transactions() -> list[str]:
         if status == 0:  # IDLE: nothing open
             continue
         if status not in (1, 2, 3):  # UNKNOWN: the connection is broken, nothing is open
-            _discard(connection)
+            discard(connection)
             continue
         name = {1: "ACTIVE", 2: "INTRANS", 3: "INERROR"}[status]
         found.append(f"a transaction outside atomic() on {connection.alias!r}, status {name}")
-        _discard(connection)
+        discard(connection)
     return found
-
-
-def _discard(connection: Any) -> None:
-    try:
-        connection.close()
-    except DatabaseError:
-        pass
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
@@ -417,10 +496,7 @@ def persist(write: Callable[[], T], *, give_up_after: float, what: str, database
         except DatabaseError as error:
             if not is_transient(error):
                 raise
-            try:
-                connections[database].close()
-            except DatabaseError:
-                pass
+            discard(connections[database])
             if time.monotonic() + delay > give_up:
                 logger.error("job outcome not written %s: %s; left to the reaper", what, error)
                 return Answer(unknown=True)

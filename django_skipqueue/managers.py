@@ -12,6 +12,8 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
+import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -731,3 +733,20 @@ class WorkerProcessQuerySet(models.QuerySet["WorkerProcess"]):
 
     def dead(self, after: timedelta) -> WorkerProcessQuerySet:
         return self.filter(heartbeat_at__lt=Now() - Value(after))
+
+
+class WorkerProcessManager(models.Manager.from_queryset(WorkerProcessQuerySet)):  # type: ignore[misc]
+    """The worker registry's verbs; each one statement."""
+
+    def register(self, *, queues: Sequence[str], concurrency: int) -> WorkerProcess:
+        """The row of a worker starting in this process (hostname, pid, queues)."""
+        return self.create(
+            hostname=socket.gethostname()[:255],
+            pid=os.getpid(),
+            queues=list(queues),
+            concurrency=concurrency,
+        )
+
+    def mark_stopped(self, worker_id: Any) -> None:
+        """A worker stopped: its heartbeat is set as old as a dead one's, at once."""
+        self.filter(id=worker_id).update(heartbeat_at=Now() - dead_after())

@@ -9,7 +9,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.managers import JobManager, WorkerProcessQuerySet
+from django_skipqueue.managers import JobManager, WorkerProcessManager
 from django_skipqueue.payload import PayloadField
 from django_skipqueue.states import (
     CLAIM_ORDER,
@@ -34,7 +34,7 @@ class WorkerProcess(models.Model):
     started_at = models.DateTimeField(db_default=Now())
     heartbeat_at = models.DateTimeField(db_default=Now())
 
-    objects = WorkerProcessQuerySet.as_manager()
+    objects = WorkerProcessManager()
 
     class Meta:
         verbose_name = _("worker process")

@@ -1,0 +1,77 @@
+"""Each thread's database connections in a long-running process: health and backoff.
+
+Django manages connections around requests; a worker has none, so its threads check,
+recycle and discard their own connections here, and wait with jittered backoff before
+they reconnect after a passing error.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+#: CONN_HEALTH_CHECKS: the least time between two pings of one thread's connection.
+HEALTH_CHECK_SECONDS = 1.0
+
+
+def refresh_connections() -> None:
+    """Before and after each job: drop this thread's broken or expired connections.
+
+    Django's close_old_connections() closes every connection when CONN_MAX_AGE is 0,
+    which in a worker means a new connection for every job. Here CONN_MAX_AGE = 0 keeps
+    a connection for the thread's life; a positive CONN_MAX_AGE still recycles it, and
+    broken connections and ones left out of autocommit behave as in a request.
+    CONN_HEALTH_CHECKS pings before a job's first query at most once a second per
+    connection (measured: a ping per job cost a round trip per job at full speed); a
+    connection that broke in a job is checked or closed after it in any case.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        if connection.settings_dict["CONN_MAX_AGE"] != 0:
+            connection.close_if_unusable_or_obsolete()
+            continue
+        now = time.monotonic()
+        if now - getattr(connection, "skipqueue_checked_at", 0.0) >= HEALTH_CHECK_SECONDS:
+            # Django's own flag (not in django-stubs): CONN_HEALTH_CHECKS pings before next use.
+            connection.health_check_done = False  # type: ignore[attr-defined]
+            connection.skipqueue_checked_at = now  # type: ignore[attr-defined]
+        if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
+            connection.close()
+        elif connection.errors_occurred:
+            if connection.is_usable():
+                connection.errors_occurred = False
+                connection.health_check_done = True  # type: ignore[attr-defined]
+            else:
+                connection.close()
+
+
+def discard_connection(alias: str) -> None:
+    """Drop this thread's connection to `alias` after an error; the next query reconnects."""
+    discard(connections[alias])
+
+
+class Backoff:
+    """Exponential delays with jitter for reconnecting: 0.1 s doubling up to `cap`."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap, self.current = first, cap, first
+
+    def next(self) -> float:
+        delay = self.current * random.uniform(0.8, 1.2)
+        self.current = min(self.current * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.first
+
+
+def discard(connection: Any) -> None:
+    """Close a connection that may be broken, ignoring the error a broken one raises."""
+    try:
+        connection.close()
+    except DatabaseError:
+        pass

@@ -1,0 +1,107 @@
+"""The worker's held jobs (InFlight) and its claim sizing, without threads or a database."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from django_skipqueue.inflight import NEVER, ClaimSize, Finished, InFlight
+
+
+def job(job_id: int, lease: float = 3.0, attempts: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(id=job_id, lease=timedelta(seconds=lease), attempts=attempts)
+
+
+@pytest.fixture
+def held() -> InFlight:
+    return InFlight()
+
+
+def test_a_claimed_job_is_held_and_due_for_renewal_after_a_third_of_its_lease(held):
+    flight = held.add(job(1, lease=3.0), now=100.0, timeout=None)
+    assert (len(held), held.held(), flight.attempt) == (1, 1, 1)
+    assert held.next_renewal() == 101.0
+    assert held.due_renewals(100.9) == []
+    assert held.due_renewals(101.0) == [flight]
+    held.renewed(flight, now=101.0)
+    assert held.next_renewal() == 102.0
+
+
+def test_a_refused_renewal_is_never_tried_again(held):
+    flight = held.add(job(1), now=0.0, timeout=None)
+    held.renewal_refused(flight)
+    assert held.due_renewals(1e9) == [] and held.next_renewal() == NEVER
+
+
+def test_a_timeout_counts_from_the_start_not_the_claim(held):
+    flight = held.add(job(1), now=0.0, timeout=5.0)
+    assert held.timed_out(100.0) == []  # buffered: no timeout yet
+    held.start(flight.job, threading.current_thread(), now=50.0)
+    assert held.timed_out(54.9) == []
+    assert held.timed_out(55.0) == [flight]
+    assert held.due_renewals(56.0) == []  # past its timeout: no longer renewed
+
+
+def test_a_success_waits_for_its_ack_and_is_not_counted_as_held_meanwhile(held):
+    thread = threading.current_thread()
+    flight = held.add(job(1), now=0.0, timeout=1.0)
+    held.start(flight.job, thread, now=0.0)
+    held.queue_ack(Finished(flight.job, 1, "result", 0.1))
+    held.stop_running(thread)
+    assert (len(held), held.held(), held.busy) == (1, 0, 0)
+    assert held.timed_out(10.0) == []  # finished: never timed out
+    [batch] = held.take_acks()
+    assert batch.result == "result" and held.take_acks() == []
+    held.acked(1)
+    assert held.finish(1) is True and len(held) == 0
+
+
+def test_an_abandoned_job_is_counted_once_and_its_thread_retires(held):
+    thread = threading.current_thread()
+    flight = held.add(job(1), now=0.0, timeout=1.0)
+    held.start(flight.job, thread, now=0.0)
+    assert held.abandon(1) == 1  # one thread given up on
+    assert len(held) == 0  # no longer held, so no longer renewed
+    assert held.abandon(1) is None  # already gone
+    held.stop_running(thread)
+    assert held.finish(1) is False  # counted when it timed out
+    assert held.thread_retires(1) is True
+    assert held.thread_retires(1) is False
+
+
+def test_a_dead_thread_gives_up_its_job(held):
+    thread = threading.Thread(target=lambda: None)
+    flight = held.add(job(7), now=0.0, timeout=None)
+    held.start(flight.job, thread, now=0.0)
+    assert held.thread_died(thread) == 7
+    assert (len(held), held.busy) == (0, 0)
+    assert held.thread_died(thread) is None
+
+
+def test_unstarted_jobs_are_taken_back_and_the_rest_remain(held):
+    a, b, c = (held.add(job(n), now=0.0, timeout=None) for n in (1, 2, 3))
+    assert held.unstarted([1, 3, 99]) == [a, c]
+    assert held.remaining() == [b]
+
+
+def test_claim_size_adapts_the_prefetch_to_the_jobs_run_time():
+    sizing = ClaimSize(concurrency=4, fixed=None)
+    assert sizing.prefetch() == 0  # nothing known yet
+    sizing.observe(0.001)  # 1 ms jobs: 50 ms of work a thread, at most 16 a thread
+    assert sizing.prefetch() == 64
+    for _ in range(200):
+        sizing.observe(2.0)
+    assert sizing.prefetch() == 0  # long jobs stay in the table
+
+
+def test_claim_size_waits_for_half_the_room_unless_a_thread_is_idle():
+    sizing = ClaimSize(concurrency=4, fixed=4)
+    assert sizing.free(held=0, idle_thread=True) == 8
+    assert sizing.free(held=5, idle_thread=False) == 0  # 3 free < half of 8
+    assert sizing.free(held=5, idle_thread=True) == 3
+    assert sizing.free(held=8, idle_thread=True) == 0
+    with pytest.raises(ValueError, match="prefetch must be zero or more"):
+        ClaimSize(concurrency=1, fixed=-1)
