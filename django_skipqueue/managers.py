@@ -524,7 +524,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def fail(
         self, job_id: int, attempt: int, *, error: ErrorInfo, retry_in: timedelta | None
-    ) -> str | None:
+    ) -> JobState | None:
         """Record `error` for this attempt, then retry after `retry_in` or end failed.
 
         With `retry_in` None the error is not retryable and the job fails at once.
