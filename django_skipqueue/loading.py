@@ -1,7 +1,7 @@
-"""Job instances from raw rows, as the ORM would load them, without its per-row cost.
+"""Model instances from raw rows, as the ORM would load them, without its per-row cost.
 
-The claim (`UPDATE ... RETURNING job.*`) and the bulk enqueue run raw SQL for speed; the
-rows they return become ordinary Job instances here. Measured: RawQuerySet's model
+The claim (an `UPDATE ... RETURNING` of named columns) and the bulk enqueue run one
+statement each; the rows they return become ordinary Job instances here. Measured: RawQuerySet's model
 building and Model.__init__ took about half of a worker dispatcher's time at full
 speed, and more than the INSERT itself in enqueue_many.
 """
