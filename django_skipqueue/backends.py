@@ -37,6 +37,7 @@ except ImportError as error:  # Django 5.2
     ) from error
 
 from django_skipqueue.base import Task as SkipQueueTask
+from django_skipqueue.compat import set_on_frozen
 from django_skipqueue.conf import get_settings
 from django_skipqueue.exceptions import InvalidJobError, UnknownTaskError
 from django_skipqueue.registry import registry
@@ -187,5 +188,5 @@ class SkipQueueBackend(BaseTaskBackend):
             ],
             worker_ids=worker_ids,
         )
-        object.__setattr__(result, "_return_value", job.result)
+        set_on_frozen(result, "_return_value", job.result)
         return result

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from django_skipqueue.compat import check_health_before_next_use, mark_healthy
+
 #: CONN_HEALTH_CHECKS: the least time between two pings of one thread's connection.
 HEALTH_CHECK_SECONDS = 1.0
 
@@ -37,14 +39,13 @@ def refresh_connections() -> None:
         now = time.monotonic()
         if now - getattr(connection, "skipqueue_checked_at", 0.0) >= HEALTH_CHECK_SECONDS:
             # Django's own flag (not in django-stubs): CONN_HEALTH_CHECKS pings before next use.
-            connection.health_check_done = False  # type: ignore[attr-defined]
+            check_health_before_next_use(connection)
             connection.skipqueue_checked_at = now  # type: ignore[attr-defined]
         if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
             connection.close()
         elif connection.errors_occurred:
             if connection.is_usable():
-                connection.errors_occurred = False
-                connection.health_check_done = True  # type: ignore[attr-defined]
+                mark_healthy(connection)
             else:
                 connection.close()
 

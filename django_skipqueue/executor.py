@@ -22,6 +22,7 @@ from django.db import DatabaseError, connections
 
 from django_skipqueue import signals
 from django_skipqueue.base import TaskContext, default_retry_policy
+from django_skipqueue.compat import drop_atomic_blocks
 from django_skipqueue.conf import get_settings
 from django_skipqueue.connections import discard
 from django_skipqueue.exceptions import (
@@ -374,11 +375,7 @@ def _roll_back_left_open(database: str, depth: int) -> None:
             f"entered and never exited"
         )
         discard(connection)
-        del connection.atomic_blocks[depth:]
-        connection.savepoint_ids = connection.savepoint_ids[: max(depth - 1, 0)]
-        connection.in_atomic_block = depth > 0
-        connection.needs_rollback = False
-        connection.closed_in_transaction = False
+        drop_atomic_blocks(connection, depth)
     left.extend(end_open_transactions())
     if left:
         raise TransactionLeftOpenError(

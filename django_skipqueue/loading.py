@@ -1,9 +1,9 @@
 """Model instances from raw rows, as the ORM would load them, without its per-row cost.
 
 The claim (an `UPDATE ... RETURNING` of named columns) and the bulk enqueue run one
-statement each; the rows they return become ordinary Job instances here. Measured: RawQuerySet's model
-building and Model.__init__ took about half of a worker dispatcher's time at full
-speed, and more than the INSERT itself in enqueue_many.
+statement each; the rows they return become ordinary Job instances here. Measured:
+RawQuerySet's model building and Model.__init__ took about half of a worker
+dispatcher's time at full speed, and more than the INSERT itself in enqueue_many.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 from django.db import connections, models
 from django.db.models import signals
-from django.db.models.base import ModelState
+
+from django_skipqueue.compat import instance_from_row
 
 M = TypeVar("M", bound=models.Model)
 
@@ -31,14 +32,7 @@ def loaded_jobs(
     """
     if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
         return [model.from_db(alias, names, [row[name] for name in names]) for row in rows]
-    jobs = []
-    for row in rows:
-        job = model.__new__(model)
-        state = ModelState()
-        state.adding, state.db = False, alias
-        job.__dict__.update(row, _state=state)
-        jobs.append(job)
-    return jobs
+    return [instance_from_row(model, alias, row) for row in rows]
 
 
 def fetch_jobs(model: type[M], cursor: Any, alias: str) -> list[M]:

@@ -11,6 +11,7 @@ from typing import Any
 from django.dispatch import receiver
 
 from django_skipqueue import signals
+from django_skipqueue.compat import set_on_frozen
 from django_skipqueue.registry import registry
 
 
@@ -25,7 +26,7 @@ def _django_result(job: Any, status: str | None = None) -> tuple[Any, Any] | Non
     if status is not None:
         from django.tasks import TaskResultStatus
 
-        object.__setattr__(result, "status", TaskResultStatus[status])
+        set_on_frozen(result, "status", TaskResultStatus[status])
     return type(backend), result
 
 
@@ -44,7 +45,7 @@ def send_task_succeeded(sender: Any, job: Any, result: Any = None, **kwargs: Any
     if found:
         from django.tasks.signals import task_finished
 
-        object.__setattr__(found[1], "_return_value", result)
+        set_on_frozen(found[1], "_return_value", result)
         task_finished.send(found[0], task_result=found[1])
 
 

@@ -1,0 +1,75 @@
+"""Each use of Django's internals (compat.py) still does what the code relies on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from django.db import connection, transaction
+
+from django_skipqueue import compat
+from django_skipqueue.loading import fetch_jobs
+from django_skipqueue.models import Job
+from tests.factories import JobFactory
+
+
+@pytest.mark.django_db
+def test_an_instance_from_a_row_equals_what_the_orm_loads_and_saves_as_an_update():
+    job = JobFactory(kwargs={"x": 1})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM skipqueue_job WHERE id = %s", [job.id])
+        [built] = fetch_jobs(Job, cursor, "default")  # compat.instance_from_row
+    loaded = Job.objects.get(id=job.id)
+    fields = [field.attname for field in Job._meta.concrete_fields]
+    assert [getattr(built, name) for name in fields] == [getattr(loaded, name) for name in fields]
+    assert (built._state.adding, built._state.db) == (False, "default")
+    built.last_error = "changed"
+    built.save(update_fields=["last_error"])  # an UPDATE of the loaded row, not an INSERT
+    assert Job.objects.get(id=job.id).last_error == "changed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pending_health_check_pings_before_the_next_query(settings):
+    from django.test.utils import CaptureQueriesContext
+
+    connection.ensure_connection()
+    connection.settings_dict["CONN_HEALTH_CHECKS"] = True
+    try:
+        compat.check_health_before_next_use(connection)
+        assert connection.health_check_done is False
+        with CaptureQueriesContext(connection), connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # Django pings first, then sets the flag again
+        assert connection.health_check_done is True
+        connection.errors_occurred = True
+        compat.mark_healthy(connection)
+        assert (connection.errors_occurred, connection.health_check_done) == (False, True)
+    finally:
+        connection.settings_dict["CONN_HEALTH_CHECKS"] = False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dropping_atomic_blocks_a_task_left_leaves_a_usable_connection_in_autocommit():
+    transaction.atomic().__enter__()  # entered, never exited, as a task might
+    transaction.atomic().__enter__()
+    assert len(connection.atomic_blocks) == 2
+    connection.close()  # closed inside atomic(): Django marks it, cannot reconnect yet
+    compat.drop_atomic_blocks(connection, 0)
+    assert not connection.in_atomic_block and connection.get_autocommit()
+    JobFactory()  # a query runs, in autocommit
+    with transaction.atomic():  # and a new block works
+        assert Job.objects.count() == 1
+
+
+def test_a_frozen_dataclass_attribute_can_be_set():
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        status: str
+
+    frozen = Frozen("READY")
+    compat.set_on_frozen(frozen, "status", "SUCCESSFUL")
+    assert frozen.status == "SUCCESSFUL"
+    try:
+        from django.tasks.base import TaskResult
+    except ImportError:
+        return  # Django < 6: no django.tasks
+    assert dataclasses.is_dataclass(TaskResult) and TaskResult.__dataclass_params__.frozen
