@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -42,6 +42,9 @@ from django_skipqueue.conf import get_settings
 from django_skipqueue.exceptions import InvalidJobError, UnknownTaskError
 from django_skipqueue.registry import registry
 from django_skipqueue.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from django_skipqueue.models import Job
 
 STATUSES = {
     "pending": TaskResultStatus.READY,
@@ -166,7 +169,7 @@ class SkipQueueBackend(BaseTaskBackend):
             )
         return self.result_from_job(job, task)
 
-    def result_from_job(self, job: Any, task: DjangoTask) -> TaskResult:
+    def result_from_job(self, job: Job, task: DjangoTask) -> TaskResult:
         """A TaskResult that mirrors the job's row."""
         worker_ids = [str(job.worker_id or "")] * job.attempts
         result: TaskResult[Any, Any] = TaskResult(

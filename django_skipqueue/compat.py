@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 M = TypeVar("M", bound=models.Model)
@@ -26,20 +27,20 @@ def instance_from_row(model: type[M], alias: str, row: dict[str, Any]) -> M:
     return instance
 
 
-def check_health_before_next_use(connection: Any) -> None:
+def check_health_before_next_use(connection: BaseDatabaseWrapper) -> None:
     """Make CONN_HEALTH_CHECKS ping this connection before its next query (Django's
     `health_check_done` flag, set once per request in a web process)."""
-    connection.health_check_done = False
+    connection.health_check_done = False  # type: ignore[attr-defined]  # not in django-stubs
 
 
-def mark_healthy(connection: Any) -> None:
+def mark_healthy(connection: BaseDatabaseWrapper) -> None:
     """A connection that had errors answered a ping: clear Django's error flag and its
     pending health check, as `close_if_unusable_or_obsolete` would."""
     connection.errors_occurred = False
-    connection.health_check_done = True
+    connection.health_check_done = True  # type: ignore[attr-defined]
 
 
-def drop_atomic_blocks(connection: Any, depth: int) -> None:
+def drop_atomic_blocks(connection: BaseDatabaseWrapper, depth: int) -> None:
     """Forget the atomic() blocks above `depth` that a task entered and never exited.
 
     The connection must be closed first (the server rolls the transaction back); this
@@ -56,7 +57,7 @@ def drop_atomic_blocks(connection: Any, depth: int) -> None:
         connection.close()
 
 
-def set_on_frozen(instance: Any, name: str, value: Any) -> None:
+def set_on_frozen(instance: object, name: str, value: object) -> None:
     """Set an attribute of a frozen dataclass of Django's (`django.tasks.TaskResult`'s
     `status` and `_return_value`, which only Django's own backends otherwise write)."""
     object.__setattr__(instance, name, value)

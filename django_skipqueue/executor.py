@@ -40,7 +40,7 @@ from django_skipqueue.registry import registry
 
 if TYPE_CHECKING:
     from django_skipqueue.base import Task
-    from django_skipqueue.models import Job
+    from django_skipqueue.managers import JobManager
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -288,7 +288,7 @@ def record_ack_error(
     return _record_failure(jobs, job, attempt, task, error, duration, database)
 
 
-def committed_before(jobs: Any, refused: list[tuple[int, int]]) -> set[int]:
+def committed_before(jobs: JobManager, refused: list[tuple[int, int]]) -> set[int]:
     """Of refused acks, the ids whose ack had committed before its connection died.
 
     A retried ack is refused when the first try committed but its answer was lost:
@@ -419,7 +419,7 @@ def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
 
 
 def _record_failure(
-    jobs: Any,
+    jobs: JobManager,
     job: Job,
     attempt: int,
     task: Task[Any, Any] | None,

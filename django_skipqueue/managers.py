@@ -32,6 +32,9 @@ from django_skipqueue.payload import encode, encode_arguments, normalize_argumen
 from django_skipqueue.states import CLAIM_ORDER, FINISHED_STATES, JobState, sort_in_claim_order
 
 if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Callable
+
     from django_skipqueue.base import Task
     from django_skipqueue.models import Job, WorkerProcess
     from django_skipqueue.payload import JSONValue
@@ -440,6 +443,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     ) -> tuple[list[int], datetime, datetime]:
         """One INSERT of checked calls: their ids, and the run_at and created_at they share."""
         params: dict[str, Any] = {
+            **_insert_defaults(self.model),
             "task": task.name,
             "queue": task.queue_name,
             "priority": task.priority,
@@ -665,7 +669,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         )
 
     @staticmethod
-    def _in_batches(ids: Iterable[int], size: int, write: Any) -> int:
+    def _in_batches(ids: Iterable[int], size: int, write: Callable[[list[int]], int]) -> int:
         ids = list(ids)
         return sum(write(ids[start : start + size]) for start in range(0, len(ids), size))
 
@@ -694,6 +698,15 @@ def _locking_query(
             _LOCKING.clear()
         compiled = _LOCKING[key] = (sql_text, tuple(params))
     return compiled
+
+
+@functools.cache
+def _insert_defaults(model: type[Job]) -> dict[str, Any]:
+    """The model's defaults of the columns `sql.ENQUEUE_MANY` fills with them (the model
+    fields are their one source), as that statement's parameters."""
+    fields = {field.name: field for field in model._meta.concrete_fields}
+    values = {name: fields[name].get_default() for name in sql.ENQUEUE_DEFAULTS}
+    return values | {"state": str(values["state"]), "errors": encode(values["errors"])}
 
 
 @functools.cache
@@ -747,6 +760,6 @@ class WorkerProcessManager(models.Manager.from_queryset(WorkerProcessQuerySet)):
             concurrency=concurrency,
         )
 
-    def mark_stopped(self, worker_id: Any) -> None:
+    def mark_stopped(self, worker_id: uuid.UUID) -> None:
         """A worker stopped: its heartbeat is set as old as a dead one's, at once."""
         self.filter(id=worker_id).update(heartbeat_at=Now() - dead_after())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models.functions import Now
@@ -22,6 +22,9 @@ from django_skipqueue.faults import is_transient
 from django_skipqueue.managers import ReapResult
 from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.sql import try_advisory_xact_lock
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ class Reaper:
                     deleted += self._delete_row_by_row(old, ids, refused)
             logger.info("pruned jobs count=%d states=%s", deleted, ",".join(states))
 
-    def _delete_row_by_row(self, old: Any, ids: list[int], refused: list[int]) -> int:
+    def _delete_row_by_row(self, old: QuerySet[Job], ids: list[int], refused: list[int]) -> int:
         """Each row alone, in a savepoint; one that cannot be deleted (a project's
         foreign key or trigger, say) is logged and left, and the others go."""
         deleted = 0

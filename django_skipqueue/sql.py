@@ -8,11 +8,15 @@ except LISTEN, which the worker runs only on its own direct connection.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from psycopg import sql
 
 from django_skipqueue.states import validate_queue_name
+
+if TYPE_CHECKING:
+    import psycopg
+    from django.db.backends.utils import CursorWrapper
 
 #: The advisory lock that lets one housekeeper at a time reap and prune. A constant
 #: from the bytes "skipqueue" so it does not collide with the project's own locks.
@@ -28,7 +32,7 @@ def channel_name(queue_name: str) -> str:
     return CHANNEL_PREFIX + validate_queue_name(queue_name)
 
 
-def try_advisory_xact_lock(cursor: Any, key: int = REAPER_LOCK_KEY) -> bool:
+def try_advisory_xact_lock(cursor: CursorWrapper, key: int = REAPER_LOCK_KEY) -> bool:
     """Take a transaction-level advisory lock if free; released at commit or rollback.
 
     The ORM has no advisory locks. Transaction-level (never session-level) so that a
@@ -38,7 +42,7 @@ def try_advisory_xact_lock(cursor: Any, key: int = REAPER_LOCK_KEY) -> bool:
     return bool(cursor.fetchone()[0])
 
 
-def listen(connection: Any, queue_names: list[str]) -> None:
+def listen(connection: psycopg.Connection[tuple[object, ...]], queue_names: list[str]) -> None:
     """LISTEN on each queue's channel, on a raw psycopg connection in autocommit.
 
     The ORM cannot LISTEN, and a channel is an identifier, not a parameter: it is
@@ -48,7 +52,7 @@ def listen(connection: Any, queue_names: list[str]) -> None:
         connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(queue_name))))
 
 
-def seconds_until_next_due(cursor: Any, queue_names: list[str]) -> float | None:
+def seconds_until_next_due(cursor: CursorWrapper, queue_names: list[str]) -> float | None:
     """Seconds from the database's now until the earliest pending job of these queues.
 
     Computed on the database clock (the ORM would hand back a datetime to compare
@@ -127,6 +131,9 @@ WHERE job.id = v.id AND job.state = 'running' AND job.attempts = v.attempt
 RETURNING job.id
 """
 
+#: The columns ENQUEUE_MANY fills with the model fields' defaults (passed as parameters).
+ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")
+
 # Bulk enqueue: one INSERT per batch with one array parameter per column (measured: the
 # ORM's bulk_create compiled 20 fields x 20,000 rows into 400,000 parameters, about 40x
 # slower). The statement-level NOTIFY trigger fires once per statement. One row comes
@@ -136,9 +143,10 @@ ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at)
-    SELECT %(task)s, a::jsonb, k::jsonb, %(queue)s, %(priority)s, 'pending',
+    SELECT %(task)s, a::jsonb, k::jsonb, %(queue)s, %(priority)s, %(state)s,
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        %(lease)s::interval, 0, %(max_attempts)s, 0, 0, '', '[]', statement_timestamp()
+        %(lease)s::interval, %(attempts)s, %(max_attempts)s, %(expirations)s, %(releases)s,
+        %(last_error)s, %(errors)s::jsonb, statement_timestamp()
     FROM unnest(%(args)s::text[], %(kwargs)s::text[]) WITH ORDINALITY AS v(a, k, n)
     ORDER BY n
     RETURNING id

@@ -221,6 +221,26 @@ def test_enqueue_many_returns_jobs_exactly_as_the_orm_loads_them(receiver):
 
 
 @pytest.mark.django_db
+def test_the_one_statement_insert_writes_the_model_fields_defaults():
+    from django.db.models.signals import pre_save
+
+    def noop(sender, instance, **kwargs):
+        pass
+
+    fast = tasks.add.enqueue(1, 2)
+    pre_save.connect(noop, sender=Job)  # a receiver sends enqueue through Model.save()
+    try:
+        saved = tasks.add.enqueue(1, 2)
+    finally:
+        pre_save.disconnect(noop, sender=Job)
+    varying = {"id", "run_at", "created_at"}
+    rows = Job.objects.filter(id__in=[fast.id, saved.id]).order_by("id").values()
+    assert [{k: v for k, v in row.items() if k not in varying} for row in rows] == [
+        {k: v for k, v in rows[1].items() if k not in varying}
+    ] * 2
+
+
+@pytest.mark.django_db
 def test_the_payload_limit_counts_utf8_bytes_in_bulk_too(settings):
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PAYLOAD_BYTES": 20}
     tasks.returns_value.enqueue_many([(("a" * 14,), {})])  # ["aaaaaaaaaaaaaa"] and {}: 20 bytes
