@@ -7,13 +7,21 @@ they reconnect after a passing error.
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue.compat import check_health_before_next_use, mark_healthy
+from django_skipqueue.faults import is_transient
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: CONN_HEALTH_CHECKS: the least time between two pings of one thread's connection.
 HEALTH_CHECK_SECONDS = 1.0
@@ -70,7 +78,28 @@ class Backoff:
         self.current = self.first
 
 
-def discard(connection: Any) -> None:
+def retry_transient(
+    call: Callable[[], T], *, what: str, alias: str, stopping: threading.Event
+) -> T | None:
+    """`call()` until it goes through, backing off after each passing error (no server
+    yet, a read-only or restarting one); None if `stopping` is set first. Any other
+    error is raised."""
+    backoff = Backoff()
+    while True:
+        try:
+            return call()
+        except DatabaseError as error:
+            if not is_transient(error):
+                raise
+            if stopping.is_set():
+                return None
+            delay = backoff.next()
+            logger.warning("%s failed, retrying in %.2fs: %s", what, delay, error)
+            discard_connection(alias)
+            stopping.wait(delay)
+
+
+def discard(connection: BaseDatabaseWrapper) -> None:
     """Close a connection that may be broken, ignoring the error a broken one raises."""
     try:
         connection.close()

@@ -13,6 +13,7 @@ decision on a lease is the database's.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -200,6 +201,44 @@ class InFlight:
     def remaining(self) -> list[Flight]:
         with self._lock:
             return list(self._flights.values())
+
+
+class Buffer:
+    """Claimed jobs on their way from the dispatcher to the executor threads (FIFO).
+
+    `close(n)` ends n threads: each `get()` then returns None once the jobs before it
+    are taken. `drain()` takes back the jobs no thread has started.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+
+    def put(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def get(self) -> Job | None:
+        """The next job, waiting for one; None: this thread should end."""
+        return self._queue.get()
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def drain(self) -> list[int]:
+        """The ids of the jobs still waiting, taken out (up to an end marker)."""
+        taken = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                break
+            taken.append(job.id)
+        return taken
+
+    def close(self, threads: int) -> None:
+        for _ in range(threads):
+            self._queue.put(None)
 
 
 class ClaimSize:

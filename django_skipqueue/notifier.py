@@ -21,6 +21,9 @@ from django_skipqueue.connections import Backoff
 
 logger = logging.getLogger(__name__)
 
+#: How often a quiet listener looks at `halted`: an idle worker stops within this.
+HALT_CHECK_SECONDS = 0.05
+
 
 class Notifier:
     """LISTENs for `queues` on `database` and sets `wake` on each notification."""
@@ -63,7 +66,7 @@ class Notifier:
                 self.wake.set()  # anything enqueued while we were not listening
                 backoff.reset()
                 while not self.halted.is_set():
-                    for notify in raw.notifies(timeout=1.0, stop_after=1):
+                    for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
                         logger.debug("worker notified channel=%s", notify.channel)
                         self.wake.set()
             except Exception as error:  # noqa: BLE001  (psycopg's own errors come raw here)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import random
 import signal
 import threading
@@ -36,7 +35,12 @@ from django.db import DatabaseError, connections
 
 from django_skipqueue import sql
 from django_skipqueue.conf import get_settings
-from django_skipqueue.connections import Backoff, discard_connection, refresh_connections
+from django_skipqueue.connections import (
+    Backoff,
+    discard_connection,
+    refresh_connections,
+    retry_transient,
+)
 from django_skipqueue.executor import (
     Execution,
     Outcome,
@@ -47,7 +51,7 @@ from django_skipqueue.executor import (
 )
 from django_skipqueue.faults import is_transient
 from django_skipqueue.housekeeper import Housekeeper
-from django_skipqueue.inflight import ClaimSize, Finished, Flight, InFlight
+from django_skipqueue.inflight import Buffer, ClaimSize, Finished, Flight, InFlight
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.notifier import Notifier
 from django_skipqueue.registry import registry
@@ -75,6 +79,13 @@ class WorkerStats:
 
     def count(self, outcome: Outcome) -> int:
         return self.outcomes.get(outcome.value, 0)
+
+    def summary(self) -> str:
+        """Every count an operator reads at the end of a run, in `key=value` form."""
+        counts = {"claimed": self.claimed}
+        counts |= {outcome.value: self.count(outcome) for outcome in Outcome}
+        counts |= {"timed_out": self.timed_out, "released_on_stop": self.released_on_shutdown}
+        return " ".join(f"{key}={value}" for key, value in counts.items())
 
 
 class Worker:
@@ -117,7 +128,7 @@ class Worker:
         self.stop_reason = ""
 
         self.held = InFlight()
-        self._work: queue.Queue[Job | None] = queue.Queue()  # the buffer, for executors
+        self._work = Buffer()  # claimed jobs on their way to the executor threads
         self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
         self._stopping = threading.Event()  # no more claims
         self._halted = threading.Event()  # shutdown finished: helpers end
@@ -390,21 +401,13 @@ class Worker:
     def _register(self) -> None:
         """Record this worker's row; a passing error (no server yet, a read-only one) is
         retried with backoff until it goes through or the worker is stopped."""
-        backoff = Backoff()
-        while True:
-            try:
-                workers = WorkerProcess.objects.db_manager(self.database)
-                self.process = workers.register(queues=self.queues, concurrency=self.concurrency)
-                return
-            except DatabaseError as error:
-                if not is_transient(error):
-                    raise
-                if self._stopping.is_set():
-                    return
-                delay = backoff.next()
-                logger.warning("worker registration failed, retrying in %.2fs: %s", delay, error)
-                discard_connection(self.database)
-                self._stopping.wait(delay)
+        workers = WorkerProcess.objects.db_manager(self.database)
+        self.process = retry_transient(
+            lambda: workers.register(queues=self.queues, concurrency=self.concurrency),
+            what="worker registration",
+            alias=self.database,
+            stopping=self._stopping,
+        )
 
     def _start_threads(self) -> None:
         for _ in range(self.concurrency):
@@ -423,7 +426,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Give jobs in flight the grace period, release the rest, then end every thread."""
-        unstarted = self._take_back_buffer() if self._release_prefetched else []
+        # Jobs claimed ahead and never started: out of the buffer, to release at once.
+        unstarted = self.held.unstarted(self._work.drain()) if self._release_prefetched else []
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline:
             self._wake.clear()
@@ -442,34 +446,12 @@ class Worker:
             except DatabaseError:
                 pass
         connections.close_all()
-        logger.info(
-            "worker stopped reason=%s claimed=%d succeeded=%d failed=%d lost=%d released=%d",
-            self.stop_reason or "-",
-            self.stats.claimed,
-            self.stats.count(Outcome.SUCCEEDED),
-            self.stats.count(Outcome.FAILED),
-            self.stats.count(Outcome.LOST),
-            self.stats.released_on_shutdown,
-        )
-
-    def _take_back_buffer(self) -> list[Flight]:
-        """Jobs claimed ahead and never started: out of the buffer, to release at once."""
-        taken = []
-        while True:
-            try:
-                job = self._work.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:  # the threads' stop sentinel (only put after this drain)
-                break
-            taken.append(job.id)
-        return self.held.unstarted(taken)
+        logger.info("worker stopped reason=%s %s", self.stop_reason or "-", self.stats.summary())
 
     def _end_threads(self) -> None:
         self._halted.set()
         self.housekeeper.wake.set()
-        for _ in self.threads.group("executors"):
-            self._work.put(None)
+        self._work.close(len(self.threads.group("executors")))
         # One shared deadline: threads still inside a task (past the grace, their jobs
         # released) are not waited for one by one.
         self.threads.join_all(within=1.0)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from django_skipqueue.inflight import NEVER, ClaimSize, Finished, InFlight
+from django_skipqueue.inflight import NEVER, Buffer, ClaimSize, Finished, InFlight
 
 
 def job(job_id: int, lease: float = 3.0, attempts: int = 1) -> SimpleNamespace:
@@ -85,6 +85,25 @@ def test_unstarted_jobs_are_taken_back_and_the_rest_remain(held):
     a, b, c = (held.add(job(n), now=0.0, timeout=None) for n in (1, 2, 3))
     assert held.unstarted([1, 3, 99]) == [a, c]
     assert held.remaining() == [b]
+
+
+def test_the_buffer_hands_jobs_over_in_order_and_gives_back_the_unstarted_ones():
+    buffer = Buffer()
+    for n in (1, 2, 3):
+        buffer.put(job(n))
+    assert buffer.get().id == 1
+    assert (buffer.qsize(), buffer.drain(), buffer.qsize()) == (2, [2, 3], 0)
+
+
+def test_closing_the_buffer_ends_each_thread_after_the_jobs_before_it():
+    buffer = Buffer()
+    buffer.put(job(1))
+    buffer.close(2)
+    assert [buffer.get().id, buffer.get(), buffer.get()] == [1, None, None]
+    buffer.put(job(2))
+    buffer.close(1)
+    buffer.put(job(3))
+    assert buffer.drain() == [2]  # stops at the end marker: the threads still need it
 
 
 def test_claim_size_adapts_the_prefetch_to_the_jobs_run_time():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -191,6 +192,21 @@ def test_the_housekeeper_prunes_rows_of_workers_long_dead(settings):
     assert recent.id in remaining
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_closing_line_counts_every_outcome(caplog):
+    tasks.add.enqueue(1, 2)
+    tasks.always_fails.using(max_attempts=1).enqueue()
+    tasks.always_fails.enqueue()  # retried after its first failure
+    tasks.retry_once.enqueue()  # gives its attempt back once, then succeeds
+
+    with caplog.at_level(logging.INFO, logger="django_skipqueue.worker"):
+        Worker(max_jobs=7, listen=False, reap_interval=0, poll_interval=0.05).run()
+
+    (line,) = [r.getMessage() for r in caplog.records if "worker stopped" in r.getMessage()]
+    for count in ("succeeded=2", "retrying=2", "failed=2", "released=1", "lost=0"):
+        assert count in line, line
+
+
 def test_bad_worker_options_are_refused():
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         Worker(concurrency=0)
@@ -246,6 +262,23 @@ def test_sigterm_with_a_short_grace_releases_unfinished_jobs(start_worker):
     slow = Job.objects.filter(task="tests.testapp.tasks.record")
     assert set(slow.values_list("state", "attempts", "releases")) == {(JobState.PENDING, 1, 1)}
     assert not Job.objects.filter(state=JobState.RUNNING).exists()
+
+
+@pytest.mark.slow
+def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
+    """An idle worker (listening, nothing to run) exits well within 0.2 s of SIGTERM,
+    process teardown included (its listener used to wait out a 1 s poll)."""
+    worker = start_worker("--concurrency", "4")
+    worker.wait_for_output("worker listening")
+    time.sleep(0.3)  # every thread settled into its wait
+
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) == 0
+    took = time.monotonic() - started
+
+    assert took < 0.2, f"an idle stop took {took:.3f}s"
+    assert "worker stopped reason=signal SIGTERM" in worker.output()
 
 
 @pytest.mark.slow
