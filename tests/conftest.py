@@ -12,6 +12,21 @@ from django_skipqueue.models import WorkerProcess
 from tests.processes import WorkerHandle
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Where the tests' database runs, and, for the embedded one, how to stop it."""
+    from tests import settings as test_settings
+
+    if test_settings.EMBEDDED_POSTGRES_DIR is None:
+        database = connection.settings_dict
+        return [f"database: DATABASE_URL, {database['HOST'] or 'localhost'}/{database['NAME']}"]
+    from django_skipqueue.embedded import describe
+
+    return [
+        "database: an embedded PostgreSQL, kept running between runs",
+        *describe(test_settings.EMBEDDED_POSTGRES_DIR).splitlines(),
+    ]
+
+
 @pytest.fixture
 def worker_process(db: None) -> WorkerProcess:
     return WorkerProcess.objects.create(hostname="test", pid=1, queues=["default"])

@@ -12,15 +12,18 @@ import django
 
 from django_skipqueue.embedded import database_from_url
 
+#: The embedded server's folder when DATABASE_URL is unset (conftest reports it).
+EMBEDDED_POSTGRES_DIR: Path | None = None
 if "DATABASE_URL" not in os.environ:
     from django_skipqueue.embedded import embedded_database_url
 
-    # Kept between runs, so the suite starts in about a second. One database per
-    # checkout and Django version, so two runs on one machine never share a schema.
-    data_dir = Path(tempfile.gettempdir()) / f"skipqueue-test-pg-{os.getuid()}"
+    # Kept between runs, so the suite starts in about a second. One server per checkout
+    # (and, inside it, per set of binaries), one database per Django version, so two
+    # checkouts or two virtualenvs on one machine never share a server or a schema.
     checkout = hashlib.sha1(str(Path(__file__).resolve().parent).encode()).hexdigest()[:8]  # noqa: S324
+    EMBEDDED_POSTGRES_DIR = Path(tempfile.gettempdir()) / f"skipqueue-test-{os.getuid()}-{checkout}"
     os.environ["DATABASE_URL"] = embedded_database_url(
-        data_dir, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}_{checkout}"
+        EMBEDDED_POSTGRES_DIR, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}"
     )
 
 database = database_from_url(os.environ["DATABASE_URL"])

@@ -57,3 +57,13 @@ def test_t15_nothing_session_scoped_behind_a_pooler():
 def test_s6_sql_is_never_built_by_formatting_values_into_it(pattern):
     files = {name: text for name, text in source().items() if "migrations" not in name}
     assert hits(pattern, files) == []
+
+
+def test_the_classifiers_name_every_django_and_python_that_tox_tests():
+    root = PACKAGE.parent
+    pyproject = (root / "pyproject.toml").read_text()
+    envs = re.findall(r"^\s+py(\d)(\d+)-django(\d)(\d)$", (root / "tox.ini").read_text(), re.M)
+    assert envs
+    for py_major, py_minor, dj_major, dj_minor in envs:
+        assert f'"Programming Language :: Python :: {py_major}.{py_minor}"' in pyproject
+        assert f'"Framework :: Django :: {dj_major}.{dj_minor}"' in pyproject

@@ -16,10 +16,13 @@ from django_skipqueue.embedded import database_from_url
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env(DEBUG=(bool, False))
 
+#: The embedded server's folder when DATABASE_URL is unset (the demo says where it runs).
+EMBEDDED_POSTGRES_DIR = None
 if "DATABASE_URL" not in os.environ:
     from django_skipqueue.embedded import embedded_database_url
 
-    os.environ["DATABASE_URL"] = embedded_database_url(BASE_DIR / ".pgdata", database="example")
+    EMBEDDED_POSTGRES_DIR = BASE_DIR / ".pgdata"
+    os.environ["DATABASE_URL"] = embedded_database_url(EMBEDDED_POSTGRES_DIR, database="example")
 
 database = database_from_url(os.environ["DATABASE_URL"])
 DATABASES = {"default": database}

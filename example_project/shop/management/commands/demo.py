@@ -19,11 +19,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count, Sum
 from django.test import Client
 
+from django_skipqueue.embedded import describe
 from django_skipqueue.models import FINISHED_STATES, Job, JobState
 from shop.models import WelcomeEmail
 from shop.tasks import schedule_report
@@ -43,6 +45,8 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=50.0, help="Seconds to wait.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if settings.EMBEDDED_POSTGRES_DIR is not None:
+            self.stdout.write(f"database: embedded PostgreSQL in {settings.EMBEDDED_POSTGRES_DIR}")
         call_command("migrate", verbosity=0)
         started = time.monotonic()
         ids = self.enqueue(options)
@@ -164,3 +168,7 @@ class Command(BaseCommand):
             raise CommandError(f"{unfinished} of {total} jobs did not reach a final state")
         self.stdout.write(self.style.SUCCESS(f"all {total} jobs reached a final state: none lost"))
         self.stdout.write(f"worker logs: {LOG_DIR}")
+        if settings.EMBEDDED_POSTGRES_DIR is not None:
+            self.stdout.write("the embedded PostgreSQL keeps running, for the next run:")
+            for line in describe(settings.EMBEDDED_POSTGRES_DIR).splitlines():
+                self.stdout.write(f"  {line}")
