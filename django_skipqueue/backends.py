@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 
 try:
@@ -37,9 +39,14 @@ except ImportError as error:  # Django 5.2
     ) from error
 
 from django_skipqueue.base import Task as SkipQueueTask
-from django_skipqueue.compat import set_on_frozen
+from django_skipqueue.compat import build_unvalidated, set_on_frozen
 from django_skipqueue.conf import get_settings
-from django_skipqueue.exceptions import InvalidJobError, UnknownTaskError
+from django_skipqueue.exceptions import (
+    ConfigurationError,
+    InvalidJobError,
+    NotJSONError,
+    UnknownTaskError,
+)
 from django_skipqueue.registry import registry
 from django_skipqueue.retry import RetryPolicy
 
@@ -66,6 +73,29 @@ class Task(DjangoTask):
     timeout: float | None = None  # seconds
 
 
+#: The options our Task adds to Django's.
+OUR_OPTIONS = tuple(
+    field.name for field in fields(Task) if field.name not in {f.name for f in fields(DjangoTask)}
+)
+
+
+class InvalidTaskArguments(InvalidTask, TypeError):  # noqa: N818  (named like InvalidTask)
+    """Arguments of a type JSON cannot hold: Django's InvalidTask, and the TypeError that
+    Django documents for them, so that either `except` catches it."""
+
+
+def _stand_in(name: str) -> Callable[..., Any]:
+    """A function named like the task `name` (for `module_path`), raising
+    UnknownTaskError when called."""
+
+    def unknown(*args: Any, **kwargs: Any) -> Any:
+        raise UnknownTaskError(name)
+
+    module, _, qualname = name.rpartition(".")
+    unknown.__module__, unknown.__qualname__, unknown.__name__ = module, qualname, qualname
+    return unknown
+
+
 def task(
     function: Callable[..., Any] | None = None,
     *,
@@ -86,7 +116,7 @@ def task(
 
     def wrapper(func: Callable[..., Any]) -> Any:
         task_class = task_backends[backend].task_class
-        ours = {field.name for field in fields(Task)} - {field.name for field in fields(DjangoTask)}
+        ours = set(OUR_OPTIONS)
         foreign = sorted(set(options) - ours) if issubclass(task_class, Task) else sorted(options)
         if foreign:
             raise TypeError(
@@ -114,10 +144,36 @@ class SkipQueueBackend(BaseTaskBackend):
     supports_get_result = True
     supports_async_task = True  # run in an event loop on the worker thread
 
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """skipqueue.E008: the app must be installed (its table, migrations, task
+        discovery and checks). Django runs this through django.tasks' own check."""
+        messages = list(super().check(**kwargs))
+        if not apps.is_installed("django_skipqueue"):
+            messages.append(
+                Error(
+                    f"TASKS[{self.alias!r}] uses SkipQueueBackend, but 'django_skipqueue' "
+                    f"is not in INSTALLED_APPS.",
+                    hint="Add 'django_skipqueue' to INSTALLED_APPS, then run migrate: the "
+                    "app holds the job table and finds your tasks.",
+                    id="skipqueue.E008",
+                )
+            )
+        return messages
+
     def validate_task(self, task: DjangoTask) -> None:
-        """Django's checks, then register the task so that workers can run it by name."""
+        """Django's checks, then register the task so that workers can run it by name.
+
+        A task that workers would not find is refused: one defined, after start-up, in a
+        module that is neither an installed app's `tasks` module nor in
+        SKIPQUEUE['TASK_MODULES'] (see `TaskRegistry.check_discoverable`).
+        """
         super().validate_task(task)
-        registry.register(self._native(task))
+        native = self._native(task)
+        registry.register(native)
+        try:
+            registry.check_discoverable(native.name)
+        except ConfigurationError as error:
+            raise InvalidTask(str(error)) from error
 
     def _native(self, task: DjangoTask) -> SkipQueueTask[Any, Any]:
         try:
@@ -144,7 +200,9 @@ class SkipQueueBackend(BaseTaskBackend):
             native = native.using(run_after=task.run_after)
         try:
             job = native.enqueue(*args, **kwargs)
-        except InvalidJobError as error:
+        except NotJSONError as error:
+            raise InvalidTaskArguments(str(error)) from error
+        except (InvalidJobError, ConfigurationError) as error:
             raise InvalidTask(str(error)) from error
         job.refresh_from_db(fields=["run_at", "created_at"])
         result = self.result_from_job(job, task)
@@ -158,26 +216,46 @@ class SkipQueueBackend(BaseTaskBackend):
             job = Job.objects.using(get_settings().DATABASE_ALIAS).get(id=int(result_id))
         except (ValueError, TypeError, Job.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
-        try:
-            task = registry.get(job.task).django_task
-        except UnknownTaskError:
-            task = None
-        if task is None:
-            raise TaskResultDoesNotExist(
-                f"{result_id}: its task {job.task!r} is not a django.tasks Task registered "
-                f"in this process"
-            )
-        return self.result_from_job(job, task)
+        return self.result_from_job(job)
 
-    def result_from_job(self, job: Job, task: DjangoTask) -> TaskResult:
-        """A TaskResult that mirrors the job's row."""
-        worker_ids = [str(job.worker_id or "")] * job.attempts
+    def task_of(self, job: Job) -> DjangoTask:
+        """The django.tasks Task of a job, with the job's own options, not those of the
+        last `.using()` in this process: its priority, queue, `run_after` (the row's
+        run_at when later than its enqueue) and this backend.
+
+        A job whose task is not a django.tasks Task registered here (another process's
+        task, or one of django-skipqueue's own @task) gets a stand-in whose function
+        raises UnknownTaskError and whose `module_path` is the job's task name.
+        """
+        known = registry.get(job.task) if job.task in registry else None
+        base = known.django_task if known is not None else None
+        func = base.func if base is not None else _stand_in(job.task)
+        return build_unvalidated(
+            type(base) if base is not None else Task,
+            func=func,
+            priority=job.priority,
+            backend=self.alias,
+            queue_name=job.queue_name,
+            run_after=job.run_at if job.run_at > job.created_at else None,
+            takes_context=base.takes_context if base is not None else False,
+            **{name: getattr(base, name, None) for name in OUR_OPTIONS},
+        )
+
+    def result_from_job(self, job: Job, task: DjangoTask | None = None) -> TaskResult:
+        """A TaskResult that mirrors the job's row; its task is `task_of(job)` unless
+        given (enqueue passes the very Task it was called on)."""
+        if task is None:
+            task = self.task_of(job)
+        # One entry per attempt; rows claimed before migration 0007 have none for their
+        # earlier attempts: those are named by the last worker, as the row knows no other.
+        recorded = list(job.worker_ids or [])[-job.attempts :] if job.attempts else []
+        worker_ids = [str(job.worker_id or "")] * (job.attempts - len(recorded)) + recorded
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(job.id),
             status=STATUSES[job.state],
             enqueued_at=job.created_at,
-            started_at=job.started_at,
+            started_at=job.first_started_at or job.started_at,
             finished_at=job.finished_at,
             last_attempted_at=job.started_at,
             args=list(job.args),

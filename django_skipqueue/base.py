@@ -274,13 +274,15 @@ class Task(Generic[P, R]):
         return self._jobs().build(self, args, kwargs)
 
     def check_limits(self, adding: int) -> None:
-        """The volume guards (case S11, docs/explanation/failure-model.md), before any SQL.
+        """That workers can find this task, then the volume guards (case S11,
+        docs/explanation/failure-model.md), before any SQL.
 
         max_attempts and run_after against their caps; with MAX_PENDING_PER_QUEUE, the
         queue's pending jobs, counted up to the cap only (an index scan of at most that
         many entries). A run_after datetime is compared with this process's clock: a
         bound of days or more, not a lease decision.
         """
+        registry.check_discoverable(self.name)
         conf = get_settings()
         max_attempts = self.resolved_max_attempts
         if max_attempts > conf.MAX_ATTEMPTS_LIMIT:

@@ -13,6 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 M = TypeVar("M", bound=models.Model)
+T = TypeVar("T")
 
 
 def instance_from_row(model: type[M], alias: str, row: dict[str, Any]) -> M:
@@ -55,6 +56,16 @@ def drop_atomic_blocks(connection: BaseDatabaseWrapper, depth: int) -> None:
     connection.closed_in_transaction = False
     if depth == 0:  # out of every block now: let Django forget the closed connection
         connection.close()
+
+
+def build_unvalidated(cls: type[T], **values: object) -> T:
+    """An instance of a frozen, slotted dataclass of Django's (`django.tasks.Task`) with
+    these field values, without its `__post_init__` (the backend's `validate_task`):
+    a result describes a row that exists, valid for this process's settings or not."""
+    instance = cls.__new__(cls)
+    for name, value in values.items():
+        object.__setattr__(instance, name, value)
+    return instance
 
 
 def set_on_frozen(instance: object, name: str, value: object) -> None:

@@ -36,6 +36,11 @@ class InvalidJobError(SkipQueueError, ValueError):
     """An enqueue was refused before anything was written: bad arguments or options."""
 
 
+class NotJSONError(InvalidJobError, TypeError):
+    """A value of a type JSON cannot hold (an argument, a key, a return value). Also a
+    TypeError, as Django documents for task arguments."""
+
+
 class QueueFullError(SkipQueueError):
     """An enqueue was refused: the queue holds SKIPQUEUE['MAX_PENDING_PER_QUEUE'] pending jobs.
 

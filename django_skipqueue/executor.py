@@ -352,7 +352,7 @@ def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
     if django_task.takes_context:
         from django.tasks import TaskContext as DjangoTaskContext
 
-        result = django_task.get_backend().result_from_job(job, django_task)
+        result = django_task.get_backend().result_from_job(job)  # the job's own options
         args.insert(0, DjangoTaskContext(task_result=result))
     return django_task.call(*args, **job.kwargs)
 

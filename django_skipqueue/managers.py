@@ -247,6 +247,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         params = [
             *locking_params,
             worker.pk if worker is not None else None,
+            str(worker.pk) if worker is not None else in_process_claimer(),
             lease,
             MIN_LEASE,
             MAX_LEASE,
@@ -698,6 +699,12 @@ def _locking_query(
             _LOCKING.clear()
         compiled = _LOCKING[key] = (sql_text, tuple(params))
     return compiled
+
+
+def in_process_claimer() -> str:
+    """What `worker_ids` records for an attempt claimed without a worker (run_jobs, a
+    script): this host and process."""
+    return f"in-process:{socket.gethostname()}:{os.getpid()}"
 
 
 @functools.cache

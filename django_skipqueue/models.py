@@ -80,6 +80,14 @@ class Job(models.Model):
     started_at = models.DateTimeField(
         null=True, blank=True, help_text=_("Start of the last claim.")
     )
+    first_started_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Start of the first claim.")
+    )
+    worker_ids = PayloadField(  # jsonb: an array column would need django.contrib.postgres
+        null=True,
+        blank=True,
+        help_text=_("Who claimed each attempt: a worker's id, or in-process:host:pid."),
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
     worker = models.ForeignKey(
         WorkerProcess,

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 from django.db import models
 
-from django_skipqueue.exceptions import InvalidJobError
+from django_skipqueue.exceptions import InvalidJobError, NotJSONError
 
 JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
 
@@ -68,14 +68,14 @@ def normalize(value: Any, where: str, depth: int = 0) -> JSONValue:
         result: dict[str, JSONValue] = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidJobError(
+                raise NotJSONError(
                     f"{where} has the key {key!r} ({type(key).__name__}); JSON object keys "
                     f"must be strings, or the value would come back with another key"
                 )
             _check_text(key, f"a key of {where}")
             result[key] = normalize(item, f"{where}[{key!r}]", depth + 1)
         return result
-    raise InvalidJobError(
+    raise NotJSONError(
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
         f"JSON; pass plain data (str, int, float, bool, None, list, dict), such as an id "
         f"or an ISO 8601 string"

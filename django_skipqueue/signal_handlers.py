@@ -22,7 +22,7 @@ def _django_result(job: Any, status: str | None = None) -> tuple[Any, Any] | Non
     if django_task is None:
         return None
     backend = django_task.get_backend()
-    result = backend.result_from_job(job, django_task)
+    result = backend.result_from_job(job)  # the job's own options
     if status is not None:
         from django.tasks import TaskResultStatus
 

@@ -95,6 +95,8 @@ SET state = 'running',
     attempts = job.attempts + 1,
     max_attempts = GREATEST(job.max_attempts, job.attempts + 1),
     worker_id = %s,
+    worker_ids = COALESCE(job.worker_ids, '[]'::jsonb) || to_jsonb(%s::text),
+    first_started_at = COALESCE(job.first_started_at, statement_timestamp()),
     started_at = statement_timestamp(),
     leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s)
 FROM claimable
@@ -107,9 +109,10 @@ RETURNING {columns}
 def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
     """The claim around a compiled locking query, returning `columns` of each row.
 
-    Parameters, after the locking query's own: the worker's id, the lease (None: each
-    row's own), then the lease bounds twice (MIN_LEASE, MAX_LEASE: for the new lease
-    and for the lease returned, by which the worker schedules its renewals).
+    Parameters, after the locking query's own: the worker's id, the name this attempt
+    records in `worker_ids`, the lease (None: each row's own), then the lease bounds
+    twice (MIN_LEASE, MAX_LEASE: for the new lease and for the lease returned, by which
+    the worker schedules its renewals).
     """
     returning = ", ".join(
         f'job."{column}"' if column != "lease" else "LEAST(GREATEST(job.lease, %s), %s) AS lease"

@@ -89,7 +89,7 @@ else:
             "QUEUES": ["default", "other"],
         }
     }
-    SKIPQUEUE["TASK_MODULES"] = ["tests.testapp.django_tasks"]
+    SKIPQUEUE["TASK_MODULES"] = [*SKIPQUEUE.get("TASK_MODULES", []), "tests.testapp.django_tasks"]
 
 LOGGING = {
     "version": 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import django
@@ -31,6 +32,17 @@ def test_the_backend_declares_what_it_supports():
     assert isinstance(backend, SkipQueueBackend)
     assert backend.supports_defer and backend.supports_priority
     assert backend.supports_get_result and backend.supports_async_task
+
+
+def test_the_backend_without_the_app_installed_is_a_check_error(settings):
+    from django.test import override_settings
+
+    without = [name for name in settings.INSTALLED_APPS if name != "django_skipqueue"]
+    assert default_task_backend.check() == []
+    with override_settings(INSTALLED_APPS=without):
+        [error] = default_task_backend.check()
+    assert error.id == "skipqueue.E008"
+    assert "'django_skipqueue' is not in INSTALLED_APPS" in error.msg
 
 
 def test_enqueue_writes_a_job_row_and_returns_a_ready_result():
@@ -131,9 +143,95 @@ def test_a_queue_outside_the_allowlist_is_refused():
         django_tasks.dj_add.using(queue_name="elsewhere")
 
 
-def test_arguments_that_are_not_json_are_refused():
+def test_arguments_that_are_not_json_are_refused_with_djangos_type_error_too():
     with pytest.raises(InvalidTask, match="argument 0 is a builtins.object"):
         django_tasks.dj_add.enqueue(object(), 1)
+    with pytest.raises(TypeError, match="argument 0 is a builtins.object"):  # Django's docs
+        django_tasks.dj_add.enqueue(object(), 1)
+    assert not Job.objects.exists()
+
+
+def test_a_return_value_that_is_not_json_fails_with_a_type_error_class():
+    result = django_tasks.dj_returns_object.enqueue()
+    run_jobs()
+    result.refresh()
+    [error] = result.errors
+    assert issubclass(error.exception_class, TypeError)
+    assert "the return value is a builtins.object" in error.traceback
+
+
+def test_started_at_is_the_first_attempts_and_worker_ids_name_each_attempt(worker_process):
+    result = django_tasks.dj_add.enqueue(1, 2)
+    [first] = Job.objects.claim(queues=["default"], worker=worker_process)
+    assert Job.objects.release(first.id, first.attempts)
+    run_jobs()
+
+    result.refresh()
+    job = Job.objects.get(id=int(result.id))
+    assert result.started_at == first.started_at < job.started_at
+    assert result.last_attempted_at == job.started_at
+    assert result.attempts == 2
+    assert result.worker_ids[0] == str(worker_process.id)
+    assert result.worker_ids[1].startswith("in-process:") and result.worker_ids[1].endswith(
+        f":{os.getpid()}"
+    )
+
+
+# -- a result's task is the job's own (issue 13, A1) -----------------------------------
+
+
+def test_a_result_carries_its_own_jobs_options_not_the_last_using():
+    later = timezone.now() + timedelta(hours=1)
+    first = django_tasks.dj_add.using(priority=10, queue_name="other", run_after=later)
+    result = first.enqueue(1, 2)
+    django_tasks.dj_add.enqueue(3, 4)  # validates a copy with the default options
+
+    task = default_task_backend.get_result(result.id).task
+    assert (task.priority, task.queue_name, task.run_after, task.backend) == (
+        10,
+        "other",
+        later,
+        "default",
+    )
+    assert task.func is django_tasks.dj_add.func
+    assert django_tasks.dj_add.get_result(result.id).id == result.id  # same function
+
+
+def test_a_task_that_enqueues_itself_from_its_context_keeps_its_queue_and_priority():
+    django_tasks.dj_add.enqueue(0, 0)  # the default options validated last
+    result = django_tasks.dj_reenqueues.using(priority=7, queue_name="other").enqueue(1)
+    django_tasks.dj_reenqueues.enqueue(0)
+
+    run_jobs(queues=["other"])
+
+    again = Job.objects.filter(task=result.task.module_path).exclude(id=int(result.id))
+    assert sorted(again.values_list("queue_name", "priority")) == [
+        ("default", 0),
+        ("other", 7),
+    ]
+    result.refresh()
+    assert result.return_value == {"priority": 7, "queue_name": "other"}
+
+
+# -- every row has a result; a task workers cannot find is refused (A2) ----------------
+
+
+def test_get_result_returns_a_row_whose_task_this_process_does_not_know():
+    from tests.test_managers import insert_raw
+
+    job_id = insert_raw(task="'reports.tasks.monthly_totals'")
+    result = default_task_backend.get_result(str(job_id))
+    assert (result.id, result.status) == (str(job_id), TaskResultStatus.READY)
+    assert result.task.module_path == "reports.tasks.monthly_totals"
+    with pytest.raises(Exception, match="no task named 'reports.tasks.monthly_totals'"):
+        result.task.call()
+
+
+def test_a_django_task_in_a_module_workers_never_import_is_refused_when_defined():
+    import importlib
+
+    with pytest.raises(InvalidTask, match=r"workers do not import.*TASK_MODULES"):
+        importlib.import_module("tests.testapp.undiscovered_django_tasks")
     assert not Job.objects.exists()
 
 

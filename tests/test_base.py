@@ -221,6 +221,40 @@ def test_enqueue_many_returns_jobs_exactly_as_the_orm_loads_them(receiver):
 
 
 @pytest.mark.django_db
+def test_a_task_in_a_module_workers_never_import_is_refused_at_enqueue():
+    """Defined after start-up outside every tasks module and TASK_MODULES: a worker would
+    fail each attempt with UnknownTaskError, so the enqueue says why instead."""
+    from tests.testapp import undiscovered_tasks
+
+    with pytest.raises(ConfigurationError, match=r"workers do not import.*TASK_MODULES"):
+        undiscovered_tasks.late_native.enqueue()
+    with pytest.raises(ConfigurationError, match="tests.testapp.undiscovered_tasks"):
+        undiscovered_tasks.late_native.enqueue_many([((), {})])
+    assert not Job.objects.exists()
+    assert undiscovered_tasks.late_native.call() is None  # still callable in-process
+
+
+@pytest.mark.django_db
+def test_a_task_module_listed_in_task_modules_may_be_imported_late(settings):
+    import importlib
+    import sys
+
+    from django_skipqueue.registry import autodiscover
+
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "TASK_MODULES": ["tests.testapp.late_but_listed"]}
+    discovered = registry.discovered_modules
+    try:
+        autodiscover()  # as a worker starting with this setting does
+        module = importlib.import_module("tests.testapp.late_but_listed")
+        module.listed.enqueue()
+        assert Job.objects.filter(task="tests.testapp.late_but_listed.listed").exists()
+    finally:
+        registry.discovered_modules = discovered
+        registry.unregister("tests.testapp.late_but_listed.listed")
+        sys.modules.pop("tests.testapp.late_but_listed", None)
+
+
+@pytest.mark.django_db
 def test_the_one_statement_insert_writes_the_model_fields_defaults():
     from django.db.models.signals import pre_save
 

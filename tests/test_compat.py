@@ -73,3 +73,24 @@ def test_a_frozen_dataclass_attribute_can_be_set():
     except ImportError:
         return  # Django < 6: no django.tasks
     assert dataclasses.is_dataclass(TaskResult) and TaskResult.__dataclass_params__.frozen
+
+
+def test_a_frozen_slotted_dataclass_is_built_without_its_post_init():
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Validated:
+        priority: int
+        queue_name: str = "default"
+
+        def __post_init__(self) -> None:
+            raise AssertionError("validation ran")
+
+    built = compat.build_unvalidated(Validated, priority=500, queue_name="gone")
+    assert (built.priority, built.queue_name) == (500, "gone")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.priority = 1  # still frozen
+    try:
+        from django.tasks.base import Task
+    except ImportError:
+        return  # Django < 6: no django.tasks
+    params = Task.__dataclass_params__
+    assert params.frozen and "__post_init__" in vars(Task) and hasattr(Task, "__slots__")

@@ -44,6 +44,21 @@ def test_claim_marks_job_running_with_attempt_lease_and_worker(worker_process):
     assert lease_left.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_each_claim_records_who_claimed_it_and_the_first_start_is_kept(worker_process):
+    from django_skipqueue.managers import in_process_claimer
+
+    JobFactory()
+    first = claim_one(worker=worker_process)
+    assert Job.objects.release(first.id, first.attempts)
+    second = claim_one()  # no worker: run_jobs, a script
+
+    second.refresh_from_db()
+    assert second.worker_ids == [str(worker_process.id), in_process_claimer()]
+    assert second.first_started_at == first.started_at < second.started_at
+    assert len(second.worker_ids) == second.attempts == 2
+
+
 def fields_of(job: Job) -> dict:
     return {field.attname: getattr(job, field.attname) for field in Job._meta.concrete_fields}
 

@@ -46,3 +46,17 @@ if django.VERSION >= (6, 1):  # Django's own @task passes our options through
 @task(queue_name="other", priority=10)
 def dj_other() -> str:
     return "other"
+
+
+@task(takes_context=True)
+def dj_reenqueues(context, times: int) -> dict:  # noqa: ANN001
+    """Enqueues itself again through its own context, `times` more times."""
+    if times > 0:
+        context.task_result.task.enqueue(times - 1)
+    task = context.task_result.task
+    return {"priority": task.priority, "queue_name": task.queue_name}
+
+
+@task
+def dj_returns_object() -> object:
+    return object()

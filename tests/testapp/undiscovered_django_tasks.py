@@ -1,0 +1,10 @@
+"""A django.tasks Task in a module that workers never import; importing it must fail."""
+
+from __future__ import annotations
+
+from django.tasks import task
+
+
+@task
+def late_django() -> None:
+    pass
