@@ -3,10 +3,13 @@
 Ids are never reused: E001 unknown key, E002 bad value, E003 SKIPQUEUE not a dict,
 E004 unknown database alias, E005 database cannot SKIP LOCKED, E006 SkipQueueBackend
 in TASKS on a Django without django.tasks, E007 a task asks for more attempts than
-MAX_ATTEMPTS_LIMIT. Warnings about the connection (docs/explanation/failure-model.md S15), for a
-DATABASES entry that marks itself as behind a transaction pooler with
-DISABLE_SERVER_SIDE_CURSORS = True, as Django's docs ask: W001 prepared statements
-(psycopg's prepare_threshold) and W002 LISTEN through it; W003 (deploy) DEBUG on.
+MAX_ATTEMPTS_LIMIT, E008 SkipQueueBackend without django_skipqueue in INSTALLED_APPS
+(from the backend's own check(): without the app, these checks are not registered),
+E009 a TASK_MODULES entry that cannot be imported. Warnings about the connection
+(docs/explanation/failure-model.md S15), for a DATABASES entry that marks itself as
+behind a transaction pooler with DISABLE_SERVER_SIDE_CURSORS = True, as Django's docs
+ask: W001 prepared statements (psycopg's prepare_threshold) and W002 LISTEN through it;
+W003 (deploy) DEBUG on.
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return errors
 
 
-@register(Tags.database)
+@register()
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Error]:
+    """The queue's database alias exists and is PostgreSQL. Not tagged `database`: the
+    vendor is known from settings without connecting, so plain `check` (and every
+    command) catches SQLite before `migrate` does."""
     alias = get_settings().DATABASE_ALIAS
     if not isinstance(alias, str) or alias not in connections.databases:
         return [
@@ -70,11 +76,24 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
         return [
             Error(
                 f"Database {alias!r} ({connection.vendor}) cannot SELECT ... SKIP LOCKED.",
-                hint="django-skipqueue needs PostgreSQL; point DATABASE_ALIAS at one.",
+                hint="django-skipqueue needs PostgreSQL: point SKIPQUEUE['DATABASE_ALIAS'] "
+                "at a PostgreSQL entry of DATABASES (the job table lives there).",
                 id="skipqueue.E005",
             )
         ]
     return []
+
+
+@register()
+def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    return [
+        Error(
+            f"SKIPQUEUE['TASK_MODULES'] names {module!r}, which cannot be imported."[:79],
+            hint=f"{error}. Fix the dotted path, or remove it from TASK_MODULES.",
+            id="skipqueue.E009",
+        )
+        for module, error in sorted(registry.import_errors.items())
+    ]
 
 
 @register()

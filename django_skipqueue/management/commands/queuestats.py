@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_skipqueue.conf import get_settings
+from django_skipqueue.management.preflight import require_migrated
 from django_skipqueue.stats import queue_stats
 
 COLUMNS = [
@@ -33,6 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON, for scripts.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        require_migrated(get_settings().DATABASE_ALIAS)
         rows = [row.as_dict() for row in queue_stats()]
         if options["json"]:
             self.stdout.write(json.dumps({"queues": rows}, indent=2))

@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.management.arguments import configure_logging, positive_seconds
+from django_skipqueue.management.preflight import require_migrated
 from django_skipqueue.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -82,6 +83,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
         reaper = Reaper(batch_size=options["batch_size"])
+        require_migrated(reaper.database)
         stop = threading.Event()
         if options["loop"] and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -21,6 +21,7 @@ from django_skipqueue.management.arguments import (
     seconds,
     zero_or_more_int,
 )
+from django_skipqueue.management.preflight import queue_warnings, require_migrated
 from django_skipqueue.models import Job
 from django_skipqueue.worker import Worker
 
@@ -124,6 +125,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
         worker = self.make_worker(options)
+        require_migrated(worker.database)
+        for warning in queue_warnings(worker.queues, worker.database):
+            logger.warning(warning)
         if settings.DEBUG:
             logger.warning(
                 "DEBUG=True: every query is kept in memory and slows the worker; run "
@@ -141,7 +145,9 @@ class Command(BaseCommand):
         stats = worker.stats
         summary = (
             f"worker stopped ({worker.stop_reason}): {stats.claimed} claimed, "
-            f"{stats.count(Outcome.SUCCEEDED)} succeeded, {stats.released_on_shutdown} released"
+            f"{stats.count(Outcome.SUCCEEDED)} succeeded, {stats.count(Outcome.RETRYING)} "
+            f"retried, {stats.count(Outcome.FAILED)} failed, {stats.count(Outcome.LOST)} lost, "
+            f"{stats.released_on_shutdown} released"
         )
         self.stdout.write(self.style.SUCCESS(summary))
         if worker.stuck_threads:

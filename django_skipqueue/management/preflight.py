@@ -1,0 +1,78 @@
+"""What a command checks before it starts: the job table is migrated, the queues exist.
+
+A worker started before `migrate`, or on a queue that nothing uses, should say so in
+one line, not fail with a ProgrammingError traceback or idle without a word.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Sequence
+
+from django.core.management.base import CommandError
+from django.db import DatabaseError, connections
+from django.db.migrations.loader import MigrationLoader
+
+from django_skipqueue.faults import is_transient
+from django_skipqueue.models import Job
+from django_skipqueue.registry import registry
+
+logger = logging.getLogger("django_skipqueue")
+
+
+def require_migrated(alias: str) -> None:
+    """CommandError unless every migration of django_skipqueue is applied on `alias`.
+
+    A database that cannot be reached for a passing reason (not up yet, restarting) is
+    not checked here: the worker waits for it with backoff, as it does for any outage.
+    """
+    connection = connections[alias]
+    try:
+        loader = MigrationLoader(connection, ignore_no_migrations=True)
+    except DatabaseError as error:
+        if is_transient(error):
+            logger.warning("could not check the migrations of database %r: %s", alias, error)
+            return
+        raise CommandError(f"cannot read the migrations of database {alias!r}: {error}") from error
+    label = Job._meta.app_label
+    missing = sorted(
+        name
+        for app, name in loader.graph.nodes
+        if app == label and (app, name) not in loader.applied_migrations
+    )
+    if missing:
+        raise CommandError(
+            f"database {alias!r} lacks {len(missing)} migration(s) of django_skipqueue "
+            f"({', '.join(missing)}): run `python manage.py migrate` first"
+            + (f" (or `migrate --database {alias}`)" if alias != "default" else "")
+        )
+
+
+def queue_warnings(queues: Sequence[str], alias: str) -> list[str]:
+    """Each queue that no registered task uses and no job row names, with the nearest
+    known queue: a typo (`--queue defualt`) would otherwise idle without a word."""
+    known = {task.queue_name for task in map(registry.get, registry.names())}
+    known |= _backend_queues()
+    warnings = []
+    for name in queues:
+        if name in known or Job.objects.using(alias).filter(queue_name=name).exists():
+            continue
+        nearest = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+        warnings.append(
+            f"no registered task uses queue {name!r} and no job is in it{hint} "
+            f"(known queues: {', '.join(sorted(known)) or 'none'})"
+        )
+    return warnings
+
+
+def _backend_queues() -> set[str]:
+    """The QUEUES of each SkipQueueBackend in TASKS (django.tasks' queue allow-lists)."""
+    from django.conf import settings
+
+    names: set[str] = set()
+    for entry in (getattr(settings, "TASKS", {}) or {}).values():
+        if isinstance(entry, dict) and entry.get("BACKEND", "").endswith(".SkipQueueBackend"):
+            names.update(entry.get("QUEUES", []) or [])
+    return names

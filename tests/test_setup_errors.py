@@ -1,0 +1,102 @@
+"""A newcomer's setup mistakes: each is a system check or a one-line message, never a
+traceback, and never a worker that idles without a word (issue 13, part B)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from io import StringIO
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.db import connection
+
+from django_skipqueue.registry import autodiscover, registry
+from tests.processes import REPO_ROOT, child_env, database_url
+
+
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env=child_env(**env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.slow
+def test_a_typo_in_task_modules_is_a_check_error_not_a_broken_manage_py():
+    typo = json.dumps({"TASK_MODULES": ["tests.testapp.taskz"]})
+
+    checked = manage("check", SKIPQUEUE_TEST_SETTINGS=typo)
+    other = manage("shell", "-c", "print('started')", SKIPQUEUE_TEST_SETTINGS=typo)
+
+    assert checked.returncode == 1
+    assert "skipqueue.E009" in checked.stderr and "'tests.testapp.taskz'" in checked.stderr
+    assert "Traceback" not in checked.stderr
+    assert other.returncode == 0, other.stderr  # Django starts: it was a traceback in ready()
+    assert other.stdout.endswith("started\n")
+
+
+def test_the_task_modules_check_names_the_module_and_the_import_error(settings):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "TASK_MODULES": ["tests.testapp.taskz"]}
+    try:
+        autodiscover()
+        [error] = [e for e in run_checks() if e.id == "skipqueue.E009"]
+        assert "tests.testapp.taskz" in error.msg
+        assert "No module named 'tests.testapp.taskz'" in error.hint
+    finally:
+        settings.SKIPQUEUE = {k: v for k, v in settings.SKIPQUEUE.items() if k != "TASK_MODULES"}
+        registry.import_errors = {}
+
+
+@pytest.mark.slow
+def test_sqlite_is_caught_by_plain_check_with_a_hint_naming_the_alias_setting(tmp_path):
+    result = manage("check", DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    assert result.returncode == 1
+    assert "skipqueue.E005" in result.stderr
+    assert "SKIPQUEUE['DATABASE_ALIAS']" in result.stderr
+
+
+@pytest.fixture
+def unmigrated_database():
+    """An empty database on the test server: a project that has not run migrate."""
+    name = f"skipqueue_unmigrated_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    current = connection.settings_dict["NAME"]
+    yield database_url().replace(f"/{current}", f"/{name}")
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("command", [["runworker", "--burst"], ["queuestats"], ["reapjobs"]])
+def test_a_command_before_migrate_says_to_migrate(unmigrated_database, command):
+    result = manage(*command, DATABASE_URL=unmigrated_database)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "lacks 7 migration(s) of django_skipqueue" in result.stderr
+    assert "run `python manage.py migrate` first" in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_on_a_queue_nothing_uses_says_so_and_suggests_the_nearest(caplog):
+    call_command("runworker", "--burst", "--no-listen", "--queue", "defualt", stdout=StringIO())
+    assert "no registered task uses queue 'defualt' and no job is in it" in caplog.text
+    assert "did you mean 'default'?" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_with_jobs_but_no_registered_task_is_not_flagged(caplog):
+    from tests.testapp import tasks
+
+    tasks.add.using(queue_name="imports").enqueue(1, 2)
+    call_command("runworker", "--burst", "--no-listen", "--queue", "imports", stdout=StringIO())
+    assert "no registered task uses queue" not in caplog.text
