@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -103,6 +104,16 @@ class Command(BaseCommand):
             help="How often this worker reaps expired leases; 0 leaves it to 'reapjobs'. "
             "Default: SKIPQUEUE['REAP_INTERVAL_SECONDS'] (10).",
         )
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """From the command line (not call_command): after the worker stops, run the exit
+        handlers (yours, logging's) and end the process without the interpreter's
+        teardown, which spent about 80 ms freeing objects after an idle stop."""
+        super().run_from_argv(argv)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(0)
 
     def make_worker(self, options: dict[str, Any]) -> Worker:
         """The Worker these options describe (a subclass may adjust it)."""
