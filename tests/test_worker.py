@@ -277,7 +277,6 @@ def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
     assert worker.wait(timeout=5) == 0
     took = time.monotonic() - started
 
-    print(f"idle stop took {took:.3f}s")
     assert took < 0.2, f"an idle stop took {took:.3f}s"
     assert "worker stopped reason=signal SIGTERM" in worker.output()
 
