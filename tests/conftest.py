@@ -97,3 +97,20 @@ def refusing(transition: str) -> Iterator[None]:
                 "DROP TRIGGER skipqueue_test_refuse ON skipqueue_job; "
                 "DROP FUNCTION skipqueue_test_refuse()"
             )
+
+
+@pytest.fixture
+def empty_database_url() -> Iterator[str]:
+    """A URL for a new, empty database on the test server (a project before `migrate`),
+    dropped afterwards. Needs a test marked django_db(transaction=True)."""
+    import uuid
+
+    from tests.processes import database_url
+
+    name = f"skipqueue_empty_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    current = connection.settings_dict["NAME"]
+    yield database_url().replace(f"/{current}", f"/{name}")
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

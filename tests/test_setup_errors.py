@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from io import StringIO
 
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
-from django.db import connection
 
 from django_skipqueue.registry import autodiscover, registry
-from tests.processes import REPO_ROOT, child_env, database_url
+from tests.processes import REPO_ROOT, child_env
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -63,23 +61,11 @@ def test_sqlite_is_caught_by_plain_check_with_a_hint_naming_the_alias_setting(tm
     assert "SKIPQUEUE['DATABASE_ALIAS']" in result.stderr
 
 
-@pytest.fixture
-def unmigrated_database():
-    """An empty database on the test server: a project that has not run migrate."""
-    name = f"skipqueue_unmigrated_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
-    current = connection.settings_dict["NAME"]
-    yield database_url().replace(f"/{current}", f"/{name}")
-    with connection.cursor() as cursor:
-        cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("command", [["runworker", "--burst"], ["queuestats"], ["reapjobs"]])
-def test_a_command_before_migrate_says_to_migrate(unmigrated_database, command):
-    result = manage(*command, DATABASE_URL=unmigrated_database)
+def test_a_command_before_migrate_says_to_migrate(empty_database_url, command):
+    result = manage(*command, DATABASE_URL=empty_database_url)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "lacks 7 migration(s) of django_skipqueue" in result.stderr
