@@ -8,29 +8,42 @@ they changed and how many they skipped. HTML is built only with format_html.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
-from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse
+from django.db.models.functions import Coalesce, Now
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.models import Job, JobState, WorkerProcess
+from django_skipqueue.models import Job, JobState, QueueOverview, WorkerProcess
 from django_skipqueue.redaction import redact
+from django_skipqueue.registry import registry
 from django_skipqueue.stats import queue_stats, throughput_last_hour
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise
 
     from django_skipqueue.managers import JobQuerySet
+
+#: Inline style of a cell cut to its width, whole text on hover (no static file needed).
+CUT = (
+    "display:inline-block;max-width:19em;overflow:hidden;text-overflow:ellipsis;"
+    "white-space:nowrap;vertical-align:top;"
+)
 
 STATE_COLOURS: dict[str, str] = {
     JobState.PENDING: "#6b7280",
@@ -90,20 +103,28 @@ class HealthFilter(admin.SimpleListFilter):
 
 
 class ValuesFilter(admin.SimpleListFilter):
-    """Distinct values of a column among unfinished jobs (an index-served set)."""
+    """The values an operator filters by: those this process knows (registered tasks, their
+    queues, the queues of live workers) and those of unfinished and failed jobs, read
+    through the partial indexes of those states. Not a DISTINCT over the whole table,
+    which at a million done rows would scan them all on every page."""
 
     field = ""
+
+    def known_values(self) -> set[str]:
+        return set()
 
     def lookups(
         self, request: HttpRequest, model_admin: Any
     ) -> list[tuple[str, str | _StrPromise]]:
-        values = (
-            Job.objects.filter(state__in=[JobState.PENDING, JobState.RUNNING])
-            .values_list(self.field, flat=True)
-            .distinct()
-            .order_by(self.field)[:100]
-        )
-        return [(value, value) for value in values]
+        values = self.known_values()
+        for state in (JobState.PENDING, JobState.RUNNING, JobState.FAILED):
+            values.update(
+                Job.objects.filter(state=state)
+                .values_list(self.field, flat=True)
+                .distinct()
+                .order_by()[:200]
+            )
+        return [(value, value) for value in sorted(values)[:200]]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
@@ -112,9 +133,35 @@ class ValuesFilter(admin.SimpleListFilter):
 class QueueFilter(ValuesFilter):
     title, parameter_name, field = _("queue"), "queue", "queue_name"
 
+    def known_values(self) -> set[str]:
+        names = {registry.get(name).queue_name for name in registry.names()}
+        for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
+            names.update(queues or [])
+        return names
+
 
 class TaskFilter(ValuesFilter):
     title, parameter_name, field = _("task"), "task", "task"
+
+    def known_values(self) -> set[str]:
+        return set(registry.names())
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        return [("alive", _("alive")), ("dead", _("dead (stopped or lost)"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[WorkerProcess]
+    ) -> QuerySet[WorkerProcess]:
+        if self.value() in ("alive", "dead"):
+            return queryset.filter(alive=self.value() == "alive")  # type: ignore[misc]  # annotated
+        return queryset
 
 
 class OwnLookupsOnly:
@@ -139,6 +186,50 @@ class OwnLookupsOnly:
             if any("\x00" in text for text in (key, *values)):
                 raise DisallowedModelAdminLookup(f"the query string has a NUL in {key!r}")
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
+def attempts_text(job: Job) -> str:
+    """Attempts spent of those allowed: an attempt given back (a release) is neither, so
+    a 5-attempt job released once and claimed again shows 1/5, not 2/6."""
+    given_back = job.releases or 0
+    text = f"{job.attempts - given_back}/{job.max_attempts - given_back}"
+    if job.expirations:
+        text += " " + str(_("(%(n)d expired)") % {"n": job.expirations})
+    return text
+
+
+def _expired_for(job: Job) -> timedelta | None:
+    """How long ago a running job's lease ran out, on the database clock; None if live."""
+    now = getattr(job, "db_now", None)
+    if job.state != JobState.RUNNING or job.leased_until is None or now is None:
+        return None
+    return now - job.leased_until if job.leased_until <= now else None
+
+
+def _age(span: timedelta) -> str:
+    seconds = int(abs(span.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+def _when(moment: datetime | None) -> str:
+    """One timestamp format everywhere in these pages, in the current time zone."""
+    if moment is None:
+        return "-"
+    return date_format(timezone.localtime(moment), "Y-m-d H:i:s")
+
+
+def _parse_time(value: object) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return moment if timezone.is_aware(moment) else None
 
 
 def _entries(history: Any) -> list[dict[str, Any]]:
@@ -169,18 +260,10 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
     allowed_lookups = frozenset(
         {"health", "state__exact", "queue", "task", "run_at__gte", "run_at__lt"}
     )
-    list_display = [
-        "id",
-        "task",
-        "queue_name",
-        "coloured_state",
-        "attempts_of_max",
-        "expirations",
-        "run_at",
-        "leased_until",
-        "worker_id",
-        "error_summary",
-    ]
+    # What an operator triages by, all of it within 1280 px with Django's two sidebars
+    # open (tests/test_admin_browser.py): long values (task paths, worker ids, errors)
+    # are cut, with the whole text on hover; times are relative to the database's now.
+    list_display = ["id", "task_and_queue", "state_and_health", "attempts_of_max", "timing"]
     list_filter = [
         HealthFilter,
         "state",
@@ -266,18 +349,91 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     # -- columns -----------------------------------------------------------------------
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Each row with the database's now, by which its lease is live or expired."""
+        return super().get_queryset(request).annotate(db_now=Now())
+
+    @admin.display(description=_("job"), ordering="task")
+    def task_and_queue(self, job: Job) -> str:
+        """The task's name, its queue and module, and the first line of its last error:
+        what the job is and why it is in trouble, in one cell."""
+        module, _dot, name = job.task.rpartition(".")
+        error = ""
+        if job.last_error:
+            error = format_html(
+                '<br><small class="skipqueue-error" title="{}" style="{}color:#b91c1c">{}</small>',
+                job.last_error[:2000],
+                CUT,
+                job.last_error.splitlines()[0][:300],
+            )
+        return format_html(
+            '<span title="{}" style="{}"><b>{}</b></span><br><small style="{}">{} · {}</small>{}',
+            job.task,
+            CUT,
+            name,
+            CUT,
+            job.queue_name,
+            module,
+            error,
+        )
+
     @admin.display(description=_("state"), ordering="state")
-    def coloured_state(self, job: Job) -> str:
-        return format_html('<b style="color: {}">{}</b>', STATE_COLOURS[job.state], job.state)
+    def state_and_health(self, job: Job) -> str:
+        """The state; a stuck mark when a running job's lease has expired; its worker."""
+        state = format_html(
+            '<b style="color: {}">{}</b>', STATE_COLOURS.get(job.state, "#000"), job.state
+        )
+        expired = _expired_for(job)
+        if expired is not None:
+            state = format_html(
+                '{} <b class="skipqueue-stuck" style="color:#fff;background:#dc2626;'
+                'padding:0 4px;border-radius:3px;white-space:nowrap" title="{}">{}</b>',
+                state,
+                _("lease expired: the reaper takes it back, or Requeue does now"),
+                _("stuck %(age)s") % {"age": _age(expired)},
+            )
+        if job.worker_id and job.state == JobState.RUNNING:
+            state = format_html(
+                '{}<br><small><a href="{}" title="{}"><code>{}</code></a></small>',
+                state,
+                reverse("admin:skipqueue_workerprocess_change", args=[job.worker_id]),
+                job.worker_id,
+                str(job.worker_id)[:8],
+            )
+        return state
 
     @admin.display(description=_("attempts"))
     def attempts_of_max(self, job: Job) -> str:
-        return f"{job.attempts}/{job.max_attempts}"
+        return attempts_text(job)
 
-    @admin.display(description=_("last error"))
-    def error_summary(self, job: Job) -> str:
-        line = (job.last_error or "").splitlines()[0] if job.last_error else ""
-        return line[:100] + ("..." if len(line) > 100 else "")
+    @admin.display(description=_("when"), ordering="run_at")
+    def timing(self, job: Job) -> str:
+        """Relative to the database's now: due, lease left or expired, finished."""
+        now = getattr(job, "db_now", None)
+        if now is None:
+            return _when(job.run_at)
+        if job.state == JobState.RUNNING and job.leased_until is not None:
+            expired = _expired_for(job)
+            if expired is not None:
+                text = _("lease expired %(age)s ago") % {"age": _age(expired)}
+                return format_html(
+                    '<span style="color:#dc2626" title="{}">{}</span>',
+                    _when(job.leased_until),
+                    text,
+                )
+            left = _("lease: %(age)s left") % {"age": _age(job.leased_until - now)}
+            return format_html('<span title="{}">{}</span>', _when(job.leased_until), left)
+        if job.state == JobState.PENDING:
+            text = (
+                _("due in %(age)s") % {"age": _age(job.run_at - now)}
+                if job.run_at > now
+                else _("due %(age)s ago") % {"age": _age(now - job.run_at)}
+            )
+            return format_html('<span title="{}">{}</span>', _when(job.run_at), text)
+        if job.finished_at is not None:
+            text = _("ended %(age)s ago") % {"age": _age(now - job.finished_at)}
+            return format_html('<span title="{}">{}</span>', _when(job.finished_at), text)
+        return _when(job.run_at)
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, job: Job) -> str:
@@ -300,18 +456,25 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     @admin.display(description=_("timeline"))
     def timeline(self, job: Job) -> str:
-        events: list[tuple[str, Any]] = [("enqueued", job.created_at)]
-        events += [
-            (f"attempt {e.get('attempt')}: {e.get('type')}", e.get("at"))
-            for e in _entries(job.errors)
-        ]
+        """What happened, oldest first, every time in one format (error entries hold
+        ISO 8601 text; an entry whose time cannot be read goes last, as written)."""
+        events: list[tuple[datetime | None, str]] = [(job.created_at, "enqueued")]
+        if job.first_started_at and job.attempts > 1:
+            events.append((job.first_started_at, "attempt 1 started"))
+        for entry in _entries(job.errors):
+            what = f"attempt {entry.get('attempt')}: {entry.get('type')}"
+            events.append((_parse_time(entry.get("at")), what))
         if job.started_at:
-            events.append((f"attempt {job.attempts} started", job.started_at))
+            events.append((job.started_at, f"attempt {job.attempts} started"))
         if job.finished_at:
-            events.append((f"finished {job.state}", job.finished_at))
+            events.append((job.finished_at, f"finished {job.state}"))
+        last = datetime.max.replace(tzinfo=timezone.get_current_timezone())
+        events.sort(key=lambda event: event[0] or last)
         return format_html(
-            "<ul>{}</ul>",
-            format_html_join("", "<li>{}: {}</li>", ((when, what) for what, when in events)),
+            '<ol class="skipqueue-timeline">{}</ol>',
+            format_html_join(
+                "", "<li><code>{}</code> {}</li>", ((_when(at), what) for at, what in events)
+            ),
         )
 
     @admin.display(description=_("errors"))
@@ -324,7 +487,13 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
             "",
             "<p><b>attempt {} at {}: {}</b> {}</p><pre>{}</pre>",
             (
-                (e.get("attempt"), e.get("at"), e.get("type"), e.get("message"), e.get("traceback"))
+                (
+                    e.get("attempt"),
+                    _when(_parse_time(e.get("at"))) if _parse_time(e.get("at")) else e.get("at"),
+                    e.get("type"),
+                    e.get("message"),
+                    e.get("traceback"),
+                )
                 for e in reversed(_entries(job.errors))
             ),
         )
@@ -372,35 +541,136 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     def get_urls(self) -> list[Any]:
         overview = self.admin_site.admin_view(self.overview_view)
-        return [path("overview/", overview, name="skipqueue_overview"), *super().get_urls()]
+        act = self.admin_site.admin_view(self.job_action_view)
+        return [
+            path("overview/", overview, name="skipqueue_overview"),
+            path("<int:object_id>/act/<str:verb>/", act, name="skipqueue_job_act"),
+            *super().get_urls(),
+        ]
+
+    # -- one job's page: its health and its actions ----------------------------------
+
+    #: verb: (the manager's guarded verb, its permission, when it applies, its label)
+    JOB_ACTIONS = {
+        "retry": ("retry_now", "retry", (JobState.FAILED, JobState.CANCELLED), _("Retry now")),
+        "cancel": ("cancel", "cancel", (JobState.PENDING,), _("Cancel")),
+        "requeue": ("requeue", "requeue", (JobState.RUNNING,), _("Requeue (stuck)")),
+    }
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The job's page, with a stuck banner and the actions that apply to it now."""
+        job = (
+            self.get_queryset(request).filter(pk=object_id).first() if object_id.isdigit() else None
+        )
+        extra: dict[str, Any] = {**(extra_context or {})}
+        if job is not None:
+            expired = _expired_for(job)
+            if expired is not None:
+                extra["skipqueue_stuck"] = _(
+                    "Stuck: its lease expired %(age)s ago and no worker holds it. The reaper "
+                    "takes it back on its next pass; Requeue does it now."
+                ) % {"age": _age(expired)}
+            extra["skipqueue_actions"] = [
+                {
+                    "verb": verb,
+                    "label": label,
+                    "url": reverse("admin:skipqueue_job_act", args=[job.id, verb]),
+                }
+                for verb, (_method, permission, states, label) in self.JOB_ACTIONS.items()
+                if job.state in states
+                and (verb != "requeue" or expired is not None)
+                and getattr(self, f"has_{permission}_permission")(request)
+            ]
+        return super().change_view(request, object_id, form_url, extra)
+
+    def job_action_view(self, request: HttpRequest, object_id: int, verb: str) -> HttpResponse:
+        """POST from a job's page: the same guarded verb as the list action, on this job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if verb not in self.JOB_ACTIONS:
+            raise Http404(verb)
+        method, permission, _states, _label = self.JOB_ACTIONS[verb]
+        if not getattr(self, f"has_{permission}_permission")(request):
+            raise PermissionDenied
+        changed = getattr(Job.objects, method)([object_id])
+        done = {"retry": _("retried"), "cancel": _("cancelled"), "requeue": _("requeued")}[verb]
+        if changed:
+            self.message_user(request, _("Job %(id)s %(done)s.") % {"id": object_id, "done": done})
+        else:
+            self.message_user(
+                request,
+                _("Job %(id)s was not %(done)s: its state changed meanwhile.")
+                % {"id": object_id, "done": done},
+                messages.WARNING,
+            )
+        return redirect("admin:skipqueue_job_change", object_id)
+
+    # -- the queue overview ------------------------------------------------------------
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
-        buckets = throughput_last_hour()
-        peak = max((count for _, count in buckets), default=0) or 1
-        bars = []
-        for index, (minutes, count) in enumerate(buckets):
-            height = round(count / peak * 100)
-            bars.append(
-                {
-                    "x": index * 40 + 10,
-                    "y": 110 - height,
-                    "height": height,
-                    "count": count,
-                    "label": f"-{minutes}m",
-                }
-            )
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
-            "queues": queue_stats(),
-            "bars": bars,
+            "queues": [
+                {**row.as_dict(), "unattended": row.pending_due > 0 and not row.live_workers}
+                for row in queue_stats()
+            ],
+            "chart": throughput_chart(throughput_last_hour()),
             "opts": self.model._meta,
+            "breadcrumbs_as_list": django.VERSION >= (6, 1),  # Django 6.1's admin markup
         }
         return TemplateResponse(request, "admin/skipqueue/overview.html", context)
+
+
+def throughput_chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
+    """Bars of jobs done per bucket, with a scale: gridlines at 0, half and the peak."""
+    peak = max((count for _, count in buckets), default=0)
+    top = max(peak, 1)
+    height, left = 100, 44
+    bars = [
+        {
+            "x": left + index * 40,
+            "y": 110 - round(count / top * height),
+            "height": round(count / top * height),
+            "count": count,
+            "label": f"-{minutes}m",
+        }
+        for index, (minutes, count) in enumerate(buckets)
+    ]
+    ticks = [
+        {"y": 110 - round(share * height), "value": round(top * share)} for share in (0, 0.5, 1)
+    ]
+    return {"bars": bars, "ticks": ticks, "width": left + 40 * len(buckets), "left": left}
+
+
+@admin.register(QueueOverview)
+class QueueOverviewAdmin(admin.ModelAdmin):
+    """The admin index's "Queue overview" entry: it opens the overview page."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("skipqueue.view_job")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return redirect("admin:skipqueue_overview")
 
 
 @admin.register(WorkerProcess)
@@ -416,7 +686,8 @@ class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "is_alive",
         "jobs_held",
     ]
-    ordering = ["-started_at"]
+    list_filter = [AliveFilter]
+    allowed_lookups = frozenset({"status"})
     readonly_fields = [
         "id",
         "hostname",
@@ -456,6 +727,7 @@ class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
             super()
             .get_queryset(request)
             .annotate(alive=Exists(alive), held=Coalesce(Subquery(held), 0))
+            .order_by("-alive", "-started_at")  # the live ones first; the dead pile below
         )
 
     @admin.display(description=_("alive"), boolean=True, ordering="alive")

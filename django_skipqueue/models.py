@@ -20,7 +20,7 @@ from django_skipqueue.states import (
     idempotency_key_of,
 )
 
-__all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "WorkerProcess"]
+__all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "QueueOverview", "WorkerProcess"]
 
 
 class WorkerProcess(models.Model):
@@ -173,3 +173,14 @@ class Job(models.Model):
     def idempotency_key(self) -> str:
         """Stable across every attempt of this job: hand it to external services."""
         return idempotency_key_of(self.id)
+
+
+class QueueOverview(Job):
+    """No table of its own: the admin index's entry for the queue overview page (see
+    admin.QueueOverviewAdmin). Viewing it takes the permission to view jobs."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("queue overview")
+        verbose_name_plural = _("queue overview")
+        default_permissions = ()

@@ -306,3 +306,134 @@ def test_worker_rows_cannot_be_deleted_from_the_admin(superuser_client):
     url = reverse("admin:skipqueue_workerprocess_delete", args=[worker.id])
     assert superuser_client.post(url, {"post": "yes"}).status_code == 403
     assert WorkerProcess.objects.filter(id=worker.id).exists()
+
+
+# -- triage (issue 13, part C) ---------------------------------------------------------
+
+
+def test_attempts_count_those_spent_of_those_allowed_not_the_raised_fence():
+    from django_skipqueue.admin import attempts_text
+
+    job = JobFactory(max_attempts=5)
+    [claimed] = Job.objects.claim(queues=["default"])
+    assert Job.objects.release(claimed.id, claimed.attempts)
+    Job.objects.claim(queues=["default"])
+    job.refresh_from_db()
+    assert (job.attempts, job.max_attempts, job.releases) == (2, 6, 1)
+    assert attempts_text(job) == "1/5"  # not 2/6
+    job.expirations = 1
+    assert attempts_text(job) == "1/5 (1 expired)"
+
+
+def test_the_timeline_is_in_order_and_in_one_format(superuser_client):
+    job = JobFactory(
+        failed=True,
+        attempts=2,
+        errors=[  # stored newest last, but written here out of order on purpose
+            {"attempt": 2, "at": "2026-11-30T10:05:00+00:00", "type": "E2", "message": "m"},
+            {"attempt": 1, "at": "2026-11-30T10:01:00+00:00", "type": "E1", "message": "m"},
+        ],
+    )
+    Job.objects.filter(id=job.id).update(created_at="2026-11-30T10:00:00+00:00")
+    html = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id])).content
+    timeline = html.decode().split('class="skipqueue-timeline">')[1].split("</ol>")[0]
+    stamps = [item.split("<code>")[1].split("</code>")[0] for item in timeline.split("<li>")[1:]]
+    assert stamps[:3] == ["2026-11-30 10:00:00", "2026-11-30 10:01:00", "2026-11-30 10:05:00"]
+    assert stamps == sorted(stamps)
+    assert "attempt 1: E1" in timeline.split("10:01:00")[1].split("</li>")[0]
+
+
+def test_a_stuck_job_page_says_so_and_offers_requeue(superuser_client):
+    stuck = JobFactory(expired=True)
+    healthy = JobFactory(running=True)
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[stuck.id]))
+    assert b"Stuck: its lease expired 5 min ago" in page.content
+    assert b'name="requeue"' in page.content
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[healthy.id]))
+    assert b"Stuck:" not in page.content and b'name="requeue"' not in page.content
+
+
+@pytest.mark.parametrize(
+    ("trait", "verb", "before", "after"),
+    [
+        ("failed", "retry", JobState.FAILED, JobState.PENDING),
+        (None, "cancel", JobState.PENDING, JobState.CANCELLED),
+        ("expired", "requeue", JobState.RUNNING, JobState.PENDING),
+    ],
+)
+def test_a_jobs_page_acts_on_it_by_post_only(superuser_client, trait, verb, before, after):
+    job = JobFactory(**({trait: True} if trait else {}))
+    url = reverse("admin:skipqueue_job_act", args=[job.id, verb])
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    assert f'name="{verb}"'.encode() in page.content
+    assert superuser_client.get(url).status_code == 405
+    job.refresh_from_db()
+    assert job.state == before
+    response = superuser_client.post(url)
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.state == after
+    again = superuser_client.post(url, follow=True)  # the state moved on: nothing changes
+    assert b"was not" in again.content
+
+
+def test_a_jobs_page_action_needs_its_permission(client):
+    job = JobFactory(failed=True)
+    staff(client)  # may view jobs, not retry them
+    page = client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    assert page.status_code == 200 and b'name="retry"' not in page.content
+    act = reverse("admin:skipqueue_job_act", args=[job.id, "retry"])
+    assert client.post(act).status_code == 403
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+
+
+def test_the_overview_is_listed_on_the_admin_index_for_whoever_may_view_jobs(client):
+    staff(client)
+    index = client.get(reverse("admin:index")).content.decode()
+    assert "Queue overview" in index
+    entry = reverse("admin:skipqueue_queueoverview_changelist")
+    assert entry in index
+    assert client.get(entry)["Location"] == reverse("admin:skipqueue_overview")
+
+
+def test_a_queue_with_due_jobs_and_no_live_worker_is_flagged(superuser_client):
+    JobFactory(queue_name="mail")
+    JobFactory(queue_name="served")
+    WorkerProcess.objects.create(hostname="h", pid=1, queues=["served"])
+    page = superuser_client.get(reverse("admin:skipqueue_overview")).content.decode()
+    rows = {row.split("</a>")[0].rsplit(">", 1)[1]: row for row in page.split("<tr")[2:]}
+    assert "no live worker" in rows["mail"] and "skipqueue-unattended" in page
+    assert "no live worker" not in rows["served"]
+
+
+def test_the_overview_breadcrumbs_use_this_djangos_markup(superuser_client):
+    import django
+
+    page = superuser_client.get(reverse("admin:skipqueue_overview")).content.decode()
+    if django.VERSION >= (6, 1):
+        assert '<ol class="breadcrumbs">' in page and '<div class="breadcrumbs">' not in page
+    else:
+        assert '<div class="breadcrumbs">' in page
+
+
+def test_the_worker_list_filters_alive_and_dead_and_puts_the_live_first(superuser_client):
+    dead = WorkerProcess.objects.create(hostname="old", pid=1, queues=["default"])
+    WorkerProcess.objects.filter(id=dead.id).update(heartbeat_at=Now() - timedelta(hours=1))
+    alive = WorkerProcess.objects.create(hostname="new", pid=2, queues=["default"])
+    url = reverse("admin:skipqueue_workerprocess_changelist")
+    page = superuser_client.get(url).content.decode()
+    assert page.index(str(alive.id)) < page.index(str(dead.id))
+    only_dead = superuser_client.get(url + "?status=dead").content.decode()
+    assert str(dead.id) in only_dead and str(alive.id) not in only_dead
+    only_alive = superuser_client.get(url + "?status=alive").content.decode()
+    assert str(alive.id) in only_alive and str(dead.id) not in only_alive
+
+
+def test_the_task_and_queue_filters_offer_finished_and_known_values(superuser_client):
+    from tests.testapp import tasks
+
+    JobFactory(failed=True, task="billing.tasks.gone", queue_name="billing")
+    page = superuser_client.get(reverse(CHANGELIST)).content.decode()
+    assert "?task=billing.tasks.gone" in page and "?queue=billing" in page  # failed jobs'
+    assert f"?task={tasks.add.name}" in page  # registered, though no job has run it

@@ -1,6 +1,7 @@
 """A real browser (Debian's chromium, driven by playwright) triages a stuck job in the admin.
 
-Screenshots of the changelist and the queue overview are saved to test-artifacts/.
+At 1280 px, the width of an operator's laptop. Screenshots of the job list, a stuck
+job's page and the queue overview are saved to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from tests.processes import REPO_ROOT, child_env, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+WIDTH, HEIGHT = 1280, 800
 
 pytestmark = [
     pytest.mark.slow,
@@ -78,7 +81,7 @@ def page(monkeypatch):
             ],
         )
         try:
-            yield browser.new_page(viewport={"width": 1400, "height": 900})
+            yield browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
         finally:
             # The ORM calls made inside playwright's event loop opened a connection of
             # their own (Django's connections are per context); close it here.
@@ -88,29 +91,78 @@ def page(monkeypatch):
             browser.close()
 
 
-def test_an_operator_requeues_a_stuck_job_from_the_browser(server_url, page):
+def log_in(page, server_url: str) -> None:
     User.objects.create_superuser("ops", "ops@example.com", "correct-horse")
-    stuck = JobFactory(expired=True, task="shop.tasks.send_welcome_email")
-    JobFactory.create_batch(3, done=True)
-    ARTIFACTS.mkdir(exist_ok=True)
-
     page.goto(f"{server_url}/admin/login/")
     page.fill("#id_username", "ops")
     page.fill("#id_password", "correct-horse")
     page.click("input[type=submit]")
+
+
+def in_view(locator) -> bool:
+    """Wholly inside the 1280 x 800 window, without scrolling."""
+    box = locator.bounding_box()
+    return (
+        box is not None
+        and box["x"] >= 0
+        and box["y"] >= 0
+        and box["x"] + box["width"] <= WIDTH
+        and box["y"] + box["height"] <= HEIGHT
+    )
+
+
+def test_at_1280_px_the_job_list_shows_what_an_operator_triages_by(server_url, page):
+    stuck = JobFactory(expired=True, task="shop.tasks.send_welcome_email", worker_id=uuid.uuid4())
+    JobFactory(running=True, task="shop.tasks.send_welcome_email", worker_id=uuid.uuid4())
+    failed = JobFactory(
+        failed=True,
+        task="billing.webhooks.deliver_invoice_to_accounting_system",
+        last_error="ConnectionError: HTTPSConnectionPool(host='accounts.example.com', port=443): "
+        "Max retries exceeded with url: /v2/invoices/ (Caused by NewConnectionError) " * 3,
+    )
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "admin-job-list-1280.png"))
+
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    for job in (stuck, failed):
+        row = page.locator(f"#result_list tbody tr:has(input[value='{job.id}'])")
+        for part in ("td.field-state_and_health", "td.field-attempts_of_max", "td.field-timing"):
+            assert in_view(row.locator(part)), (job.task, part)
+    stuck_row = page.locator(f"#result_list tbody tr:has(input[value='{stuck.id}'])")
+    assert in_view(stuck_row.locator(".skipqueue-stuck"))
+    assert "stuck 5 min" in stuck_row.locator(".skipqueue-stuck").inner_text()
+    assert page.locator(".skipqueue-stuck").count() == 1  # the healthy running job is not
+    error = page.locator(f"#result_list tbody tr:has(input[value='{failed.id}']) .skipqueue-error")
+    assert in_view(error)
+    assert error.inner_text().startswith("ConnectionError: HTTPSConnectionPool")
+    assert error.get_attribute("title") == failed.last_error  # the whole text on hover
+
+
+def test_an_operator_requeues_a_stuck_job_from_its_page_and_reaches_the_overview(server_url, page):
+    stuck = JobFactory(expired=True, task="shop.tasks.send_welcome_email")
+    JobFactory.create_batch(3, done=True)
+    log_in(page, server_url)
+    ARTIFACTS.mkdir(exist_ok=True)
+
     page.goto(f"{server_url}/admin/skipqueue/job/?health=stuck")
     assert page.locator("#result_list tbody tr").count() == 1
-    page.screenshot(path=str(ARTIFACTS / "admin-stuck-changelist.png"), full_page=True)
-
-    page.check("#result_list tbody input[type=checkbox]")
-    page.select_option("select[name=action]", "requeue")
-    page.click("button[name=index]")
-    assert "1 job(s) requeued" in page.locator("ul.messagelist").inner_text()
+    page.click(f"#result_list tbody tr a:text-is('{stuck.id}')")
+    banner = page.locator(".skipqueue-stuck-banner")
+    assert "Stuck: its lease expired 5 min ago" in banner.inner_text() and in_view(banner)
+    page.screenshot(path=str(ARTIFACTS / "admin-stuck-job-1280.png"))
+    page.click("button[name=requeue]")
+    assert f"Job {stuck.id} requeued." in page.locator("ul.messagelist").inner_text()
     stuck.refresh_from_db()
     assert (stuck.state, stuck.expirations) == (JobState.PENDING, 1)
+    assert page.locator(".skipqueue-stuck-banner").count() == 0
 
-    page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+    page.goto(f"{server_url}/admin/")  # the overview is one click from the admin index
+    page.click("a:text-is('Queue overview')")
     assert page.locator("#queue-overview").is_visible()
     assert page.locator("#throughput-chart rect").count() == 12
-    page.screenshot(path=str(ARTIFACTS / "admin-queue-overview.png"), full_page=True)
+    assert page.locator("#throughput-chart .tick-label").count() == 3  # a scale
+    assert page.locator(".breadcrumbs a").first.inner_text() == "Home"
+    page.screenshot(path=str(ARTIFACTS / "admin-queue-overview-1280.png"), full_page=True)
     assert Job.objects.filter(state=JobState.DONE).count() == 3

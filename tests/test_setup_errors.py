@@ -68,7 +68,8 @@ def test_a_command_before_migrate_says_to_migrate(empty_database_url, command):
     result = manage(*command, DATABASE_URL=empty_database_url)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert "lacks 7 migration(s) of django_skipqueue" in result.stderr
+    migrations = len(list((REPO_ROOT / "django_skipqueue" / "migrations").glob("0*.py")))
+    assert f"lacks {migrations} migration(s) of django_skipqueue" in result.stderr
     assert "run `python manage.py migrate` first" in result.stderr
 
 
