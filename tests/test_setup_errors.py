@@ -87,3 +87,19 @@ def test_a_queue_with_jobs_but_no_registered_task_is_not_flagged(caplog):
     tasks.add.using(queue_name="imports").enqueue(1, 2)
     call_command("runworker", "--burst", "--no-listen", "--queue", "imports", stdout=StringIO())
     assert "no registered task uses queue" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_role_that_cannot_read_the_migrations_gets_the_job_tables_columns_checked():
+    """A least-privilege worker role cannot read django_migrations (fault test S13 runs
+    a worker as one); the preflight then checks the job table it uses."""
+    from django.core.management import CommandError
+    from django.db import connection
+
+    from django_skipqueue.management.preflight import _require_job_table
+
+    _require_job_table("default")  # the migrated table passes
+    with connection.cursor() as cursor:  # rolled back with the test's transaction
+        cursor.execute("ALTER TABLE skipqueue_job DROP COLUMN worker_ids")
+    with pytest.raises(CommandError, match=r"lacks worker_ids: run `python manage.py migrate`"):
+        _require_job_table("default")

@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 from django.db.migrations.loader import MigrationLoader
 
-from django_skipqueue.faults import is_transient
+from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.models import Job
 from django_skipqueue.registry import registry
 
@@ -34,6 +34,10 @@ def require_migrated(alias: str) -> None:
         if is_transient(error):
             logger.warning("could not check the migrations of database %r: %s", alias, error)
             return
+        if sqlstate(error) == INSUFFICIENT_PRIVILEGE:
+            # A least-privilege worker role (docs/explanation/security-and-guarantees.md)
+            # cannot read django_migrations: check the job table it uses instead.
+            return _require_job_table(alias)
         raise CommandError(f"cannot read the migrations of database {alias!r}: {error}") from error
     label = Job._meta.app_label
     missing = sorted(
@@ -46,6 +50,28 @@ def require_migrated(alias: str) -> None:
             f"database {alias!r} lacks {len(missing)} migration(s) of django_skipqueue "
             f"({', '.join(missing)}): run `python manage.py migrate` first"
             + (f" (or `migrate --database {alias}`)" if alias != "default" else "")
+        )
+
+
+INSUFFICIENT_PRIVILEGE = "42501"
+
+
+def _require_job_table(alias: str) -> None:
+    """CommandError unless the job table has every column of the Job model."""
+    connection = connections[alias]
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        if table not in connection.introspection.table_names(cursor):
+            raise CommandError(
+                f"database {alias!r} has no {table} table: run `python manage.py migrate` first"
+            )
+        present = {column.name for column in connection.introspection.get_table_description(
+            cursor, table)}  # fmt: skip
+    missing = [str(f.column) for f in Job._meta.concrete_fields if f.column not in present]
+    if missing:
+        raise CommandError(
+            f"the {table} table of database {alias!r} lacks {', '.join(missing)}: run "
+            f"`python manage.py migrate` first"
         )
 
 
