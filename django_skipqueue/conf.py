@@ -124,6 +124,9 @@ class SkipQueueSettings:
     REAP_INTERVAL_SECONDS: float = 10.0
     #: Worker: how often a worker records that it is alive.
     HEARTBEAT_SECONDS: float = 10.0
+    #: Worker: how often it logs a `worker progress` line at INFO with what ran since the
+    #: last one (per-job lines are DEBUG; failures are logged one by one). 0: never.
+    PROGRESS_SECONDS: float = 10.0
     #: A worker whose heartbeat is older than this is shown as dead.
     WORKER_DEAD_AFTER_SECONDS: float = 60.0
     #: Rows of workers dead for longer than this are deleted by the housekeeper.
@@ -166,6 +169,7 @@ class SkipQueueSettings:
             "PREFETCH": (_none_or_zero_or_more_int, "None or a whole number, zero or more"),
             "REAP_INTERVAL_SECONDS": (_zero_or_more, "zero (off) or more seconds"),
             "HEARTBEAT_SECONDS": (_positive_number, "a positive number of seconds"),
+            "PROGRESS_SECONDS": (_zero_or_more, "zero (off) or more seconds"),
             "WORKER_DEAD_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "WORKER_PRUNE_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "GRACE_SECONDS": (_zero_or_more, "zero or more seconds"),

@@ -133,7 +133,7 @@ def execute(
     attempt = job.attempts
     started = time.monotonic()  # durations only; no decision uses the process clock
     signals.job_started.send(sender=Job, job=job)
-    logger.info("job started id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    logger.debug("job started id=%s task=%s attempt=%d", job.id, job.task, attempt)
 
     task: Task[Any, Any] | None = None
     depth = len(connections[database].atomic_blocks)
@@ -158,7 +158,7 @@ def execute(
             return _unknown(job, attempt, duration)
         if not released.value:
             return _lost(job, attempt, duration)
-        logger.info(
+        logger.debug(
             "job released id=%s task=%s attempt=%d delay=%.3fs reason=%s",
             job.id,
             job.task,
@@ -308,7 +308,7 @@ def record_success(
         return _unknown(job, attempt, duration)
     if not acked:
         return _lost(job, attempt, duration)
-    logger.info(
+    logger.debug(
         "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
     )
     signals.job_succeeded.send(sender=Job, job=job, result=result, duration=duration)
@@ -454,7 +454,7 @@ def _record_failure(
             error.traceback.rstrip(),
         )
     if state == JobState.PENDING:
-        logger.info(
+        logger.debug(
             "job retrying id=%s task=%s attempt=%d in=%.3fs",
             job.id,
             job.task,

@@ -27,7 +27,7 @@ from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.reaper import Reaper
 
 if TYPE_CHECKING:
-    from django_skipqueue.worker import WorkerStats
+    from django_skipqueue.progress import ProgressLog, WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class Housekeeper:
         heartbeat_interval: float,
         reap_interval: float,
         prune_workers_after: timedelta,
+        progress: ProgressLog | None = None,
     ) -> None:
         self.database = database
         self.held = held
@@ -55,6 +56,7 @@ class Housekeeper:
         self.heartbeat_interval = heartbeat_interval
         self.reap_interval = reap_interval
         self.prune_workers_after = prune_workers_after
+        self.progress = progress  # the periodic INFO line of what ran
         #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
         #: boundary race, case T3 of docs/explanation/failure-model.md).
         self.renew_leases = True
@@ -82,11 +84,14 @@ class Housekeeper:
                         if not result.locked_out:
                             reaper.prune(workers_dead_for=self.prune_workers_after)
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
+                    if self.progress is not None and now >= self.progress.next_at:
+                        self.progress.emit(now)
                     backoff.reset()
                     soonest = min(
                         self.held.next_renewal(),
                         next_beat,
                         next_reap if self.reap_interval else next_beat,
+                        self.progress.next_at if self.progress is not None else next_beat,
                     )
                     wait = min(soonest - time.monotonic(), 1.0)
                 except Exception as error:  # noqa: BLE001  (this thread must not die)

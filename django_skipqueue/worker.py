@@ -27,7 +27,6 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
 
@@ -43,7 +42,6 @@ from django_skipqueue.connections import (
 )
 from django_skipqueue.executor import (
     Execution,
-    Outcome,
     Success,
     acknowledge,
     execute,
@@ -54,38 +52,12 @@ from django_skipqueue.housekeeper import Housekeeper
 from django_skipqueue.inflight import Buffer, ClaimSize, Finished, Flight, InFlight
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.notifier import Notifier
+from django_skipqueue.progress import ProgressLog, WorkerStats
 from django_skipqueue.registry import registry
 from django_skipqueue.states import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.threads import Supervisor
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkerStats:
-    """Counters since start. Read them for progress; they decide nothing."""
-
-    claimed: int = 0
-    finished: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
-    acked_batches: int = 0
-    renewed: int = 0
-    renew_refused: int = 0
-    released_on_shutdown: int = 0
-    reaped: int = 0
-    timed_out: int = 0
-    thread_restarts: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    def count(self, outcome: Outcome) -> int:
-        return self.outcomes.get(outcome.value, 0)
-
-    def summary(self) -> str:
-        """Every count an operator reads at the end of a run, in `key=value` form."""
-        counts = {"claimed": self.claimed}
-        counts |= {outcome.value: self.count(outcome) for outcome in Outcome}
-        counts |= {"timed_out": self.timed_out, "released_on_stop": self.released_on_shutdown}
-        return " ".join(f"{key}={value}" for key, value in counts.items())
 
 
 class Worker:
@@ -144,6 +116,9 @@ class Worker:
             heartbeat_interval=conf.HEARTBEAT_SECONDS,
             reap_interval=conf.REAP_INTERVAL_SECONDS if reap_interval is None else reap_interval,
             prune_workers_after=timedelta(seconds=conf.WORKER_PRUNE_AFTER_SECONDS),
+            progress=ProgressLog(self.stats, conf.PROGRESS_SECONDS)
+            if conf.PROGRESS_SECONDS
+            else None,
         )
 
     @property

@@ -282,6 +282,33 @@ def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
 
 
 @pytest.mark.slow
+def test_at_the_default_verbosity_a_worker_logs_progress_and_each_failure_not_each_job(
+    start_worker,
+):
+    def ran(output: str) -> int:  # jobs ended, summed over the progress lines
+        return sum(
+            int(part.split("=")[1])
+            for line in output.splitlines()
+            if "worker progress" in line
+            for part in line.split()
+            if part.startswith(("succeeded=", "failed="))
+        )
+
+    tasks.add.enqueue_many([((1, 2), {})] * 50)
+    failing = tasks.always_fails.using(max_attempts=1).enqueue("kaput")
+    worker = start_worker("-v", "1", "--concurrency", "4", settings={"PROGRESS_SECONDS": 0.3})
+    wait_until(lambda: ran(worker.output()) == 51, timeout=30, message=worker.output())
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0
+
+    output = worker.output()
+    assert "job started" not in output and "job succeeded" not in output  # DEBUG now
+    assert f"job raised id={failing.id} task=tests.testapp.tasks.always_fails" in output
+    assert f"job failed id={failing.id}" in output
+    assert Job.objects.filter(state="done").count() == 50
+
+
+@pytest.mark.slow
 def test_a_second_signal_exits_at_once(start_worker):
     """T36: a second signal during the drain exits within a second; the job is left
     running for the reaper, not lost."""
