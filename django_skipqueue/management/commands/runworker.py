@@ -24,6 +24,7 @@ from django_skipqueue.management.arguments import (
 )
 from django_skipqueue.management.preflight import queue_warnings, require_migrated
 from django_skipqueue.models import Job
+from django_skipqueue.pool import WorkerPool
 from django_skipqueue.worker import Worker
 
 logger = logging.getLogger("django_skipqueue")
@@ -52,6 +53,16 @@ class Command(BaseCommand):
             default=1,
             metavar="N",
             help="Threads running jobs, each with its own database connection. Default: 1.",
+        )
+        parser.add_argument(
+            "--processes",
+            "-p",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="Worker processes under this one, each with --concurrency threads, its "
+            "own connections and its own worker row (one process uses one core). SIGTERM "
+            "drains them all; a child that exits is replaced. Default: 1 (no children).",
         )
         parser.add_argument(
             "--prefetch",
@@ -139,6 +150,24 @@ class Command(BaseCommand):
         require_migrated(worker.database)
         for warning in queue_warnings(worker.queues, worker.database):
             logger.warning(warning)
+        if options["processes"] > 1:
+            if threading.current_thread() is not threading.main_thread():
+                raise CommandError("--processes needs the main thread (it handles signals)")
+            pool = WorkerPool(
+                options["processes"],
+                lambda: self.run_worker(self.make_worker(options), options),
+                replace=not options["burst"],
+            )
+            code = pool.run()
+            if code:
+                sys.exit(code)
+            return
+        code = self.run_worker(worker, options)
+        if code:
+            sys.exit(code)
+
+    def run_worker(self, worker: Worker, options: dict[str, Any]) -> int:
+        """Run one worker in this process until it stops; returns its exit code."""
         if settings.DEBUG:
             logger.warning(
                 "DEBUG=True: every query is kept in memory and slows the worker; run "
@@ -147,7 +176,7 @@ class Command(BaseCommand):
         if threading.current_thread() is threading.main_thread():
             worker.install_signal_handlers()
         progress = None
-        if options["burst"] and self.stdout.isatty():
+        if options["burst"] and self.stdout.isatty() and options["processes"] == 1:
             progress = BurstProgress(worker, self)
             progress.start()
         code = worker.run()
@@ -167,8 +196,7 @@ class Command(BaseCommand):
             self.stdout.flush()
             logging.shutdown()
             os._exit(code)
-        if code:
-            sys.exit(code)
+        return code
 
 
 class BurstProgress:
