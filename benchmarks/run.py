@@ -402,13 +402,35 @@ def floor_latencies(trials: int) -> tuple[list[float], list[float], list[float]]
     return across, same, enqueued
 
 
+def claim_round_trips(trials: int) -> list[float]:
+    """One durable claim of one due row from an idle connection: the round trip a woken
+    worker cannot skip (its claim commits before the job starts)."""
+    reset()
+    raw = raw_connection()
+    timings = []
+    try:
+        for _ in range(trials):
+            fill(1)
+            time.sleep(0.2)
+            started = time.perf_counter()
+            if not raw.execute(RAW_CLAIM, [1]).fetchall():
+                raise SystemExit("the claim round trip found no row")
+            timings.append(time.perf_counter() - started)
+    finally:
+        raw.close()
+        reset()
+    return timings
+
+
 def part_latency(opts: argparse.Namespace) -> dict[str, float]:
     across, same, enqueued = floor_latencies(opts.trials)
+    claims = claim_round_trips(opts.trials)
     results = {
         "floor_median_ms": statistics.median(across) * 1000,
         "floor_p95_ms": percentile(across, 0.95) * 1000,
         "floor_same_process_median_ms": statistics.median(same) * 1000,
         "enqueue_to_listener_median_ms": statistics.median(enqueued) * 1000,
+        "claim_round_trip_median_ms": statistics.median(claims) * 1000,
     }
     for label, args, trials in [
         ("listen", ["--poll-interval", "30"], opts.trials),
@@ -437,6 +459,9 @@ def part_latency(opts: argparse.Namespace) -> dict[str, float]:
     results["listen_vs_floor"] = results["listen_median_ms"] / results["floor_median_ms"]
     results["listen_vs_enqueue_to_listener"] = (
         results["listen_median_ms"] / results["enqueue_to_listener_median_ms"]
+    )
+    results["listen_vs_enqueue_to_listener_plus_claim"] = results["listen_median_ms"] / (
+        results["enqueue_to_listener_median_ms"] + results["claim_round_trip_median_ms"]
     )
     return results
 
@@ -623,9 +648,9 @@ def targets(report: dict[str, Any]) -> dict[str, tuple[float, str, bool]]:
     if "c4_logging_share_of_cpu" in thr:
         share = thr["c4_logging_share_of_cpu"] * 100
         found["c4_logging_percent_of_cpu"] = (share, "<= 10", share <= 10)
-    if latency := report.get("latency"):
-        ratio = latency["listen_vs_floor"]
-        found["pickup_median_vs_floor"] = (ratio, "<= 1.3", ratio <= 1.3)
+    if latency := report.get("latency"):  # issue 15: the durable claim is part of pickup
+        ratio = latency["listen_vs_enqueue_to_listener_plus_claim"]
+        found["pickup_vs_enqueue_listener_plus_claim"] = (ratio, "<= 1.2", ratio <= 1.2)
         p95 = latency["listen_p95_ms"]
         found["pickup_p95_ms"] = (p95, "<= 50", p95 <= 50)
     if claimpath := report.get("claimpath"):
@@ -638,7 +663,7 @@ def targets(report: dict[str, Any]) -> dict[str, tuple[float, str, bool]]:
         ratio = enqueue["enqueue_vs_create"]
         found["enqueue_vs_create"] = (ratio, ">= 0.8", ratio >= 0.8)
         ratio = enqueue["bulk_vs_sql"]
-        found["bulk_enqueue_vs_sql"] = (ratio, ">= 0.35", ratio >= 0.35)
+        found["bulk_enqueue_vs_sql"] = (ratio, ">= 0.5", ratio >= 0.5)
     if memory := report.get("memory"):
         growth = memory["growth"] * 100
         found["rss_growth_percent"] = (growth, "< 10", growth < 10)

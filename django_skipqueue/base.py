@@ -107,6 +107,47 @@ def _call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Si
     return signature.replace(parameters=parameters[1:] if takes_context else parameters)
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """A signature of named parameters only (no *args, **kwargs, positional-only): a
+    call binds to it when its positional count fits, its keywords are named, none twice,
+    and every required parameter is given. Checked in a few set operations, where
+    `Signature.bind` costs several microseconds a call (a fifth of a bulk enqueue)."""
+
+    positional: tuple[str, ...]
+    names: frozenset[str]
+    required: frozenset[str]
+
+    def binds(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        if len(args) > len(self.positional):
+            return False
+        given = self.positional[: len(args)]
+        if not kwargs:
+            return self.required.issubset(given)
+        if not self.names.issuperset(kwargs) or not set(given).isdisjoint(kwargs):
+            return False
+        return self.required.issubset(set(given).union(kwargs))
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_shape(func: Callable[..., Any], takes_context: bool) -> _Shape | None:
+    """The fast check of `_call_signature`, when the signature allows one."""
+    signature = _call_signature(func, takes_context)
+    if signature is None:
+        return None
+    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
+    parameters = list(signature.parameters.values())
+    if any(parameter.kind not in kinds for parameter in parameters):
+        return None
+    return _Shape(
+        positional=tuple(
+            p.name for p in parameters if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ),
+        names=frozenset(p.name for p in parameters),
+        required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
+    )
+
+
 def default_retry_policy() -> RetryPolicy:
     """The project-wide policy from SKIPQUEUE's RETRY_* settings."""
     conf = get_settings()
@@ -252,6 +293,9 @@ class Task(Generic[P, R]):
         At enqueue, not at run time: a call with an argument too many or a keyword the
         function does not take would otherwise fail every attempt.
         """
+        shape = _call_shape(self.func, self.takes_context)
+        if shape is not None and shape.binds(args, kwargs):
+            return  # the common case; any refusal is explained by Signature.bind below
         signature = _call_signature(self.func, self.takes_context)
         if signature is None:
             return

@@ -372,3 +372,37 @@ def test_enqueue_sends_save_signals_when_a_receiver_listens():
     assert saved == [(job.id, True)]
     for each in (plain, job):
         assert fields_of(each) == fields_of(Job.objects.get(id=each.id))
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(
+    parameters=st.lists(
+        st.tuples(st.sampled_from("abcde"), st.booleans(), st.booleans()),
+        max_size=4,
+        unique_by=lambda p: p[0],
+    ),
+    positional=st.integers(min_value=0, max_value=5),
+    keywords=st.sets(st.sampled_from("abcdef"), max_size=4),
+)
+def test_the_fast_call_check_agrees_with_signature_bind(parameters, positional, keywords):
+    """`_Shape.binds` is the fast path of check_call: it must say yes exactly when
+    `inspect.Signature.bind` accepts the call, for any signature of named parameters."""
+    from django_skipqueue.base import _call_shape, _call_signature
+
+    parameters = sorted(parameters, key=lambda p: p[2])  # keyword-only ones last
+    parameters = sorted(parameters, key=lambda p: (p[2], p[1]))  # defaults after required
+    params = ", ".join(
+        (("*, " if kw_only and not any(q[2] for q in parameters[:i]) else "") + name)
+        + ("=None" if has_default else "")
+        for i, (name, has_default, kw_only) in enumerate(parameters)
+    )
+    namespace: dict = {}
+    exec(f"def f({params}): pass", namespace)  # noqa: S102  (a generated test signature)
+    func = namespace["f"]
+    args, kwargs = [0] * positional, dict.fromkeys(keywords, 0)
+    try:
+        _call_signature(func, False).bind(*args, **kwargs)
+        binds = True
+    except TypeError:
+        binds = False
+    assert _call_shape(func, False).binds(args, kwargs) == binds
