@@ -60,3 +60,49 @@ def test_sigkill_storm_loses_nothing_and_acks_each_job_once(supervisor):
     # T5: every expiry counted once, however many reapers raced.
     assert report.figures["reaped_transitions"] == report.figures["expirations"]
     assert supervisor.kills >= 15
+
+
+@pytest.mark.timeout(300)
+def test_a_sigkill_storm_on_pool_children_loses_nothing(supervisor):
+    """The same invariants with `runworker --processes`: children SIGKILLed at random are
+    replaced by their parent, and the fence, the lease and the reaper hold as for single
+    workers (duplicates within expirations, each expiry counted once, 0 lost)."""
+    import os
+    import signal
+
+    import psutil
+
+    rng = random.Random(20261201)
+    jobs = tasks.probe.using(lease=3.0).enqueue_many(
+        [((), {"ms": rng.randint(2, 30)}) for _ in range(4000)]
+    )
+    ids = [job.id for job in jobs]
+    deadlocks_before = deadlocks()
+    pools = [
+        supervisor.start("--processes", "2", "--concurrency", "4", "--reap-interval", "1")
+        for _ in range(2)
+    ]
+    kills = 0
+    storm_ends = time.monotonic() + 15.0
+    while time.monotonic() < storm_ends:
+        time.sleep(rng.uniform(0.7, 1.5))  # the storm's pace, not a synchronisation
+        pool = rng.choice(pools)
+        children = psutil.Process(pool.pid).children()
+        if children:
+            os.kill(rng.choice(children).pid, signal.SIGKILL)
+            kills += 1
+
+    wait_until(
+        lambda: not Job.objects.filter(id__in=ids).exclude(state__in=["done", "failed"]).exists(),
+        timeout=180,
+        message="jobs still unfinished after the storm",
+    )
+    report = check(ids, deadlocks_before)
+    print(f"\npool storm kills={kills} {report}")
+    assert report.violations() == []
+    assert report.figures["done"] == 4000
+    assert report.figures["C6_duplicate_runs"] <= report.figures["expirations"]
+    assert report.figures["reaped_transitions"] == report.figures["expirations"]
+    assert kills >= 8
+    assert all(pool.process.poll() is None for pool in pools)  # the parents live on
+    assert all(len(psutil.Process(pool.pid).children()) == 2 for pool in pools)
