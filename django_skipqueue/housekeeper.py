@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The longest the housekeeper sleeps between passes: a renewal due sooner than this
+#: after a claim needs a wake-up (Worker._claim), a later one is found by a pass.
+MAX_WAIT = 1.0
+
 
 class Housekeeper:
     """Maintenance for one worker; `run()` loops until `halted` is set."""
@@ -93,7 +97,7 @@ class Housekeeper:
                         next_reap if self.reap_interval else next_beat,
                         self.progress.next_at if self.progress is not None else next_beat,
                     )
-                    wait = min(soonest - time.monotonic(), 1.0)
+                    wait = min(soonest - time.monotonic(), MAX_WAIT)
                 except Exception as error:  # noqa: BLE001  (this thread must not die)
                     wait = backoff.next()
                     if is_transient(error):

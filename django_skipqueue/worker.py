@@ -48,8 +48,8 @@ from django_skipqueue.executor import (
     release_on_shutdown,
 )
 from django_skipqueue.faults import is_transient
-from django_skipqueue.housekeeper import Housekeeper
-from django_skipqueue.inflight import Buffer, ClaimSize, Finished, Flight, InFlight
+from django_skipqueue.housekeeper import MAX_WAIT, Housekeeper
+from django_skipqueue.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.notifier import Notifier
 from django_skipqueue.progress import ProgressLog, WorkerStats
@@ -260,12 +260,17 @@ class Worker:
             queues=self.queues, limit=limit, worker=self.process
         )
         now = time.monotonic()
+        first_renewal = NEVER
         for job in claimed:
             timeout = registry.get(job.task).timeout if job.task in registry else None
-            self.held.add(job, now=now, timeout=timeout.total_seconds() if timeout else None)
+            seconds = timeout.total_seconds() if timeout else None
+            flight = self.held.add(job, now=now, timeout=seconds)
+            first_renewal = min(first_renewal, flight.renew_at)
         self.stats.claimed += len(claimed)
-        if claimed:
-            self.housekeeper.wake.set()  # schedule the new jobs' renewals
+        if first_renewal - now < MAX_WAIT:
+            # Sooner than the housekeeper's next pass: wake it to schedule the renewal.
+            # Otherwise it is left asleep: waking it took the GIL just as the job began.
+            self.housekeeper.wake.set()
         for job in claimed:
             logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
             self._work.put(job)
