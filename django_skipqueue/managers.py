@@ -444,7 +444,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     ) -> tuple[list[int], datetime, datetime]:
         """One INSERT of checked calls: their ids, and the run_at and created_at they share."""
         params: dict[str, Any] = {
-            **_insert_defaults(self.model),
             "task": task.name,
             "queue": task.queue_name,
             "priority": task.priority,
@@ -456,7 +455,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "kwargs": [kwargs_json for _, _, _, kwargs_json in batch],
         }
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.ENQUEUE_MANY, params)
+            cursor.execute(sql.enqueue_many_statement(_insert_defaults(self.model)), params)
             ids, run_at, created_at = cursor.fetchone()
         return ids, run_at, created_at
 
@@ -708,12 +707,13 @@ def in_process_claimer() -> str:
 
 
 @functools.cache
-def _insert_defaults(model: type[Job]) -> dict[str, Any]:
+def _insert_defaults(model: type[Job]) -> tuple[tuple[str, object], ...]:
     """The model's defaults of the columns `sql.ENQUEUE_MANY` fills with them (the model
-    fields are their one source), as that statement's parameters."""
+    fields are their one source), as (column, value) for `sql.enqueue_many_statement`."""
     fields = {field.name: field for field in model._meta.concrete_fields}
     values = {name: fields[name].get_default() for name in sql.ENQUEUE_DEFAULTS}
-    return values | {"state": str(values["state"]), "errors": encode(values["errors"])}
+    values |= {"state": str(values["state"]), "errors": encode(values["errors"])}
+    return tuple(values.items())
 
 
 @functools.cache

@@ -134,7 +134,8 @@ WHERE job.id = v.id AND job.state = 'running' AND job.attempts = v.attempt
 RETURNING job.id
 """
 
-#: The columns ENQUEUE_MANY fills with the model fields' defaults (passed as parameters).
+#: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
+#: statement as literals, once (`enqueue_many_statement`), not sent with every call.
 ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")
 
 # Bulk enqueue: one INSERT per batch with one array parameter per column (measured: the
@@ -146,10 +147,10 @@ ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at)
-    SELECT %(task)s, a::jsonb, k::jsonb, %(queue)s, %(priority)s, %(state)s,
+    SELECT %(task)s, a::jsonb, k::jsonb, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        %(lease)s::interval, %(attempts)s, %(max_attempts)s, %(expirations)s, %(releases)s,
-        %(last_error)s, %(errors)s::jsonb, statement_timestamp()
+        %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
+        {last_error}, {errors}::jsonb, statement_timestamp()
     FROM unnest(%(args)s::text[], %(kwargs)s::text[]) WITH ORDINALITY AS v(a, k, n)
     ORDER BY n
     RETURNING id
@@ -159,6 +160,16 @@ SELECT array_agg(id ORDER BY id),
     statement_timestamp()
 FROM inserted
 """
+
+
+@functools.lru_cache(maxsize=16)
+def enqueue_many_statement(defaults: tuple[tuple[str, object], ...]) -> str:
+    """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg."""
+    literals = {  # "%" doubled: the statement goes through %-style parameter binding
+        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
+    }
+    return ENQUEUE_MANY.format(**literals)
+
 
 # The volume guard of MAX_PENDING_PER_QUEUE: an index scan of at most `cap` entries of
 # the claim index, never a count of the whole queue. Raw for the LIMIT inside count().

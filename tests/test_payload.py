@@ -6,6 +6,9 @@ import tracemalloc
 
 import pytest
 from django.db import connection, transaction
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job
@@ -158,3 +161,24 @@ def test_enqueue_many_ids_only_streams_in_batches_with_bounded_memory():
 def test_enqueue_many_ids_only_returns_the_ids_in_call_order():
     ids = tasks.add.enqueue_many((((n, 0), {}) for n in range(7)), ids_only=True, batch_size=3)
     assert [Job.objects.get(id=job_id).args[0] for job_id in ids] == list(range(7))
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@hypothesis_settings(max_examples=400, deadline=None)
+@given(_json_values)
+def test_the_fast_encoder_writes_what_the_plain_json_encoder_writes(value):
+    from django_skipqueue.payload import _ENCODER, _encode_fast
+
+    assert _encode_fast(value) == _ENCODER.encode(value)
