@@ -451,8 +451,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "delay": task.run_after if isinstance(task.run_after, timedelta) else timedelta(0),
             "lease": task.resolved_lease,
             "max_attempts": task.resolved_max_attempts,
-            "args": [args_json for _, _, args_json, _ in batch],
-            "kwargs": [kwargs_json for _, _, _, kwargs_json in batch],
+            # One JSON array text per column, not a text[] of one element per call:
+            # psycopg dumps a list element by element (measured: a sixth of a bulk enqueue).
+            "args": "[" + ", ".join(args_json for _, _, args_json, _ in batch) + "]",
+            "kwargs": "[" + ", ".join(kwargs_json for _, _, _, kwargs_json in batch) + "]",
         }
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql.enqueue_many_statement(_insert_defaults(self.model)), params)

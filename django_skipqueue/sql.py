@@ -138,7 +138,7 @@ RETURNING job.id
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.
 ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")
 
-# Bulk enqueue: one INSERT per batch with one array parameter per column (measured: the
+# Bulk enqueue: one INSERT per batch with one JSON array parameter per column (measured: the
 # ORM's bulk_create compiled 20 fields x 20,000 rows into 400,000 parameters, about 40x
 # slower). The statement-level NOTIFY trigger fires once per statement. One row comes
 # back: the ids in insertion order (nextval is called row by row in ORDER BY n, so the
@@ -147,11 +147,12 @@ ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at)
-    SELECT %(task)s, a::jsonb, k::jsonb, %(queue)s, %(priority)s, {state},
+    SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
         {last_error}, {errors}::jsonb, statement_timestamp()
-    FROM unnest(%(args)s::text[], %(kwargs)s::text[]) WITH ORDINALITY AS v(a, k, n)
+    FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb), jsonb_array_elements(%(kwargs)s::jsonb))
+        WITH ORDINALITY AS v(a, k, n)
     ORDER BY n
     RETURNING id
 )
