@@ -181,6 +181,15 @@ WHERE j.id = v.id AND j.attempts = v.attempt AND j.state = 'running'
 """
 
 
+def require_all_done(jobs: int, who: str) -> None:
+    """Stop the run unless every job of the table ended done (a rate of fewer is no rate)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM skipqueue_job WHERE state = 'done'")
+        done = cursor.fetchone()[0]
+    if done != jobs:
+        raise SystemExit(f"{who} left {jobs - done} of {jobs} jobs undone")
+
+
 def pgbench_binary() -> str | None:
     """The embedded server's own pgbench when there is one, else the system's."""
     try:
@@ -218,11 +227,7 @@ def pgbench_rate(binary: str, batch: int, clients: int, jobs: int) -> float:
     elapsed = time.perf_counter() - started
     if run.returncode != 0:
         raise SystemExit(f"pgbench failed ({run.returncode}): {run.stderr.strip()}")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM skipqueue_job WHERE state = 'done'")
-        done = cursor.fetchone()[0]
-    if done != jobs:
-        raise SystemExit(f"pgbench left {jobs - done} of {jobs} jobs undone")
+    require_all_done(jobs, "pgbench")
     return jobs / elapsed
 
 
@@ -276,11 +281,7 @@ def run_worker_as_users_do(jobs: int, *args: str) -> tuple[float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"runworker exited {proc.returncode}: see {log}")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM skipqueue_job WHERE state = 'done'")
-        done = cursor.fetchone()[0]
-    if done != jobs:
-        raise SystemExit(f"only {done} of {jobs} jobs ended done")
+    require_all_done(jobs, "runworker")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return jobs / elapsed, cpu / jobs * 1000
 
