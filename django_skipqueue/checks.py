@@ -21,7 +21,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
 
-from django_skipqueue.conf import KNOWN_KEYS, get_settings
+from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
 from django_skipqueue.registry import registry
 
 
@@ -98,12 +98,7 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    backends = getattr(settings, "TASKS", {}) or {}
-    uses_ours = any(
-        isinstance(entry, dict)
-        and entry.get("BACKEND") == "django_skipqueue.backends.SkipQueueBackend"
-        for entry in backends.values()
-    )
+    uses_ours = bool(task_backends_of_ours())
     try:
         import django.tasks  # noqa: F401
     except ImportError:

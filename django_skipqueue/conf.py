@@ -202,6 +202,16 @@ def user_settings() -> dict[str, Any]:
 _cache: tuple[object, SkipQueueSettings] | None = None
 
 
+#: The dotted path of our django.tasks backend, as a project writes it in TASKS.
+BACKEND_PATH = "django_skipqueue.backends.SkipQueueBackend"
+
+
+def task_backends_of_ours() -> list[dict[str, Any]]:
+    """The entries of settings.TASKS that use SkipQueueBackend (read, not imported)."""
+    entries = (getattr(settings, "TASKS", {}) or {}).values()
+    return [e for e in entries if isinstance(e, dict) and e.get("BACKEND") == BACKEND_PATH]
+
+
 def get_settings() -> SkipQueueSettings:
     """The project's SKIPQUEUE dict laid over our defaults. Call it; never keep it.
 

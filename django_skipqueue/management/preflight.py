@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 from django.db.migrations.loader import MigrationLoader
 
+from django_skipqueue.conf import task_backends_of_ours
 from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.models import Job
 from django_skipqueue.registry import registry
@@ -95,10 +96,7 @@ def queue_warnings(queues: Sequence[str], alias: str) -> list[str]:
 
 def _backend_queues() -> set[str]:
     """The QUEUES of each SkipQueueBackend in TASKS (django.tasks' queue allow-lists)."""
-    from django.conf import settings
-
     names: set[str] = set()
-    for entry in (getattr(settings, "TASKS", {}) or {}).values():
-        if isinstance(entry, dict) and entry.get("BACKEND", "").endswith(".SkipQueueBackend"):
-            names.update(entry.get("QUEUES", []) or [])
+    for entry in task_backends_of_ours():
+        names.update(entry.get("QUEUES", []) or [])
     return names
