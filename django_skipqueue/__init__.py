@@ -7,9 +7,19 @@ in any module, whether or not the app registry is ready.
 from __future__ import annotations
 
 from django_skipqueue.base import Task, TaskContext, task
-from django_skipqueue.exceptions import Retry
+from django_skipqueue.exceptions import DuplicateJobError, Retry
 from django_skipqueue.retry import RetryPolicy
+from django_skipqueue.schedules import Cron
 
 __version__ = "0.1.0"
 
-__all__ = ["Retry", "RetryPolicy", "Task", "TaskContext", "__version__", "task"]
+__all__ = [
+    "Cron",
+    "DuplicateJobError",
+    "Retry",
+    "RetryPolicy",
+    "Task",
+    "TaskContext",
+    "__version__",
+    "task",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import quote
 
 import django
 from django.contrib import admin, messages
@@ -29,9 +30,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.models import Job, JobState, QueueOverview, WorkerProcess
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.models import Job, JobState, QueueOverview, Schedule, WorkerProcess
 from django_skipqueue.redaction import redact
 from django_skipqueue.registry import registry
+from django_skipqueue.scheduler import defined_schedules
+from django_skipqueue.schedules import Cron
 from django_skipqueue.stats import queue_stats, throughput_last_hour
 
 if TYPE_CHECKING:
@@ -147,6 +151,21 @@ class TaskFilter(ValuesFilter):
         return set(registry.names())
 
 
+class ScheduleFilter(admin.SimpleListFilter):
+    """The jobs of one periodic schedule (the occurrence index serves it)."""
+
+    title, parameter_name = _("schedule"), "schedule"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        names = Schedule.objects.values_list("name", flat=True)[:200]
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(schedule=self.value()) if self.value() else queryset
+
+
 class AliveFilter(admin.SimpleListFilter):
     title = _("status")
     parameter_name = "status"
@@ -246,9 +265,10 @@ def _report(
     changed: int,
     selected: int,
     why: str,
+    noun: str = "job(s)",
 ) -> None:
     skipped = selected - changed
-    text = f"{changed} job(s) {verb}"
+    text = f"{changed} {noun} {verb}"
     if skipped:
         text += f"; {skipped} skipped ({why})"
     model_admin.message_user(request, text, messages.SUCCESS if changed else messages.WARNING)
@@ -258,7 +278,7 @@ def _report(
 class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
     # HealthFilter, "state", QueueFilter, TaskFilter and the run_at date filter.
     allowed_lookups = frozenset(
-        {"health", "state__exact", "queue", "task", "run_at__gte", "run_at__lt"}
+        {"health", "state__exact", "queue", "task", "schedule", "run_at__gte", "run_at__lt"}
     )
     # What an operator triages by, all of it within 1280 px with Django's two sidebars
     # open (tests/test_admin_browser.py): long values (task paths, worker ids, errors)
@@ -269,6 +289,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "state",
         QueueFilter,
         TaskFilter,
+        ScheduleFilter,
         ("run_at", admin.DateFieldListFilter),
     ]
     search_fields = ["task"]  # see get_search_results: an id, or a task name prefix
@@ -297,6 +318,9 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "started_at",
         "finished_at",
         "worker_status",
+        "unique_key",
+        "schedule_link",
+        "scheduled_for",
         "pretty_args",
         "pretty_result",
         "timeline",
@@ -318,6 +342,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                 ]
             },
         ),
+        (_("Origin"), {"fields": ["unique_key", "schedule_link", "scheduled_for"]}),
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
@@ -366,16 +391,30 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                 CUT,
                 job.last_error.splitlines()[0][:300],
             )
+        origin = ""
+        if job.schedule:
+            origin = format_html(" · ⏱ {}", job.schedule)
+        elif job.unique_key:
+            origin = format_html(" · key {}", job.unique_key[:60])
         return format_html(
-            '<span title="{}" style="{}"><b>{}</b></span><br><small style="{}">{} · {}</small>{}',
+            '<span title="{}" style="{}"><b>{}</b></span><br><small style="{}">{} · {}{}</small>{}',
             job.task,
             CUT,
             name,
             CUT,
             job.queue_name,
             module,
+            origin,
             error,
         )
+
+    @admin.display(description=_("schedule"))
+    def schedule_link(self, job: Job) -> str:
+        """The schedule that enqueued the job, linking to its other jobs."""
+        if not job.schedule:
+            return "-"
+        url = reverse("admin:skipqueue_job_changelist") + f"?schedule={quote(job.schedule)}"
+        return format_html('<a href="{}">{}</a>', url, job.schedule)
 
     @admin.display(description=_("state"), ordering="state")
     def state_and_health(self, job: Job) -> str:
@@ -742,3 +781,124 @@ class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
     def held_jobs(self, worker: WorkerProcess) -> str:
         jobs = Job.objects.running().filter(worker_id=worker.id).order_by("id")[:100]
         return format_html_join(", ", "#{} {}", ((job.id, job.task) for job in jobs)) or "-"
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """The periodic schedules, read-only (their definitions live in code), with their
+    next occurrence and the jobs of their latest ones. Pausing takes its own permission
+    (skipqueue.pause_schedule)."""
+
+    list_display = ["name", "task", "expression", "timezone", "status", "last_run", "next_run"]
+    list_filter = [("paused_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "task"]
+    actions = ["pause", "resume"]
+    readonly_fields = [
+        "name",
+        "task",
+        "expression",
+        "timezone",
+        "pretty_args",
+        "queue_name",
+        "priority",
+        "missed",
+        "catch_up",
+        "grace",
+        "status",
+        "last_run",
+        "next_run",
+        "recent_jobs",
+        "created_at",
+        "synced_at",
+    ]
+    fields = tuple(readonly_fields)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a schedule removed from the code is deleted by the next worker
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.pause_schedule")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        """Each row with the database's now, from which its next occurrence is found."""
+        return super().get_queryset(request).annotate(db_now=Now())
+
+    @admin.display(description=_("state"), ordering="paused_at")
+    def status(self, schedule: Schedule) -> str:
+        if schedule.is_paused:
+            by = f" by {schedule.paused_by}" if schedule.paused_by else ""
+            return format_html(
+                '<b style="color:#b45309">{}</b> <small>{}{}</small>',
+                _("paused"),
+                _when(schedule.paused_at),
+                by,
+            )
+        if schedule.name not in _defined_names():
+            return format_html('<span style="color:#b91c1c">{}</span>', _("not in this code"))
+        return str(_("active"))
+
+    @admin.display(description=_("last occurrence"), ordering="last_occurrence_at")
+    def last_run(self, schedule: Schedule) -> str:
+        return _when(schedule.last_occurrence_at)
+
+    @admin.display(description=_("next occurrence"))
+    def next_run(self, schedule: Schedule) -> str:
+        if schedule.is_paused:
+            return "-"
+        try:
+            cron = Cron(expression=schedule.expression, timezone=schedule.timezone)
+        except ConfigurationError:
+            return "-"
+        now = schedule.db_now  # type: ignore[attr-defined]  # annotated above
+        upcoming = cron.next_after(now, cron.zone(schedule.timezone))
+        return _when(upcoming)
+
+    @admin.display(description=_("arguments"))
+    def pretty_args(self, schedule: Schedule) -> str:
+        shown = {"args": schedule.args, "kwargs": redact(schedule.kwargs)}
+        return format_html("<pre>{}</pre>", json.dumps(shown, indent=2, default=str))
+
+    @admin.display(description=_("latest jobs"))
+    def recent_jobs(self, schedule: Schedule) -> str:
+        jobs = Job.objects.filter(schedule=schedule.name).order_by("-scheduled_for")[:10]
+        rows = format_html_join(
+            "",
+            '<li><a href="{}">#{}</a> {} · {}</li>',
+            (
+                (
+                    reverse("admin:skipqueue_job_change", args=[job.id]),
+                    job.id,
+                    _when(job.scheduled_for),
+                    job.state,
+                )
+                for job in jobs
+            ),
+        )
+        every = reverse("admin:skipqueue_job_changelist") + f"?schedule={quote(schedule.name)}"
+        return format_html('<ul>{}</ul><a href="{}">{}</a>', rows, every, _("all its jobs"))
+
+    @admin.action(description=_("Pause"), permissions=["pause"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        changed = Schedule.objects.pause(names, by=request.user.get_username())
+        _report(self, request, "paused", changed, len(names), "already paused", "schedule(s)")
+
+    @admin.action(description=_("Resume from now"), permissions=["pause"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        changed = Schedule.objects.resume(names)
+        _report(self, request, "resumed", changed, len(names), "not paused", "schedule(s)")
+
+
+def _defined_names() -> set[str]:
+    """The schedules this process's code defines (empty if they cannot be read)."""
+    try:
+        return set(defined_schedules())
+    except ConfigurationError:
+        return set()

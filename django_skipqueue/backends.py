@@ -18,6 +18,7 @@ failed and cancelled -> FAILED.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ except ImportError as error:  # Django 5.2
     ) from error
 
 from django_skipqueue.base import Task as SkipQueueTask
+from django_skipqueue.base import bind_schedules
 from django_skipqueue.compat import build_unvalidated, set_on_frozen
 from django_skipqueue.conf import get_settings
 from django_skipqueue.exceptions import (
@@ -71,6 +73,11 @@ class Task(DjangoTask):
     lease: float | None = None  # seconds
     retry: RetryPolicy | None = None
     timeout: float | None = None  # seconds
+    #: Periodic schedules: a cron expression, a Cron, or a list of them.
+    schedule: Any = None
+    #: Unique jobs: a string, parameter names, or a function of the call's arguments.
+    unique_key: Any = None
+    on_conflict: str = "existing"
 
 
 #: The options our Task adds to Django's.
@@ -177,7 +184,7 @@ class SkipQueueBackend(BaseTaskBackend):
 
     def _native(self, task: DjangoTask) -> SkipQueueTask[Any, Any]:
         try:
-            return SkipQueueTask(
+            native = SkipQueueTask(
                 func=task.func,
                 name=task.module_path,
                 queue_name=task.queue_name,
@@ -188,8 +195,14 @@ class SkipQueueBackend(BaseTaskBackend):
                 retry=getattr(task, "retry", None),
                 timeout=getattr(task, "timeout", None),
                 django_task=task,
+                unique_key=getattr(task, "unique_key", None),
+                on_conflict=getattr(task, "on_conflict", "existing"),
             )
-        except InvalidJobError as error:
+            schedule = getattr(task, "schedule", None)
+            if schedule is not None:
+                native = dataclasses.replace(native, schedules=bind_schedules(native, schedule))
+            return native
+        except (InvalidJobError, ConfigurationError) as error:
             raise InvalidTask(str(error)) from error
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:

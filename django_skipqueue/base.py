@@ -9,23 +9,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, overload
 
 from django.conf import settings
 from django.utils import timezone
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError, QueueFullError
+from django_skipqueue.payload import normalize_arguments
 from django_skipqueue.registry import registry
 from django_skipqueue.retry import RetryPolicy
+from django_skipqueue.schedules import Cron
 from django_skipqueue.states import (
     DEFAULT_QUEUE_NAME,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    UNIQUE_KEY_MAX_LENGTH,
     idempotency_key_of,
     validate_queue_name,
 )
@@ -36,6 +40,10 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+#: A task's unique key: a string, parameter names, or a function of the call's arguments.
+UniqueKey: TypeAlias = "str | Sequence[str] | Callable[..., str]"
+#: What an enqueue whose unique key is held does (Task.on_conflict).
+ON_CONFLICT_CHOICES = ("existing", "replace", "raise")
 
 
 def _validate_priority(priority: object) -> int:
@@ -217,6 +225,15 @@ class Task(Generic[P, R]):
     #: The django.tasks Task this one runs, when declared with Django's @task under
     #: SkipQueueBackend (see backends.py).
     django_task: Any = None
+    #: Unique jobs: the key a call holds while its job is unfinished (see `key_for`): a
+    #: string, the names of the parameters it is made of, or a function of the call's
+    #: arguments returning it. None: jobs of this task are not unique.
+    unique_key: UniqueKey | None = None
+    #: What an enqueue whose key is held does: "existing" (return the holder), "replace"
+    #: (give a pending holder this call's arguments and run time) or "raise".
+    on_conflict: str = "existing"
+    #: Periodic schedules (`@task(schedule=...)`), each bound to this task.
+    schedules: tuple[Cron, ...] = ()
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -232,6 +249,66 @@ class Task(Generic[P, R]):
         for kind in self.non_retryable:
             if not (isinstance(kind, type) and issubclass(kind, BaseException)):
                 raise ConfigurationError(f"non_retryable holds {kind!r}, not an exception class")
+        if self.on_conflict not in ON_CONFLICT_CHOICES:
+            raise InvalidJobError(
+                f"on_conflict={self.on_conflict!r} is not one of {', '.join(ON_CONFLICT_CHOICES)}"
+            )
+        self._check_unique_key(self.unique_key)
+
+    def _check_unique_key(self, key: object) -> None:
+        if key is None or callable(key):
+            return
+        if isinstance(key, str):
+            self._valid_key(key)
+            return
+        if isinstance(key, (tuple, list)) and key and all(isinstance(n, str) for n in key):
+            signature = _call_signature(self.func, self.takes_context)
+            known = set(signature.parameters) if signature is not None else set(key)
+            unknown = [name for name in key if name not in known]
+            if unknown:
+                raise ConfigurationError(
+                    f"unique_key of {self.name} names {', '.join(unknown)}, which "
+                    f"{self.name} does not take; name its parameters"
+                )
+            object.__setattr__(self, "unique_key", tuple(key))
+            return
+        raise ConfigurationError(
+            f"unique_key of {self.name} must be a string, a list of parameter names or a "
+            f"function of the call's arguments, got {key!r}"
+        )
+
+    def _valid_key(self, key: object) -> str:
+        if not isinstance(key, str) or not key:
+            raise InvalidJobError(
+                f"the unique key of {self.name} must be a non-empty string, got {key!r}"
+            )
+        if len(key) > UNIQUE_KEY_MAX_LENGTH:
+            raise InvalidJobError(
+                f"the unique key of {self.name} is {len(key)} characters; at most "
+                f"{UNIQUE_KEY_MAX_LENGTH} fit (hash a long one)"
+            )
+        return key
+
+    def key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The unique key of one call: the string `unique_key`, or the named parameters'
+        values as JSON (`invoice_id=42`, defaults applied), or what the function
+        `unique_key` returns for these arguments."""
+        key = self.unique_key
+        if callable(key):
+            return self._valid_key(key(*args, **kwargs))
+        if isinstance(key, tuple):
+            signature = _call_signature(self.func, self.takes_context)
+            bound = signature.bind(*args, **kwargs) if signature is not None else None
+            if bound is not None:
+                bound.apply_defaults()
+            values = bound.arguments if bound is not None else dict(kwargs)
+            return self._valid_key(
+                ",".join(
+                    f"{name}={json.dumps(values.get(name), sort_keys=True, separators=(',', ':'))}"
+                    for name in key
+                )
+            )
+        return self._valid_key(key)
 
     @property
     def is_async(self) -> bool:
@@ -254,8 +331,14 @@ class Task(Generic[P, R]):
         max_attempts: int | None = None,
         lease: timedelta | float | None = None,
         database: str | None = None,
+        unique_key: UniqueKey | None = None,
+        on_conflict: str | None = None,
     ) -> Task[P, R]:
-        """A copy with these options changed; options left out (None) are kept."""
+        """A copy with these options changed; options left out (None) are kept.
+
+        `unique_key` makes the jobs it enqueues unique (at most one unfinished job of this
+        task holds the key); `on_conflict` says what an enqueue whose key is held does.
+        """
         changes: dict[str, Any] = {
             key: value
             for key, value in {
@@ -265,6 +348,8 @@ class Task(Generic[P, R]):
                 "max_attempts": max_attempts,
                 "lease": _validate_lease(lease),
                 "database": database,
+                "unique_key": unique_key,
+                "on_conflict": on_conflict,
             }.items()
             if value is not None
         }
@@ -430,6 +515,9 @@ def task(
     takes_context: bool = ...,
     database: str | None = ...,
     timeout: timedelta | float | None = ...,
+    schedule: str | Cron | Sequence[str | Cron] | None = ...,
+    unique_key: UniqueKey | None = ...,
+    on_conflict: str = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -447,11 +535,15 @@ def task(
     takes_context: bool = False,
     database: str | None = None,
     timeout: timedelta | float | None = None,
+    schedule: str | Cron | Sequence[str | Cron] | None = None,
+    unique_key: UniqueKey | None = None,
+    on_conflict: str = "existing",
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
     The task is registered under its dotted path, or `name`. Options are defaults for
-    each enqueue and can be changed per call with `using()`.
+    each enqueue and can be changed per call with `using()`. `schedule` runs it
+    periodically: a cron expression, a `Cron`, or a list of them (see schedules.py).
     """
 
     def wrap(func: Callable[P, R]) -> Task[P, R]:
@@ -479,10 +571,49 @@ def task(
             takes_context=takes_context,
             database=database,
             timeout=_validate_lease(timeout, "timeout"),
+            unique_key=unique_key,
+            on_conflict=on_conflict,
         )
+        if schedule is not None:
+            new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))
         registry.register(new)
         return new
 
     if function is not None:
         return wrap(function)
     return wrap
+
+
+def bind_schedules(
+    task: Task[Any, Any], schedule: str | Cron | Sequence[str | Cron]
+) -> tuple[Cron, ...]:
+    """`schedule` (an expression, a Cron, or a list of them) as Crons bound to `task`:
+    named (the task's name, when it has one schedule), with arguments that its function
+    takes and that JSON can hold. ConfigurationError otherwise."""
+    given = [schedule] if isinstance(schedule, (str, Cron)) else list(schedule)
+    crons = [Cron(expression=item) if isinstance(item, str) else item for item in given]
+    for cron in crons:
+        if not isinstance(cron, Cron):
+            raise ConfigurationError(
+                f"schedule of {task.name} must be a cron expression or a Cron, got {cron!r}"
+            )
+    if len(crons) > 1 and any(cron.name is None for cron in crons):
+        raise ConfigurationError(
+            f"{task.name} has {len(crons)} schedules: give each a name "
+            f"(Cron('...', name='...')), so that each keeps its own state"
+        )
+    bound = []
+    for cron in crons:
+        try:
+            task.check_call(cron.args, cron.kwargs or {})
+            args, kwargs = normalize_arguments(
+                cron.args, cron.kwargs or {}, limit=get_settings().MAX_PAYLOAD_BYTES
+            )
+        except InvalidJobError as error:
+            raise ConfigurationError(f"schedule {cron.name or task.name!r}: {error}") from None
+        bound.append(
+            dataclasses.replace(
+                cron, name=cron.name or task.name, task=task.name, args=args, kwargs=kwargs
+            )
+        )
+    return tuple(bound)

@@ -22,7 +22,9 @@ from django.core.checks import Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
 
 from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
+from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.registry import registry
+from django_skipqueue.scheduler import defined_schedules
 
 
 @register()
@@ -94,6 +96,24 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         )
         for module, error in sorted(registry.import_errors.items())
     ]
+
+
+@register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """skipqueue.E010: every periodic schedule can run (workers would refuse to start)."""
+    if get_settings().problems():
+        return []  # E002 says what is wrong with the settings first
+    try:
+        defined_schedules()
+    except ConfigurationError as error:
+        return [
+            Error(
+                "A periodic schedule cannot run.",
+                hint=f"{error}.",
+                id="skipqueue.E010",
+            )
+        ]
+    return []
 
 
 @register()

@@ -84,6 +84,12 @@ def _names(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(_name(item) for item in value)
 
 
+def _named_entries(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        _name(key) and isinstance(entry, dict) for key, entry in value.items()
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SkipQueueSettings:
     """Every key of the `SKIPQUEUE` setting, with its default. Units are in the names."""
@@ -133,6 +139,11 @@ class SkipQueueSettings:
     WORKER_PRUNE_AFTER_SECONDS: float = 24 * 3600.0
     #: Worker: seconds jobs in flight get to finish after SIGTERM before they are released.
     GRACE_SECONDS: float = 30.0
+    #: Periodic schedules of tasks you do not decorate yourself, by name: each a dict
+    #: with "task" (its registered name), "cron" (the expression) and optionally "args",
+    #: "kwargs", "queue_name", "priority", "timezone", "missed", "catch_up", "grace"
+    #: (see the Cron class). Checked by skipqueue.E010.
+    SCHEDULES: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
     #: Keys whose values are masked in stored errors and the admin (substring, any case,
@@ -175,6 +186,7 @@ class SkipQueueSettings:
             "GRACE_SECONDS": (_zero_or_more, "zero or more seconds"),
             "REDACT_KEYS": (_names, "a list of key names"),
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
+            "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),
         }
         found = []
         for key, (valid, expected) in rules.items():

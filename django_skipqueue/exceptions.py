@@ -41,6 +41,18 @@ class NotJSONError(InvalidJobError, TypeError):
     TypeError, as Django documents for task arguments."""
 
 
+class DuplicateJobError(SkipQueueError):
+    """An enqueue with `on_conflict="raise"` met an unfinished job of the task holding its
+    unique key. Nothing was written for it, and the caller's transaction goes on."""
+
+    def __init__(self, task: str, key: str, existing_id: int | None) -> None:
+        held = f"job {existing_id}" if existing_id is not None else "a job"
+        super().__init__(f"{task}: unique key {key!r} is held by {held}, not finished yet")
+        self.task = task
+        self.key = key
+        self.existing_id = existing_id
+
+
 class QueueFullError(SkipQueueError):
     """An enqueue was refused: the queue holds SKIPQUEUE['MAX_PENDING_PER_QUEUE'] pending jobs.
 

@@ -20,23 +20,29 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from django.db import DatabaseError, connections, models, transaction
-from django.db.models import Expression, F, Func, Value, signals
-from django.db.models.functions import Greatest, JSONObject, Least, Now
+from django.db.models import Exists, Expression, F, Func, OuterRef, Value, signals
+from django.db.models.functions import Coalesce, Greatest, JSONObject, Least, Now
 
 from django_skipqueue import sql
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
-from django_skipqueue.exceptions import InvalidJobError
+from django_skipqueue.exceptions import DuplicateJobError, InvalidJobError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.loading import fetch_jobs, loaded_jobs
 from django_skipqueue.payload import encode, encode_arguments, normalize_arguments, storable_text
-from django_skipqueue.states import CLAIM_ORDER, FINISHED_STATES, JobState, sort_in_claim_order
+from django_skipqueue.states import (
+    CLAIM_ORDER,
+    FINISHED_STATES,
+    UNFINISHED_STATES,
+    JobState,
+    sort_in_claim_order,
+)
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Callable
 
     from django_skipqueue.base import Task
-    from django_skipqueue.models import Job, WorkerProcess
+    from django_skipqueue.models import Job, Schedule, WorkerProcess
     from django_skipqueue.payload import JSONValue
 
 T = TypeVar("T")
@@ -333,9 +339,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         One statement (`sql.ENQUEUE_MANY`), unless a pre_save or post_save receiver is
         connected for Job: then the ORM's save(), so that the receivers see it.
         """
-        if signals.pre_save.has_listeners(self.model) or signals.post_save.has_listeners(
+        receivers = signals.pre_save.has_listeners(self.model) or signals.post_save.has_listeners(
             self.model
-        ):
+        )
+        if receivers and task.unique_key is None:
             job = self.build(task, args, kwargs)
             job.save(force_insert=True, using=self.db)
             return job
@@ -379,10 +386,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         if batch_size < 1:
             raise InvalidJobError(f"batch_size must be at least 1, got {batch_size}")
+        if task.unique_key is not None:
+            return self._enqueue_unique(task, calls, batch_size=batch_size, ids_only=ids_only)
         if ids_only:
             ids: list[int] = []
             for some in _batches(iter(calls), batch_size):
-                inserted, _, _ = self._insert(task, self._checked(task, some))
+                inserted, _, _, _ = self._insert(task, self._checked(task, some))
                 ids.extend(inserted)
             return ids
         checked = self._checked(task, list(calls))
@@ -406,7 +415,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         jobs: list[Job] = []
         for start in range(0, len(checked), batch_size):
             batch = checked[start : start + batch_size]
-            inserted, run_at, created_at = self._insert(task, batch)
+            inserted, _, run_at, created_at = self._insert(task, batch)
             shared = template | {"run_at": run_at, "created_at": created_at}
             jobs.extend(
                 loaded_jobs(
@@ -420,6 +429,83 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 )
             )
         return jobs
+
+    def _enqueue_unique(
+        self,
+        task: Task[Any, Any],
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int,
+        ids_only: bool,
+    ) -> list[Job] | list[int]:
+        """Unique jobs: each call's key (`Task.key_for`) either inserts a job or meets the
+        unfinished job that holds it, and then `task.on_conflict` decides: "existing"
+        returns that job, "replace" gives it this call's arguments and run time if it is
+        still pending, "raise" raises DuplicateJobError.
+
+        Statements, in the caller's transaction: per batch, the INSERT ... ON CONFLICT DO
+        NOTHING (`sql.ENQUEUE_MANY`, unique form); for the keys it did not insert, the
+        replace (`sql.REPLACE_PENDING`) and a lookup of the jobs holding them
+        (`sql.UNFINISHED_WITH_KEYS`). A holder that finished in between frees its key:
+        the call is inserted again, a few times at most. No statement fails on a
+        conflict, so the caller's transaction is never aborted by one.
+        """
+        ids: list[int] = []
+        for some in _batches(iter(calls), batch_size):
+            checked = self._checked(task, some)
+            keys = [task.key_for(args, kwargs) for args, kwargs, _, _ in checked]
+            ids.extend(self._insert_unique(task, checked, keys))
+        if ids_only:
+            return ids
+        found = self.in_bulk(ids)
+        return [found[job_id] for job_id in ids]
+
+    def _insert_unique(
+        self, task: Task[Any, Any], checked: list[Checked], keys: list[str]
+    ) -> list[int]:
+        """The ids of the jobs that now hold each key: inserted or already there."""
+        holders: dict[str, int] = {}
+        todo = list(range(len(checked)))
+        for _ in range(5):
+            if not todo:
+                break
+            batch = [checked[i] for i in todo]
+            inserted, inserted_keys, _, _ = self._insert(task, batch, [keys[i] for i in todo])
+            holders.update(zip(inserted_keys, inserted, strict=True))
+            fresh = set(inserted_keys)
+            conflicts = list(dict.fromkeys(keys[i] for i in todo if keys[i] not in fresh))
+            if conflicts and task.on_conflict == "raise":
+                found = self._holders(task, conflicts)
+                key = conflicts[0]
+                raise DuplicateJobError(task.name, key, found.get(key, (None, None))[0])
+            if conflicts and task.on_conflict == "replace":
+                last = {keys[i]: checked[i] for i in todo if keys[i] in conflicts}
+                holders.update(self._replace_pending(task, last))
+            found = self._holders(task, [key for key in conflicts if key not in holders])
+            holders.update((key, job_id) for key, (job_id, _) in found.items())
+            todo = [i for i in todo if keys[i] not in holders]
+        if todo:
+            raise DatabaseError(
+                f"unique key {keys[todo[0]]!r} of {task.name}: its holder kept finishing "
+                f"while a new job was inserted; try again"
+            )
+        return [holders[key] for key in keys]
+
+    def _holders(self, task: Task[Any, Any], keys: list[str]) -> dict[str, tuple[int, str]]:
+        """{key: (id, state)} of the unfinished jobs of `task` holding `keys`."""
+        if not keys:
+            return {}
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.UNFINISHED_WITH_KEYS, [task.name, keys])
+            return {key: (job_id, state) for key, job_id, state in cursor.fetchall()}
+
+    def _replace_pending(self, task: Task[Any, Any], calls: dict[str, Checked]) -> dict[str, int]:
+        """The pending holders of these keys take the calls' arguments and run time."""
+        params = self._insert_params(task, list(calls.values()))
+        params["keys"] = encode(list(calls))
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.REPLACE_PENDING, params)
+            return dict(cursor.fetchall())
 
     def pending_up_to(self, queue_name: str, cap: int) -> int:
         """Pending jobs of a queue, counted up to `cap` only (`sql.COUNT_PENDING_UP_TO`)."""
@@ -440,10 +526,22 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return checked
 
     def _insert(
-        self, task: Task[Any, Any], batch: Sequence[Checked]
-    ) -> tuple[list[int], datetime, datetime]:
-        """One INSERT of checked calls: their ids, and the run_at and created_at they share."""
-        params: dict[str, Any] = {
+        self, task: Task[Any, Any], batch: Sequence[Checked], keys: Sequence[str] | None = None
+    ) -> tuple[list[int], list[str], datetime, datetime]:
+        """One INSERT of checked calls: the ids inserted, their unique keys (with `keys`:
+        conflicting calls insert nothing), and the run_at and created_at they share."""
+        params = self._insert_params(task, batch)
+        if keys is not None:
+            params["keys"] = encode(list(keys))
+        statement = sql.enqueue_many_statement(_insert_defaults(self.model), keys is not None)
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(statement, params)
+            ids, inserted_keys, run_at, created_at = cursor.fetchone()
+        return ids, inserted_keys, run_at, created_at
+
+    @staticmethod
+    def _insert_params(task: Task[Any, Any], batch: Sequence[Checked]) -> dict[str, Any]:
+        return {
             "task": task.name,
             "queue": task.queue_name,
             "priority": task.priority,
@@ -456,10 +554,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "args": "[" + ", ".join(args_json for _, _, args_json, _ in batch) + "]",
             "kwargs": "[" + ", ".join(kwargs_json for _, _, _, kwargs_json in batch) + "]",
         }
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.enqueue_many_statement(_insert_defaults(self.model)), params)
-            ids, run_at, created_at = cursor.fetchone()
-        return ids, run_at, created_at
 
     def ack(self, job_id: int, attempt: int, result: JSONValue = None) -> bool:
         """Mark done only if `attempt` still holds the lease. False: this attempt lost it.
@@ -623,19 +717,32 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def retry_now(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
         """Failed or cancelled jobs back to pending, due now; returns how many changed.
 
+        A unique job is skipped while another unfinished job of its task holds its key.
+
         The WHERE re-checks the state, so a job that changed meanwhile is skipped. An
         attempt is added when none is left (`attempts` itself never goes down).
         """
         return self._in_batches(
             ids,
             batch_size,
-            lambda batch: self.filter(
-                id__in=batch, state__in=[JobState.FAILED, JobState.CANCELLED]
-            ).update(
-                state=JobState.PENDING,
-                run_at=Now(),
-                finished_at=None,
-                max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+            lambda batch: (
+                self.filter(id__in=batch, state__in=[JobState.FAILED, JobState.CANCELLED])
+                # A unique job whose key another unfinished job holds stays as it is.
+                .exclude(
+                    Exists(
+                        self.model._base_manager.filter(
+                            task=OuterRef("task"),
+                            unique_key=OuterRef("unique_key"),
+                            state__in=UNFINISHED_STATES,
+                        )
+                    )
+                )
+                .update(
+                    state=JobState.PENDING,
+                    run_at=Now(),
+                    finished_at=None,
+                    max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+                )
             ),
         )
 
@@ -772,3 +879,31 @@ class WorkerProcessManager(models.Manager.from_queryset(WorkerProcessQuerySet)):
     def mark_stopped(self, worker_id: uuid.UUID) -> None:
         """A worker stopped: its heartbeat is set as old as a dead one's, at once."""
         self.filter(id=worker_id).update(heartbeat_at=Now() - dead_after())
+
+
+class ScheduleQuerySet(models.QuerySet["Schedule"]):
+    def active(self) -> ScheduleQuerySet:
+        return self.filter(paused_at__isnull=True)
+
+    def paused(self) -> ScheduleQuerySet:
+        return self.filter(paused_at__isnull=False)
+
+
+class ScheduleManager(models.Manager.from_queryset(ScheduleQuerySet)):  # type: ignore[misc]
+    """An operator's verbs on schedules; the scheduler's are in scheduler.py."""
+
+    def pause(self, names: Iterable[str], *, by: str = "") -> int:
+        """Stop enqueuing these schedules' occurrences until resumed; returns how many
+        were running. Occurrences passed while paused are not run on resume."""
+        return self.filter(name__in=list(names), paused_at__isnull=True).update(
+            paused_at=Now(), paused_by=by[:150]
+        )
+
+    def resume(self, names: Iterable[str]) -> int:
+        """Start these paused schedules again from now: the occurrences passed while
+        paused are skipped, whatever their `missed` policy. Returns how many resumed."""
+        return self.filter(name__in=list(names), paused_at__isnull=False).update(
+            paused_at=None,
+            paused_by="",
+            last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), Now()), Now()),
+        )

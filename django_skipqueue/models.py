@@ -9,18 +9,29 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.managers import JobManager, WorkerProcessManager
+from django_skipqueue.managers import JobManager, ScheduleManager, WorkerProcessManager
 from django_skipqueue.payload import PayloadField
+from django_skipqueue.schedules import MISSED_POLICIES, SCHEDULE_NAME_MAX_LENGTH
 from django_skipqueue.states import (
     CLAIM_ORDER,
     DEFAULT_QUEUE_NAME,
     FINISHED_STATES,
     QUEUE_NAME_MAX_LENGTH,
+    UNFINISHED_STATES,
+    UNIQUE_KEY_MAX_LENGTH,
     JobState,
     idempotency_key_of,
 )
 
-__all__ = ["CLAIM_ORDER", "FINISHED_STATES", "Job", "JobState", "QueueOverview", "WorkerProcess"]
+__all__ = [
+    "CLAIM_ORDER",
+    "FINISHED_STATES",
+    "Job",
+    "JobState",
+    "QueueOverview",
+    "Schedule",
+    "WorkerProcess",
+]
 
 
 class WorkerProcess(models.Model):
@@ -89,6 +100,23 @@ class Job(models.Model):
         help_text=_("Who claimed each attempt: a worker's id, or in-process:host:pid."),
     )
     finished_at = models.DateTimeField(null=True, blank=True)
+    # NULL, not "", for "none": such rows stay out of the partial unique indexes below at
+    # no cost, and the enqueue statement does not write the column at all.
+    unique_key = models.CharField(  # noqa: DJ001
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("At most one unfinished job of a task holds a key (unique jobs)."),
+    )
+    schedule = models.CharField(  # noqa: DJ001  (NULL for "none", as unique_key)
+        max_length=SCHEDULE_NAME_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("The periodic schedule that enqueued it."),
+    )
+    scheduled_for = models.DateTimeField(
+        null=True, blank=True, help_text=_("The schedule's occurrence this job runs.")
+    )
     worker = models.ForeignKey(
         WorkerProcess,
         null=True,
@@ -156,6 +184,22 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(max_attempts__gte=1), name="skipqueue_job_max_attempts_min"
             ),
+            # Unique jobs: at most one unfinished job per task and key, under any number
+            # of concurrent enqueues (they INSERT ... ON CONFLICT DO NOTHING on it, so a
+            # conflict never aborts the caller's transaction). Partial: finished jobs and
+            # jobs without a key are not in it.
+            models.UniqueConstraint(
+                fields=["task", "unique_key"],
+                name="skipqueue_job_unique_key",
+                condition=Q(unique_key__isnull=False, state__in=UNFINISHED_STATES),
+            ),
+            # Periodic schedules: each occurrence is enqueued once, however many workers
+            # tick the schedule at the same time (scheduler.py).
+            models.UniqueConstraint(
+                fields=["schedule", "scheduled_for"],
+                name="skipqueue_job_occurrence",
+                condition=Q(schedule__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -184,3 +228,55 @@ class QueueOverview(Job):
         verbose_name = _("queue overview")
         verbose_name_plural = _("queue overview")
         default_permissions = ()
+
+
+class Schedule(models.Model):
+    """A periodic schedule declared in code (`@task(schedule=...)` or SKIPQUEUE['SCHEDULES']).
+
+    The code is the source of the definition; a worker copies it here when it starts
+    (`scheduler.sync`) and deletes the rows of schedules no longer in the code. What the
+    row adds is the state: the last occurrence enqueued, and whether an operator paused it.
+    """
+
+    name = models.CharField(primary_key=True, max_length=SCHEDULE_NAME_MAX_LENGTH)
+    task = models.CharField(max_length=255)
+    expression = models.CharField(max_length=255, help_text=_("The cron expression."))
+    timezone = models.CharField(max_length=64)
+    args = PayloadField(default=list, blank=True)
+    kwargs = PayloadField(default=dict, blank=True)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    priority = models.SmallIntegerField(default=0)
+    missed = models.CharField(
+        max_length=16,
+        choices=[(policy, policy) for policy in MISSED_POLICIES],
+        default="latest",
+        help_text=_("What happens to occurrences no worker enqueued in time."),
+    )
+    catch_up = models.PositiveIntegerField(default=10)
+    grace = models.FloatField(
+        default=60.0, help_text=_("Seconds late an occurrence may be and still count on time.")
+    )
+    last_occurrence_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("The latest occurrence enqueued or passed over.")
+    )
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    synced_at = models.DateTimeField(
+        db_default=Now(), help_text=_("When a worker last copied the definition from code.")
+    )
+
+    objects = ScheduleManager()
+
+    class Meta:
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+        ordering = ("name",)
+        permissions = [("pause_schedule", "Can pause and resume schedules")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_paused(self) -> bool:
+        return self.paused_at is not None

@@ -142,34 +142,79 @@ ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error"
 # ORM's bulk_create compiled 20 fields x 20,000 rows into 400,000 parameters, about 40x
 # slower). The statement-level NOTIFY trigger fires once per statement. One row comes
 # back: the ids in insertion order (nextval is called row by row in ORDER BY n, so the
-# ids increase with n) and the run_at and created_at that every row of it shares.
+# ids increase with n), the unique keys of the rows inserted (unique jobs only), and the
+# run_at and created_at that every row of it shares.
+#
+# Unique jobs add the unique_key column and ON CONFLICT DO NOTHING on the partial unique
+# index of (task, unique_key) (Job's skipqueue_job_unique_key; the WHERE repeats its
+# condition so that PostgreSQL infers it): a call whose key an unfinished job holds, or
+# an earlier call of the same statement, inserts nothing and raises nothing, so the
+# caller's transaction goes on. Only the rows inserted come back, with their keys.
 ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
-        lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at)
+        lease, attempts, max_attempts, expirations, releases, last_error, errors,
+        created_at{key_column})
     SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
-        {last_error}, {errors}::jsonb, statement_timestamp()
-    FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb), jsonb_array_elements(%(kwargs)s::jsonb))
-        WITH ORDINALITY AS v(a, k, n)
-    ORDER BY n
-    RETURNING id
+        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}
+    FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
+        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}) WITH ORDINALITY AS v(a, k, {key_name}n)
+    ORDER BY n{on_conflict}
+    RETURNING id, {key_out} AS unique_key
 )
-SELECT array_agg(id ORDER BY id),
+SELECT COALESCE(array_agg(id ORDER BY id), '{{}}'),
+    COALESCE(array_agg(unique_key ORDER BY id), '{{}}'),
     COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
     statement_timestamp()
 FROM inserted
 """
 
+_UNIQUE_PARTS = {
+    "key_column": ", unique_key",
+    "key_value": ", u",
+    "key_rows": ", jsonb_array_elements_text(%(keys)s::jsonb)",
+    "key_name": "u, ",
+    "on_conflict": (
+        "\n    ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL"
+        " AND state IN ('pending', 'running') DO NOTHING"
+    ),
+    "key_out": "unique_key",
+}
+_PLAIN_PARTS = dict.fromkeys(_UNIQUE_PARTS, "") | {"key_out": "NULL::text"}
+
 
 @functools.lru_cache(maxsize=16)
-def enqueue_many_statement(defaults: tuple[tuple[str, object], ...]) -> str:
-    """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg."""
+def enqueue_many_statement(defaults: tuple[tuple[str, object], ...], unique: bool = False) -> str:
+    """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
+    with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts)."""
     literals = {  # "%" doubled: the statement goes through %-style parameter binding
         column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
     }
-    return ENQUEUE_MANY.format(**literals)
+    return ENQUEUE_MANY.format(**literals, **(_UNIQUE_PARTS if unique else _PLAIN_PARTS))
+
+
+# Unique jobs, on a conflict: the unfinished jobs that hold these keys (the ones the
+# INSERT above did not write). Raw, beside the INSERT it completes.
+UNFINISHED_WITH_KEYS = """
+SELECT unique_key, id, state FROM skipqueue_job
+WHERE task = %s AND unique_key = ANY(%s::text[]) AND unique_key IS NOT NULL
+  AND state IN ('pending', 'running')
+"""
+
+# Unique jobs, on_conflict="replace": the pending job holding each key takes the new
+# call's arguments and run time. Only pending rows are written (and so locked): a running
+# job is left alone, and the claim, which skips locked rows, never waits on this.
+REPLACE_PENDING = """
+UPDATE skipqueue_job AS job
+SET args = v.a, kwargs = v.k,
+    run_at = COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval)
+FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb), jsonb_array_elements(%(kwargs)s::jsonb),
+    jsonb_array_elements_text(%(keys)s::jsonb)) AS v(a, k, u)
+WHERE job.task = %(task)s AND job.unique_key = v.u AND job.state = 'pending'
+RETURNING job.unique_key, job.id
+"""
 
 
 # The volume guard of MAX_PENDING_PER_QUEUE: an index scan of at most `cap` entries of

@@ -41,6 +41,10 @@ class JobState(models.TextChoices):
 
 
 FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+#: The states in which a job holds its unique key (see Job's skipqueue_job_unique_key).
+UNFINISHED_STATES = (JobState.PENDING, JobState.RUNNING)
+#: Longest unique key (the column's length).
+UNIQUE_KEY_MAX_LENGTH = 255
 
 
 def validate_queue_name(name: object) -> str:

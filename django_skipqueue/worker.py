@@ -54,6 +54,7 @@ from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.notifier import Notifier
 from django_skipqueue.progress import ProgressLog, WorkerStats
 from django_skipqueue.registry import registry
+from django_skipqueue.scheduler import Scheduler, defined_schedules
 from django_skipqueue.states import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.threads import Supervisor
 
@@ -77,6 +78,7 @@ class Worker:
         reap_interval: float | None = None,
         prefetch: int | None = None,
         database: str | None = None,
+        schedules: bool | None = None,
     ) -> None:
         conf = get_settings()
         self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
@@ -95,6 +97,10 @@ class Worker:
         self.poll_interval = conf.POLL_INTERVAL_SECONDS if poll_interval is None else poll_interval
         self.listen = conf.LISTEN if listen is None else listen
         self.database = database or conf.DATABASE_ALIAS
+        #: The periodic schedules whose occurrences this worker enqueues: all of them,
+        #: unless turned off (`schedules=False`) or a burst worker (None: not burst).
+        wanted = not burst if schedules is None else schedules
+        self.schedules = defined_schedules() if wanted else {}
         self.stats = WorkerStats()
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
@@ -394,6 +400,11 @@ class Worker:
             self._spawn_executor()
         self.housekeeper.process = self.process
         self.threads.start("helpers", "skipqueue-housekeeper", self.housekeeper.run)
+        if self.schedules:
+            scheduler = Scheduler(
+                schedules=self.schedules, database=self.database, halted=self._halted
+            )
+            self.threads.start("helpers", "skipqueue-scheduler", scheduler.run)
         if self.listen:
             notifier = Notifier(
                 database=self.database,

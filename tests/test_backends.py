@@ -16,7 +16,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa:
 from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from django_skipqueue import backends  # noqa: E402
+from django_skipqueue import Cron, backends  # noqa: E402
 from django_skipqueue.backends import SkipQueueBackend  # noqa: E402
 from django_skipqueue.models import Job, JobState  # noqa: E402
 from django_skipqueue.testing import run_jobs  # noqa: E402
@@ -273,3 +273,31 @@ def test_a_django_task_runs_under_runworker(start_worker):
     wait_until(lambda: default_task_backend.get_result(result.id).is_finished, timeout=30)
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "other")
+
+
+def test_a_unique_task_under_the_backend_returns_the_holders_result():
+    first = django_tasks.dj_unique.enqueue(7)
+    second = django_tasks.dj_unique.enqueue(order_id=7)
+    assert second.id == first.id
+    assert Job.objects.filter(task=django_tasks.dj_unique.module_path).count() == 1
+
+
+def test_a_schedule_under_the_backend_is_bound_to_its_task():
+    from django_skipqueue.compat import build_unvalidated
+
+    declared = build_unvalidated(
+        backends.Task,
+        func=django_tasks.dj_add.func,
+        priority=0,
+        backend="default",
+        queue_name="default",
+        run_after=None,
+        takes_context=False,
+        schedule=Cron(expression="0 3 * * *", args=[1, 2]),
+    )
+    (cron,) = default_task_backend._native(declared).schedules
+    assert (cron.name, cron.task, cron.args) == (
+        django_tasks.dj_add.module_path,
+        django_tasks.dj_add.module_path,
+        [1, 2],
+    )

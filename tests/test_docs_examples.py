@@ -100,8 +100,10 @@ def pages_here() -> list[Path]:
 
 
 def settings_code(code: str) -> str:
-    """`NAME = [..., x]` adds x to the NAME the settings already have (once)."""
-    return re.sub(r"^(\w+) = \[\.\.\.,\s*(.*)\]$", r"\1 = _plus(\1, \2)", code, flags=re.M)
+    """`NAME = [..., x]` adds x to the NAME the settings already have (once), and
+    `NAME = {..., "KEY": value}` adds KEY to the NAME dict the settings already have."""
+    code = re.sub(r"^(\w+) = \[\.\.\.,\s*(.*)\]$", r"\1 = _plus(\1, \2)", code, flags=re.M)
+    return re.sub(r"^(\w+) = \{\.\.\.,", r'\1 = {**globals().get("\1", {}),', code, flags=re.M)
 
 
 def build_project(root: Path, pages: list[Path]) -> dict[Path, list[Block]]:

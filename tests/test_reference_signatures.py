@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from django_skipqueue import testing
+from django_skipqueue import Cron, testing
 from django_skipqueue.base import Task, TaskContext
 from django_skipqueue.exceptions import Retry
 
@@ -31,6 +31,7 @@ DOCUMENTED: dict[str, Callable[..., Any]] = {
     "extend_lease": TaskContext.extend_lease,
     "Retry": Retry.__init__,
     "django_skipqueue.testing.run_jobs": testing.run_jobs,
+    "Cron": Cron.__init__,
 }
 CALL = re.compile(r"`(?:@)?([\w.]+)\(([^`]*)\)(?: -> [^`]*)?`")
 

@@ -103,3 +103,19 @@ def test_a_role_that_cannot_read_the_migrations_gets_the_job_tables_columns_chec
         cursor.execute("ALTER TABLE skipqueue_job DROP COLUMN worker_ids")
     with pytest.raises(CommandError, match=r"lacks worker_ids: run `python manage.py migrate`"):
         _require_job_table("default")
+
+
+@pytest.mark.slow
+def test_a_bad_schedule_is_a_check_error_and_stops_runworker():
+    bad = json.dumps(
+        {"SCHEDULES": {"nightly": {"task": "tests.testapp.tasks.ad", "cron": "0 3 * * *"}}}
+    )
+
+    checked = manage("check", SKIPQUEUE_TEST_SETTINGS=bad)
+    started = manage("runworker", "--burst", "--no-schedules", SKIPQUEUE_TEST_SETTINGS=bad)
+
+    assert checked.returncode == 1
+    assert "skipqueue.E010" in checked.stderr and "'tests.testapp.tasks.ad'" in checked.stderr
+    assert "Traceback" not in checked.stderr
+    assert started.returncode == 1  # runworker runs the checks first
+    assert "skipqueue.E010" in started.stderr

@@ -60,3 +60,9 @@ def dj_reenqueues(context, times: int) -> dict:  # noqa: ANN001
 @task
 def dj_returns_object() -> object:
     return object()
+
+
+@backends.task(unique_key=("order_id",))
+def dj_unique(order_id: int) -> int:
+    """A unique job per order, declared with Django's @task API."""
+    return order_id

@@ -250,3 +250,15 @@ def fails_over_before_its_ack() -> str:
     except OperationalError:
         pass
     return "done, but who will say so?"
+
+
+@task(unique_key=("invoice_id",))
+def send_invoice(invoice_id: int, note: str = "") -> int:
+    """A unique job per invoice: its key is made of the invoice_id argument."""
+    return invoice_id
+
+
+@task(unique_key=lambda account, **_: f"account:{account}", on_conflict="replace")
+def sync_account(account: str, full: bool = False) -> str:
+    """A unique job per account whose later enqueues replace a pending one's arguments."""
+    return account

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.executor import Outcome
 from django_skipqueue.management.arguments import (
     configure_logging,
@@ -116,6 +117,13 @@ class Command(BaseCommand):
             "Default: SKIPQUEUE['REAP_INTERVAL_SECONDS'] (10).",
         )
 
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="Do not enqueue the periodic schedules' occurrences from this worker "
+            "(every worker does by default, except with --burst).",
+        )
+
     def run_from_argv(self, argv: list[str]) -> None:
         """From the command line (not call_command): after the worker stops, run the exit
         handlers (yours, logging's) and end the process without the interpreter's
@@ -140,8 +148,9 @@ class Command(BaseCommand):
                 listen=False if options["no_listen"] else None,
                 reap_interval=options["reap_interval"],
                 prefetch=options["prefetch"],
+                schedules=False if options["no_schedules"] else None,
             )
-        except ValueError as error:
+        except (ValueError, ConfigurationError) as error:
             raise CommandError(str(error)) from error
 
     def handle(self, *args: Any, **options: Any) -> None:

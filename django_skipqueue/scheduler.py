@@ -1,0 +1,411 @@
+"""The scheduler: every worker enqueues the due occurrences of the periodic schedules.
+
+- `defined_schedules()`: the schedules in the code: those of tasks (`@task(schedule=...)`)
+  and SKIPQUEUE['SCHEDULES'], each a `Cron` bound to its task.
+- `sync()`: copies them into the schedule table when a worker starts, and deletes the
+  rows of schedules that are no longer in the code (so they stop firing, and nothing is
+  left for an operator to clean).
+- `tick()`: one short transaction that enqueues what is due, on the database clock.
+- `Scheduler`: a worker's thread that ticks at each occurrence.
+
+Each occurrence becomes exactly one job however many workers tick at once: the job
+table's unique constraint on (schedule, scheduled_for) makes a second insert of it a
+no-op (ON CONFLICT DO NOTHING). The schedule rows are locked FOR UPDATE SKIP LOCKED only
+so that workers do not do the same work twice; correctness does not rest on the lock.
+Occurrences are remembered in the schedule row (`last_occurrence_at`, which only moves
+forward), so pruning old jobs never makes an occurrence run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest, Now
+
+from django_skipqueue.base import bind_schedules
+from django_skipqueue.conf import get_settings
+from django_skipqueue.connections import Backoff, discard_connection
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.faults import is_transient
+from django_skipqueue.models import Job, Schedule
+from django_skipqueue.registry import registry
+from django_skipqueue.schedules import MAX_OCCURRENCES_PER_PASS, Cron
+
+logger = logging.getLogger(__name__)
+
+#: The keys a SKIPQUEUE['SCHEDULES'] entry may have ("cron" is the expression).
+SETTING_KEYS = frozenset(
+    {"task", "cron", "args", "kwargs", "queue_name", "priority", "timezone", "missed"}
+    | {"catch_up", "grace"}
+)
+#: The longest the scheduler thread sleeps between passes: how soon it sees a schedule
+#: paused or resumed by an operator, or a schedule synced by another worker.
+MAX_WAIT = 5.0
+#: The columns of a schedule row that come from its definition in code.
+DEFINITION_FIELDS = (
+    "task",
+    "expression",
+    "timezone",
+    "args",
+    "kwargs",
+    "queue_name",
+    "priority",
+    "missed",
+    "catch_up",
+    "grace",
+)
+
+
+def cron_from_setting(name: str, entry: object) -> Cron:
+    """One SKIPQUEUE['SCHEDULES'] entry as a Cron, or ConfigurationError naming the fault."""
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f"SKIPQUEUE['SCHEDULES'][{name!r}] must be a dict")
+    unknown = sorted(set(entry) - SETTING_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"SKIPQUEUE['SCHEDULES'][{name!r}] has unknown keys {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(SETTING_KEYS))}"
+        )
+    for key in ("task", "cron"):
+        if not isinstance(entry.get(key), str):
+            raise ConfigurationError(f"SKIPQUEUE['SCHEDULES'][{name!r}] needs {key!r}, a string")
+    options = {key: value for key, value in entry.items() if key not in {"cron"}}
+    return Cron(name=name, expression=entry["cron"], **options)
+
+
+def defined_schedules() -> dict[str, Cron]:
+    """The schedules in the code, by name, each bound to its registered task.
+
+    ConfigurationError when one cannot run (an unknown task, arguments its function does
+    not take) or two share a name; the system check skipqueue.E010 reports the same.
+    """
+    found: dict[str, Cron] = {}
+
+    def add(cron: Cron, where: str) -> None:
+        assert cron.name is not None  # noqa: S101  (bound crons are named)
+        if cron.name in found:
+            raise ConfigurationError(
+                f"two schedules are named {cron.name!r} ({where} and another); rename one"
+            )
+        found[cron.name] = cron
+
+    for task_name in registry.names():
+        for cron in registry.get(task_name).schedules:
+            add(cron, f"@task {task_name}")
+    for name, entry in get_settings().SCHEDULES.items():
+        cron = cron_from_setting(name, entry)
+        if cron.task not in registry:
+            raise ConfigurationError(
+                f"SKIPQUEUE['SCHEDULES'][{name!r}] runs {cron.task!r}, which is not a "
+                f"registered task (is it in an installed app's tasks module?)"
+            )
+        (bound,) = bind_schedules(registry.get(cron.task or ""), cron)
+        add(bound, "SKIPQUEUE['SCHEDULES']")
+    return found
+
+
+def sync(schedules: Mapping[str, Cron], *, database: str) -> None:
+    """Make the schedule table match the code: insert new schedules, update changed
+    definitions, delete the rows of schedules the code no longer has.
+
+    One transaction. A changed expression or time zone starts from now (the old
+    definition's missed occurrences are not run). An operator's pause is kept.
+    """
+    rows = Schedule.objects.using(database)
+    zone = settings.TIME_ZONE or "UTC"
+    with transaction.atomic(using=database):
+        existing = {row.name: row for row in rows.select_for_update()}
+        fresh = []
+        for name, cron in schedules.items():
+            values = _definition(cron, zone)
+            row = existing.get(name)
+            if row is None:
+                fresh.append(Schedule(name=name, **values))
+                continue
+            changed = {key: value for key, value in values.items() if getattr(row, key) != value}
+            if not changed:
+                continue
+            if "expression" in changed or "timezone" in changed:
+                changed["last_occurrence_at"] = Greatest(
+                    Coalesce(F("last_occurrence_at"), Now()), Now()
+                )
+            rows.filter(name=name).update(**changed, synced_at=Now())
+            logger.info("schedule changed name=%s fields=%s", name, ",".join(sorted(changed)))
+        rows.bulk_create(fresh, ignore_conflicts=True)  # another worker may sync at once
+        gone = sorted(set(existing) - set(schedules))
+        if gone:
+            rows.filter(name__in=gone).delete()
+            logger.info("schedules removed from the code deleted names=%s", ",".join(gone))
+
+
+def _definition(cron: Cron, default_zone: str) -> dict[str, Any]:
+    task = registry.get(cron.task or "")
+    return {
+        "task": cron.task,
+        "expression": cron.expression,
+        "timezone": cron.timezone or default_zone,
+        "args": list(cron.args),
+        "kwargs": dict(cron.kwargs or {}),
+        "queue_name": cron.queue_name or task.queue_name,
+        "priority": cron.priority if cron.priority is not None else task.priority,
+        "missed": cron.missed,
+        "catch_up": cron.catch_up,
+        "grace": float(cron.grace),
+    }
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one pass did, and the database-clock seconds until the next occurrence."""
+
+    enqueued: int = 0
+    missed: int = 0  # schedules that had missed occurrences (their policy applied)
+    next_in: float | None = None
+
+
+def due_occurrences(
+    cron: Cron, row_after: datetime, now: datetime, zone: Any
+) -> tuple[list[datetime], datetime | None, bool]:
+    """(occurrences to enqueue, the new last occurrence, whether any were missed) for a
+    schedule last advanced to `row_after`, at database time `now`.
+
+    On time (within `grace` of now): each enqueued. Older (missed): `latest` enqueues
+    the most recent once when nothing is on time, `skip` none, `catch_up` the most
+    recent `catch_up`.
+    """
+    grace = timedelta(seconds=cron.grace)
+    on_time = cron.occurrences(
+        max(row_after, now - grace), now, zone, limit=MAX_OCCURRENCES_PER_PASS
+    )
+    late_until = now - grace
+    missed: list[datetime] = []
+    if row_after < late_until:
+        wanted = {"latest": 0 if on_time else 1, "skip": 0, "catch_up": cron.catch_up}
+        count = wanted[cron.missed]
+        missed = cron.latest(late_until, row_after, zone, count) if count else []
+        any_missed = bool(missed) or bool(cron.latest(late_until, row_after, zone, 1))
+    else:
+        any_missed = False
+    fire = missed + on_time
+    if on_time:
+        last: datetime | None = on_time[-1]
+    else:
+        latest = cron.latest(now, row_after, zone, 1)
+        last = latest[-1] if latest else None
+    return fire, last, any_missed
+
+
+def tick(schedules: Mapping[str, Cron], *, database: str) -> TickResult:
+    """Enqueue the due occurrences of `schedules`: one transaction, on the database clock.
+
+    Locks the active (not paused) schedule rows it can (FOR NO KEY UPDATE SKIP LOCKED),
+    inserts one job per due occurrence (ON CONFLICT DO NOTHING on the occurrence
+    constraint) and moves each row's `last_occurrence_at` forward. A schedule without a
+    row (not synced yet, or removed from the code by a newer worker) does not fire.
+    """
+    if not schedules:
+        return TickResult()
+    zone_default = settings.TIME_ZONE or "UTC"
+    enqueued = missed_count = 0
+    rows = Schedule.objects.using(database)
+    with transaction.atomic(using=database):
+        locked = list(
+            rows.filter(name__in=list(schedules))
+            .active()
+            .select_for_update(skip_locked=True, no_key=True)
+            .annotate(now=Now())
+            .values_list("name", "last_occurrence_at", "created_at", "now")
+        )
+        now = locked[0][3] if locked else _database_now(database)
+        jobs: list[Job] = []
+        advanced: dict[str, datetime] = {}
+        for name, last_at, created_at, _ in locked:
+            cron = schedules[name]
+            zone = cron.zone(zone_default)
+            fire, last, missed = due_occurrences(cron, last_at or created_at, now, zone)
+            if last is None:
+                continue
+            jobs.extend(_jobs_for(cron, fire))
+            advanced[name] = last
+            if missed:
+                missed_count += 1
+                logger.warning(
+                    "schedule missed occurrences name=%s policy=%s enqueued=%d",
+                    name,
+                    cron.missed,
+                    len(fire),
+                )
+        if jobs:
+            enqueued = len(Job.objects.using(database).bulk_create(jobs, ignore_conflicts=True))
+        for name, last in advanced.items():
+            rows.filter(name=name).update(
+                last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), last), last)
+            )
+    if jobs:
+        logger.debug("schedules ticked occurrences=%d", len(jobs))
+    return TickResult(enqueued=enqueued, missed=missed_count, next_in=_next_in(schedules, now))
+
+
+def _jobs_for(cron: Cron, instants: Iterable[datetime]) -> list[Job]:
+    task = registry.get(cron.task or "")
+    if cron.queue_name or cron.priority is not None:
+        task = task.using(queue_name=cron.queue_name, priority=cron.priority)
+    key = task.key_for(cron.args, cron.kwargs or {}) if task.unique_key is not None else None
+    return [
+        Job(
+            task=task.name,
+            args=list(cron.args),
+            kwargs=dict(cron.kwargs or {}),
+            queue_name=task.queue_name,
+            priority=task.priority,
+            max_attempts=task.resolved_max_attempts,
+            lease=task.resolved_lease,
+            run_at=instant,
+            schedule=cron.name,
+            scheduled_for=instant,
+            unique_key=key,
+        )
+        for instant in instants
+    ]
+
+
+def _database_now(database: str) -> datetime:
+    with connections[database].cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        value: datetime = cursor.fetchone()[0]
+        return value
+
+
+def _next_in(schedules: Mapping[str, Cron], now: datetime) -> float | None:
+    """Seconds from the database's `now` to the soonest next occurrence."""
+    zone_default = settings.TIME_ZONE or "UTC"
+    soonest = None
+    for cron in schedules.values():
+        upcoming = cron.next_after(now, cron.zone(zone_default))
+        if upcoming is not None and (soonest is None or upcoming < soonest):
+            soonest = upcoming
+    return None if soonest is None else (soonest - now).total_seconds()
+
+
+def next_occurrence(cron: Cron, after: datetime) -> datetime | None:
+    """The schedule's first occurrence after `after` (for the admin and `schedules`)."""
+    return cron.next_after(after, cron.zone(settings.TIME_ZONE or "UTC"))
+
+
+class Scheduler:
+    """A worker's scheduler thread: `run()` syncs once, then ticks until `halted`."""
+
+    def __init__(
+        self, *, schedules: Mapping[str, Cron], database: str, halted: threading.Event
+    ) -> None:
+        self.schedules = dict(schedules)
+        self.database = database
+        self.halted = halted
+        self.enqueued = 0
+
+    def run(self) -> None:
+        backoff = Backoff()
+        synced = False
+        try:
+            while not self.halted.is_set():
+                try:
+                    if not synced:
+                        sync(self.schedules, database=self.database)
+                        synced = True
+                    result = tick(self.schedules, database=self.database)
+                    self.enqueued += result.enqueued
+                    backoff.reset()
+                    wait = MAX_WAIT if result.next_in is None else min(result.next_in, MAX_WAIT)
+                    wait += 0.002  # past the occurrence, not just before it
+                except Exception as error:  # noqa: BLE001  (this thread must not die)
+                    wait = backoff.next()
+                    if is_transient(error):
+                        logger.warning("scheduler failed, retrying in %.2fs: %s", wait, error)
+                    else:
+                        logger.exception("scheduler failed, retrying in %.2fs", wait)
+                    discard_connection(self.database)
+                self.halted.wait(max(wait, 0.002))
+        finally:
+            connections.close_all()
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    """One schedule as an operator sees it: its definition, state and next occurrence."""
+
+    name: str
+    task: str
+    expression: str
+    timezone: str
+    state: str  # active, paused, not synced (no worker started since), removed from code
+    last_occurrence_at: datetime | None
+    next_occurrence_at: datetime | None
+    paused_by: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "task": self.task,
+            "cron": self.expression,
+            "timezone": self.timezone,
+            "state": self.state,
+            "last_occurrence_at": _iso(self.last_occurrence_at),
+            "next_occurrence_at": _iso(self.next_occurrence_at),
+            "paused_by": self.paused_by,
+        }
+
+
+def schedule_statuses(
+    database: str, schedules: Mapping[str, Cron] | None = None
+) -> list[ScheduleStatus]:
+    """The schedules of the code and of the table, by name, with their next occurrence
+    after the database's now (none while paused, or for a row the code no longer has)."""
+    defined = defined_schedules() if schedules is None else schedules
+    rows = {row.name: row for row in Schedule.objects.using(database)}
+    now = _database_now(database)
+    zone_default = settings.TIME_ZONE or "UTC"
+    found = []
+    for name in sorted(set(defined) | set(rows)):
+        cron, row = defined.get(name), rows.get(name)
+        if cron is None:
+            assert row is not None  # noqa: S101
+            found.append(
+                ScheduleStatus(
+                    name,
+                    row.task,
+                    row.expression,
+                    row.timezone,
+                    "removed from code",
+                    row.last_occurrence_at,
+                    None,
+                )
+            )
+            continue
+        state = "not synced" if row is None else "paused" if row.is_paused else "active"
+        found.append(
+            ScheduleStatus(
+                name=name,
+                task=cron.task or "",
+                expression=cron.expression,
+                timezone=cron.timezone or zone_default,
+                state=state,
+                last_occurrence_at=row.last_occurrence_at if row is not None else None,
+                next_occurrence_at=None
+                if state == "paused"
+                else cron.next_after(now, cron.zone(zone_default)),
+                paused_by=row.paused_by if row is not None else "",
+            )
+        )
+    return found
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

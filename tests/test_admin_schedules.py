@@ -1,0 +1,139 @@
+"""The schedules in the admin and `manage.py schedules`: read-only, pause under its own
+permission, next occurrences, and the jobs of each occurrence."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.db.models.functions import Now
+from django.test import override_settings
+from django.urls import reverse
+
+from django_skipqueue.models import Job, Schedule
+from django_skipqueue.scheduler import defined_schedules, sync, tick
+from tests.testapp.tasks import add, send_invoice
+
+pytestmark = pytest.mark.django_db
+
+SCHEDULES = {
+    "SCHEDULES": {
+        "every-second": {"task": add.name, "cron": "* * * * * *", "args": [1, 2]},
+        "nightly": {
+            "task": add.name,
+            "cron": "30 2 * * *",
+            "args": [3, 4],
+            "timezone": "Europe/Paris",
+        },
+    }
+}
+CHANGELIST = "admin:skipqueue_schedule_changelist"
+
+
+@pytest.fixture
+def synced():
+    with override_settings(SKIPQUEUE=SCHEDULES):
+        defined = defined_schedules()
+    sync(defined, database="default")
+    Schedule.objects.filter(name="every-second").update(last_occurrence_at=Now())
+    return defined
+
+
+def staff_with(client, *codenames: str):
+    user = User.objects.create_user("staff", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    return client
+
+
+def pause_action(client, names: list[str]):
+    return client.post(
+        reverse(CHANGELIST), {"action": "pause", "_selected_action": names}, follow=True
+    )
+
+
+def test_the_schedule_pages_show_next_runs_and_the_jobs_of_recent_occurrences(client, synced):
+    import time
+
+    time.sleep(1.1)
+    tick(synced, database="default")
+    job = Job.objects.filter(schedule="every-second").latest("scheduled_for")
+    viewer = staff_with(client, "view_schedule", "view_job")
+    page = viewer.get(reverse(CHANGELIST)).content.decode()
+    assert "every-second" in page and "30 2 * * *" in page and "Europe/Paris" in page
+    detail = viewer.get(reverse("admin:skipqueue_schedule_change", args=["every-second"]))
+    content = detail.content.decode()
+    assert reverse("admin:skipqueue_job_change", args=[job.id]) in content
+    jobs_page = viewer.get(reverse("admin:skipqueue_job_changelist") + "?schedule=every-second")
+    assert jobs_page.status_code == 200 and f">{job.id}<" in jobs_page.content.decode()
+    job_page = viewer.get(reverse("admin:skipqueue_job_change", args=[job.id])).content.decode()
+    assert "?schedule=every-second" in job_page
+
+
+def test_pausing_needs_its_own_permission(client, synced):
+    viewer = staff_with(client, "view_schedule")
+    assert '<option value="pause"' not in viewer.get(reverse(CHANGELIST)).content.decode()
+    pause_action(viewer, ["nightly"])  # a forged POST
+    assert not Schedule.objects.get(name="nightly").is_paused
+
+    user = User.objects.get(username="staff")
+    user.user_permissions.add(Permission.objects.get(codename="pause_schedule"))
+    client.force_login(user)
+    response = pause_action(client, ["nightly"])
+    assert "1 schedule(s) paused" in response.content.decode()
+    paused = Schedule.objects.get(name="nightly")
+    assert paused.is_paused and paused.paused_by == "staff"
+
+
+def test_schedules_cannot_be_added_edited_or_deleted_in_the_admin(admin_client, synced):
+    assert admin_client.get(reverse("admin:skipqueue_schedule_add")).status_code == 403
+    admin_client.post(
+        reverse("admin:skipqueue_schedule_change", args=["nightly"]), {"expression": "* * * * *"}
+    )
+    admin_client.post(
+        reverse(CHANGELIST), {"action": "delete_selected", "_selected_action": ["nightly"]}
+    )
+    assert Schedule.objects.get(name="nightly").expression == "30 2 * * *"
+
+
+def test_a_unique_job_shows_its_key(admin_client):
+    job = send_invoice.enqueue(5)
+    page = admin_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    assert "invoice_id=5" in page.content.decode()
+    assert (
+        "key invoice_id=5"
+        in admin_client.get(reverse("admin:skipqueue_job_changelist")).content.decode()
+    )
+
+
+def test_the_schedules_command_lists_last_and_next_occurrences(synced):
+    out = StringIO()
+    with override_settings(SKIPQUEUE=SCHEDULES):
+        call_command("schedules", "--json", stdout=out)
+    rows = {row["name"]: row for row in json.loads(out.getvalue())["schedules"]}
+    assert rows["every-second"]["state"] == "active"
+    assert rows["every-second"]["last_occurrence_at"] is not None
+    assert rows["nightly"]["next_occurrence_at"].endswith(("T00:30:00+00:00", "T01:30:00+00:00"))
+
+
+def test_the_schedules_command_pauses_resumes_and_names_unknown_ones(synced):
+    out = StringIO()
+    with override_settings(SKIPQUEUE=SCHEDULES):
+        call_command("schedules", "--pause", "nightly", stdout=out)
+        assert Schedule.objects.get(name="nightly").is_paused
+        assert "paused" in out.getvalue() and "nightly" in out.getvalue()
+        call_command("schedules", "--resume", "nightly", stdout=out)
+        assert not Schedule.objects.get(name="nightly").is_paused
+        with pytest.raises(CommandError, match="no schedule named 'nightlyy'"):
+            call_command("schedules", "--pause", "nightlyy", stdout=out)
+
+
+def test_a_schedule_gone_from_the_code_is_listed_as_such_until_a_worker_deletes_it(synced):
+    out = StringIO()
+    call_command("schedules", "--json", stdout=out)  # this code has no schedules
+    states = {row["name"]: row["state"] for row in json.loads(out.getvalue())["schedules"]}
+    assert states == {"every-second": "removed from code", "nightly": "removed from code"}

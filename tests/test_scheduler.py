@@ -1,0 +1,154 @@
+"""The scheduler's database side (scheduler.py): sync, tick, missed occurrences, pause."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.db.models.functions import Now
+from django.test import override_settings
+
+from django_skipqueue import Cron
+from django_skipqueue.base import bind_schedules
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.models import Job, Schedule
+from django_skipqueue.scheduler import defined_schedules, sync, tick
+from tests.testapp.tasks import add, send_invoice
+
+pytestmark = pytest.mark.django_db
+
+
+def schedules(*crons: Cron, task=add) -> dict[str, Cron]:
+    bound = [bind_schedules(task, cron)[0] for cron in crons]
+    return {cron.name: cron for cron in bound}
+
+
+def set_last_occurrence(name: str, seconds_ago: float) -> None:
+    Schedule.objects.filter(name=name).update(
+        last_occurrence_at=Now() - timedelta(seconds=seconds_ago)
+    )
+
+
+def database_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def test_sync_inserts_updates_and_deletes_to_match_the_code() -> None:
+    sync(schedules(Cron(expression="* * * * *", name="a", args=[1, 2])), database="default")
+    Schedule.objects.filter(name="a").update(paused_at=Now())
+    set_last_occurrence("a", 3600)
+    Schedule.objects.create(
+        name="gone", task=add.name, expression="* * * * *", timezone="UTC", queue_name="default"
+    )
+    sync(schedules(Cron(expression="*/5 * * * *", name="a", args=[1, 2])), database="default")
+    row = Schedule.objects.get()
+    assert row.name == "a" and row.expression == "*/5 * * * *"
+    assert row.is_paused  # an operator's pause survives a deploy
+    # A changed expression starts from now, not from the old definition's last run.
+    assert Schedule.objects.filter(last_occurrence_at__gte=Now() - timedelta(seconds=5)).exists()
+
+
+def test_each_occurrence_is_enqueued_once_however_often_it_is_ticked() -> None:
+    defined = schedules(Cron(expression="* * * * * *", name="every-second", args=[1, 2]))
+    sync(defined, database="default")
+    set_last_occurrence("every-second", 5)
+    first = tick(defined, database="default")
+    Schedule.objects.update(last_occurrence_at=F("last_occurrence_at") - timedelta(seconds=5))
+    tick(defined, database="default")  # the same occurrences again: the constraint holds
+    jobs = Job.objects.filter(schedule="every-second")
+    times = sorted(jobs.values_list("scheduled_for", flat=True))
+    assert first.enqueued >= 5
+    assert len(times) == len(set(times))
+    assert all(b - a == timedelta(seconds=1) for a, b in zip(times, times[1:], strict=False))
+    job = jobs.first()
+    assert (job.task, job.args, job.run_at) == (add.name, [1, 2], job.scheduled_for)
+    assert 0 < first.next_in <= 1
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("latest", 1), ("skip", 0), ("catch_up", 3)])
+def test_missed_occurrences_follow_the_schedules_policy(policy: str, expected: int) -> None:
+    cron = Cron(expression="* * * * *", name="m", args=[1, 2], missed=policy, catch_up=3, grace=0)
+    defined = schedules(cron)
+    sync(defined, database="default")
+    set_last_occurrence("m", 600)  # ten minutes of occurrences that no worker enqueued
+    result = tick(defined, database="default")
+    assert Job.objects.filter(schedule="m").count() == expected
+    assert result.missed == 1
+    # The schedule moved past all of them: the next pass enqueues nothing more.
+    assert tick(defined, database="default").enqueued == 0
+    latest = Schedule.objects.get().last_occurrence_at
+    assert database_now() - latest < timedelta(minutes=1)
+    if expected:
+        assert Job.objects.filter(schedule="m").latest("scheduled_for").scheduled_for == latest
+
+
+def test_on_time_occurrences_all_run_whatever_the_policy() -> None:
+    cron = Cron(expression="* * * * * *", name="s", args=[1, 2], missed="skip", grace=60)
+    defined = schedules(cron)
+    sync(defined, database="default")
+    set_last_occurrence("s", 10)
+    tick(defined, database="default")
+    assert Job.objects.filter(schedule="s").count() >= 10
+
+
+def test_a_new_schedule_starts_at_its_next_occurrence() -> None:
+    defined = schedules(Cron(expression="0 0 1 1 *", name="yearly", args=[1, 2]))
+    sync(defined, database="default")
+    assert tick(defined, database="default").enqueued == 0
+    assert Schedule.objects.get().last_occurrence_at is None
+
+
+def test_a_paused_schedule_enqueues_nothing_and_resumes_from_now() -> None:
+    defined = schedules(Cron(expression="* * * * * *", name="p", args=[1, 2]))
+    sync(defined, database="default")
+    set_last_occurrence("p", 30)
+    assert Schedule.objects.pause(["p"], by="ops") == 1
+    assert tick(defined, database="default").enqueued == 0
+    assert Schedule.objects.get().paused_by == "ops"
+    assert Schedule.objects.resume(["p"]) == 1
+    tick(defined, database="default")
+    # Resumed from now: the 30 seconds passed while paused are not run.
+    assert Job.objects.filter(schedule="p").count() <= 2
+
+
+def test_a_schedule_without_a_row_does_not_fire() -> None:
+    defined = schedules(Cron(expression="* * * * * *", name="unsynced", args=[1, 2]))
+    assert tick(defined, database="default").enqueued == 0
+    assert not Job.objects.exists()
+
+
+def test_a_unique_task_on_a_schedule_keeps_one_unfinished_job() -> None:
+    defined = schedules(Cron(expression="* * * * * *", name="u", args=[9]), task=send_invoice)
+    sync(defined, database="default")
+    set_last_occurrence("u", 5)
+    tick(defined, database="default")
+    assert list(Job.objects.values_list("unique_key", flat=True)) == ["invoice_id=9"]
+
+
+@override_settings(
+    SKIPQUEUE={"SCHEDULES": {"nightly": {"task": add.name, "cron": "0 3 * * *", "args": [1, 2]}}}
+)
+def test_settings_schedules_are_bound_to_registered_tasks() -> None:
+    cron = defined_schedules()["nightly"]
+    assert (cron.task, cron.args, cron.expression) == (add.name, [1, 2], "0 3 * * *")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"task": "nowhere.task", "cron": "* * * * *"}, "not a registered task"),
+        ({"task": add.name, "cron": "* * * * *", "args": [1]}, "cannot be called"),
+        ({"task": add.name, "cron": "* * * * *", "when": "now"}, "unknown keys when"),
+        ({"task": add.name}, "needs 'cron'"),
+    ],
+)
+def test_a_bad_settings_schedule_is_refused_naming_it(entry: dict, message: str) -> None:
+    with (
+        override_settings(SKIPQUEUE={"SCHEDULES": {"bad": entry}}),
+        pytest.raises(ConfigurationError, match=message),
+    ):
+        defined_schedules()
