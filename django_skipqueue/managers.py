@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from django_skipqueue.base import Task
-    from django_skipqueue.models import Job, Schedule, WorkerProcess
+    from django_skipqueue.models import Job, Schedule, WorkerProcess  # noqa: F401  (a QuerySet base)
     from django_skipqueue.payload import JSONValue
 
 T = TypeVar("T")
