@@ -152,3 +152,21 @@ def test_a_bad_settings_schedule_is_refused_naming_it(entry: dict, message: str)
         pytest.raises(ConfigurationError, match=message),
     ):
         defined_schedules()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_enqueues_and_runs_its_schedules_and_burst_workers_do_not(start_worker) -> None:
+    from tests.processes import wait_until
+
+    settings = {"SCHEDULES": {"tick": {"task": add.name, "cron": "* * * * * *", "args": [1, 2]}}}
+    burst = start_worker("--burst", settings=settings)
+    assert burst.wait(timeout=30) == 0
+    assert not Schedule.objects.exists()  # a burst worker leaves schedules alone
+    start_worker(settings=settings)
+    wait_until(
+        lambda: Job.objects.filter(schedule="tick", state="done").count() >= 2,
+        timeout=20,
+        message="no scheduled job ran",
+    )
+    assert Schedule.objects.get().task == add.name
