@@ -162,10 +162,9 @@ WITH inserted AS (
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
         jsonb_array_elements(%(kwargs)s::jsonb){key_rows}) WITH ORDINALITY AS v(a, k, {key_name}n)
     ORDER BY n{on_conflict}
-    RETURNING id, {key_out} AS unique_key
+    RETURNING id{key_out}
 )
-SELECT COALESCE(array_agg(id ORDER BY id), '{{}}'),
-    COALESCE(array_agg(unique_key ORDER BY id), '{{}}'),
+SELECT COALESCE(array_agg(id ORDER BY id), '{{}}'), {keys_agg},
     COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
     statement_timestamp()
 FROM inserted
@@ -180,9 +179,10 @@ _UNIQUE_PARTS = {
         "\n    ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL"
         " AND state IN ('pending', 'running') DO NOTHING"
     ),
-    "key_out": "unique_key",
+    "key_out": ", unique_key",
+    "keys_agg": "COALESCE(array_agg(unique_key ORDER BY id), '{}')",
 }
-_PLAIN_PARTS = dict.fromkeys(_UNIQUE_PARTS, "") | {"key_out": "NULL::text"}
+_PLAIN_PARTS = dict.fromkeys(_UNIQUE_PARTS, "") | {"keys_agg": "NULL::text[]"}
 
 
 @functools.lru_cache(maxsize=16)
