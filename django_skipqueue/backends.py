@@ -78,6 +78,9 @@ class Task(DjangoTask):
     #: Unique jobs: a string, parameter names, or a function of the call's arguments.
     unique_key: Any = None
     on_conflict: str = "existing"
+    #: Flow control: jobs sharing the key run at most `concurrency_limit` at a time.
+    concurrency_key: Any = None
+    concurrency_limit: int = 1
 
 
 #: The options our Task adds to Django's.
@@ -197,6 +200,8 @@ class SkipQueueBackend(BaseTaskBackend):
                 django_task=task,
                 unique_key=getattr(task, "unique_key", None),
                 on_conflict=getattr(task, "on_conflict", "existing"),
+                concurrency_key=getattr(task, "concurrency_key", None),
+                concurrency_limit=getattr(task, "concurrency_limit", 1),
             )
             schedule = getattr(task, "schedule", None)
             if schedule is not None:

@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 import math
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,7 +21,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
-from django_skipqueue.exceptions import ConfigurationError, InvalidJobError, QueueFullError
+from django_skipqueue.exceptions import (
+    ConfigurationError,
+    InvalidJobError,
+    JobCancelled,
+    QueueFullError,
+)
 from django_skipqueue.payload import normalize_arguments
 from django_skipqueue.registry import registry
 from django_skipqueue.retry import RetryPolicy
@@ -174,6 +180,11 @@ class TaskContext:
     task_name: str
     queue_name: str
     database: str
+    #: Set by the worker when its lease renewal finds a cancel request (None when the
+    #: job runs outside a worker: then the row is read).
+    cancel_event: threading.Event | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def idempotency_key(self) -> str:
@@ -191,14 +202,46 @@ class TaskContext:
 
         Never shortens it, and the worker's own renewals never shorten what this set.
         Fenced like an ack: False means this attempt no longer owns the job, and the
-        task should stop; its result would be refused. `lease=` is the older name.
+        task should stop; its result would be refused. Raises JobCancelled if an
+        operator cancelled the job. `lease=` is the older name.
         """
+        from django_skipqueue.managers import Renewal
         from django_skipqueue.models import Job
 
         if seconds is not None and lease is not None:
             raise TypeError("extend_lease() takes seconds or lease, not both")
         wanted = _validate_lease(seconds if seconds is not None else lease, "seconds")
-        return Job.objects.db_manager(self.database).renew(self.job_id, self.attempt, wanted)
+        jobs = Job.objects.db_manager(self.database)
+        renewal = jobs.renewal(self.job_id, self.attempt, wanted)
+        if renewal is Renewal.CANCEL_REQUESTED:
+            self._cancelled()
+        return renewal is Renewal.RENEWED
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether an operator asked this job to stop. In a worker, as its last lease
+        renewal found (within a third of the lease); outside one, read from the row."""
+        if self.cancel_event is not None:
+            return self.cancel_event.is_set()
+        return self._cancel_in_row()
+
+    def check_cancelled(self) -> None:
+        """Raise JobCancelled if an operator asked this job to stop (reads the row now)."""
+        if (self.cancel_event is not None and self.cancel_event.is_set()) or (
+            self._cancel_in_row()
+        ):
+            self._cancelled()
+
+    def _cancel_in_row(self) -> bool:
+        from django_skipqueue.models import Job
+
+        fenced = Job.objects.db_manager(self.database).holding(self.job_id, self.attempt)
+        return fenced.filter(cancel_requested_at__isnull=False).exists()
+
+    def _cancelled(self) -> None:
+        if self.cancel_event is not None:
+            self.cancel_event.set()
+        raise JobCancelled(self.job_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +277,11 @@ class Task(Generic[P, R]):
     on_conflict: str = "existing"
     #: Periodic schedules (`@task(schedule=...)`), each bound to this task.
     schedules: tuple[Cron, ...] = ()
+    #: Flow control: jobs whose calls share this key (a string, parameter names, or a
+    #: function of the call's arguments, as `unique_key`) run at most
+    #: `concurrency_limit` at a time across every worker. None: no key.
+    concurrency_key: UniqueKey | None = None
+    concurrency_limit: int = 1
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -253,38 +301,43 @@ class Task(Generic[P, R]):
             raise InvalidJobError(
                 f"on_conflict={self.on_conflict!r} is not one of {', '.join(ON_CONFLICT_CHOICES)}"
             )
-        self._check_unique_key(self.unique_key)
+        object.__setattr__(self, "unique_key", self._checked_key(self.unique_key, "unique_key"))
+        object.__setattr__(
+            self, "concurrency_key", self._checked_key(self.concurrency_key, "concurrency_key")
+        )
+        limit = self.concurrency_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 32767:
+            raise InvalidJobError(f"concurrency_limit must be 1 to 32767, got {limit!r}")
 
-    def _check_unique_key(self, key: object) -> None:
+    def _checked_key(self, key: Any, option: str) -> Any:
         if key is None or callable(key):
-            return
+            return key
         if isinstance(key, str):
-            self._valid_key(key)
-            return
+            return self._valid_key(key, option)
         if isinstance(key, (tuple, list)) and key and all(isinstance(n, str) for n in key):
             signature = _call_signature(self.func, self.takes_context)
             known = set(signature.parameters) if signature is not None else set(key)
             unknown = [name for name in key if name not in known]
             if unknown:
                 raise ConfigurationError(
-                    f"unique_key of {self.name} names {', '.join(unknown)}, which "
+                    f"{option} of {self.name} names {', '.join(unknown)}, which "
                     f"{self.name} does not take; name its parameters"
                 )
-            object.__setattr__(self, "unique_key", tuple(key))
-            return
+            return tuple(key)
         raise ConfigurationError(
-            f"unique_key of {self.name} must be a string, a list of parameter names or a "
+            f"{option} of {self.name} must be a string, a list of parameter names or a "
             f"function of the call's arguments, got {key!r}"
         )
 
-    def _valid_key(self, key: object) -> str:
+    def _valid_key(self, key: object, option: str = "unique_key") -> str:
+        what = option.replace("_", " ")
         if not isinstance(key, str) or not key:
             raise InvalidJobError(
-                f"the unique key of {self.name} must be a non-empty string, got {key!r}"
+                f"the {what} of {self.name} must be a non-empty string, got {key!r}"
             )
         if len(key) > UNIQUE_KEY_MAX_LENGTH:
             raise InvalidJobError(
-                f"the unique key of {self.name} is {len(key)} characters; at most "
+                f"the {what} of {self.name} is {len(key)} characters; at most "
                 f"{UNIQUE_KEY_MAX_LENGTH} fit (hash a long one)"
             )
         return key
@@ -293,9 +346,15 @@ class Task(Generic[P, R]):
         """The unique key of one call: the string `unique_key`, or the named parameters'
         values as JSON (`invoice_id=42`, defaults applied), or what the function
         `unique_key` returns for these arguments."""
-        key = self.unique_key
+        return self._key(self.unique_key, "unique_key", args, kwargs)
+
+    def concurrency_key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The concurrency key of one call, made as `key_for` makes the unique key."""
+        return self._key(self.concurrency_key, "concurrency_key", args, kwargs)
+
+    def _key(self, key: Any, option: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         if callable(key):
-            return self._valid_key(key(*args, **kwargs))
+            return self._valid_key(key(*args, **kwargs), option)
         if isinstance(key, tuple):
             signature = _call_signature(self.func, self.takes_context)
             bound = signature.bind(*args, **kwargs) if signature is not None else None
@@ -306,9 +365,10 @@ class Task(Generic[P, R]):
                 ",".join(
                     f"{name}={json.dumps(values.get(name), sort_keys=True, separators=(',', ':'))}"
                     for name in key
-                )
+                ),
+                option,
             )
-        return self._valid_key(key)
+        return self._valid_key(key, option)
 
     @property
     def is_async(self) -> bool:
@@ -333,6 +393,8 @@ class Task(Generic[P, R]):
         database: str | None = None,
         unique_key: UniqueKey | None = None,
         on_conflict: str | None = None,
+        concurrency_key: UniqueKey | None = None,
+        concurrency_limit: int | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept.
 
@@ -350,6 +412,8 @@ class Task(Generic[P, R]):
                 "database": database,
                 "unique_key": unique_key,
                 "on_conflict": on_conflict,
+                "concurrency_key": concurrency_key,
+                "concurrency_limit": concurrency_limit,
             }.items()
             if value is not None
         }
@@ -518,6 +582,8 @@ def task(
     schedule: str | Cron | Sequence[str | Cron] | None = ...,
     unique_key: UniqueKey | None = ...,
     on_conflict: str = ...,
+    concurrency_key: UniqueKey | None = ...,
+    concurrency_limit: int = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -538,6 +604,8 @@ def task(
     schedule: str | Cron | Sequence[str | Cron] | None = None,
     unique_key: UniqueKey | None = None,
     on_conflict: str = "existing",
+    concurrency_key: UniqueKey | None = None,
+    concurrency_limit: int = 1,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -573,6 +641,8 @@ def task(
             timeout=_validate_lease(timeout, "timeout"),
             unique_key=unique_key,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))

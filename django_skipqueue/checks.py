@@ -23,6 +23,7 @@ from django.db import connections
 
 from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
 from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.limits import queue_limits
 from django_skipqueue.registry import registry
 from django_skipqueue.scheduler import defined_schedules
 
@@ -113,6 +114,18 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="skipqueue.E010",
             )
         ]
+    return []
+
+
+@register()
+def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """skipqueue.E011: every SKIPQUEUE['QUEUE_LIMITS'] entry can be read."""
+    if get_settings().problems():
+        return []  # E002 says what is wrong with the settings first
+    try:
+        queue_limits()
+    except ConfigurationError as error:
+        return [Error("A queue limit cannot be read.", hint=f"{error}.", id="skipqueue.E011")]
     return []
 
 

@@ -144,6 +144,10 @@ class SkipQueueSettings:
     #: "kwargs", "queue_name", "priority", "timezone", "missed", "catch_up", "grace"
     #: (see the Cron class). Checked by skipqueue.E010.
     SCHEDULES: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Flow control per queue, across every worker: {"reports": {"concurrency": 3},
+    #: "webhooks": {"rate": "10/s"}}: at most that many running jobs, at most that
+    #: many job starts per second, minute or hour. Checked by skipqueue.E011.
+    QUEUE_LIMITS: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
     #: Keys whose values are masked in stored errors and the admin (substring, any case,
@@ -187,6 +191,7 @@ class SkipQueueSettings:
             "REDACT_KEYS": (_names, "a list of key names"),
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
             "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),
+            "QUEUE_LIMITS": (_named_entries, "a dict of queue names to dicts"),
         }
         found = []
         for key, (valid, expected) in rules.items():

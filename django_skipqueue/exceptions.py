@@ -61,6 +61,16 @@ class QueueFullError(SkipQueueError):
     """
 
 
+class JobCancelled(SkipQueueError):  # noqa: N818  (a control-flow signal, like Retry)
+    """Raised in a task whose job an operator cancelled: by `TaskContext.extend_lease()`
+    and `TaskContext.check_cancelled()`. Let it propagate (or raise it yourself): the
+    job ends cancelled and is never retried."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"job {job_id} was cancelled by an operator")
+        self.job_id = job_id
+
+
 class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Retry)
     """Raise from a task to run it again after `delay`, without spending an attempt.
 

@@ -27,6 +27,7 @@ from django_skipqueue.conf import get_settings
 from django_skipqueue.connections import discard
 from django_skipqueue.exceptions import (
     InvalidJobError,
+    JobCancelled,
     Retry,
     TransactionLeftOpenError,
     UnknownTaskError,
@@ -56,6 +57,7 @@ class Outcome(str, enum.Enum):
     RELEASED = "released"  # attempt given back (Retry)
     LOST = "lost"  # the fence refused the write: this attempt had lost the job
     UNKNOWN = "unknown"  # no answer from the database within a lease: the reaper owns it
+    CANCELLED = "cancelled"  # stopped on an operator's cancel request: ended cancelled
 
 
 @dataclass(frozen=True)
@@ -110,23 +112,38 @@ DeferredAck = Callable[["Job", int, Any, float], None]
 
 
 @overload
-def execute(job: Job, *, database: str | None = None, defer_ack: None = None) -> Execution: ...
+def execute(
+    job: Job,
+    *,
+    database: str | None = None,
+    defer_ack: None = None,
+    cancel: threading.Event | None = None,
+) -> Execution: ...
 
 
 @overload
 def execute(
-    job: Job, *, database: str | None = None, defer_ack: DeferredAck
+    job: Job,
+    *,
+    database: str | None = None,
+    defer_ack: DeferredAck,
+    cancel: threading.Event | None = None,
 ) -> Execution | None: ...
 
 
 def execute(
-    job: Job, *, database: str | None = None, defer_ack: DeferredAck | None = None
+    job: Job,
+    *,
+    database: str | None = None,
+    defer_ack: DeferredAck | None = None,
+    cancel: threading.Event | None = None,
 ) -> Execution | None:
     """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome.
 
     With `defer_ack`, a success is handed to it instead of being acknowledged here (the
     worker acknowledges the jobs that finished meanwhile in one fenced statement), and
-    None is returned: the outcome is known once the ack is.
+    None is returned: the outcome is known once the ack is. `cancel` is the worker's
+    flag of a cancel request for this job (the task's `context.cancel_requested`).
     """
     database = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.db_manager(database)
@@ -140,7 +157,7 @@ def execute(
     try:
         task = registry.get(job.task)
         try:
-            value = _call(task, job, database)
+            value = _call(task, job, database, cancel)
         finally:
             _roll_back_left_open(database, depth)
         result = normalize(value, "the return value")
@@ -168,6 +185,15 @@ def execute(
         )
         signals.job_released.send(sender=Job, job=job, delay=request.delay)
         return Execution(job.id, attempt, Outcome.RELEASED, duration)
+    except JobCancelled:
+        duration = time.monotonic() - started
+        ended = _persist(lambda: jobs.end_cancelled(job.id, attempt), job, database)
+        if ended.unknown:
+            return _unknown(job, attempt, duration)
+        if not ended.value:
+            return _lost(job, attempt, duration)
+        logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
+        return Execution(job.id, attempt, Outcome.CANCELLED, duration)
     except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
         duration = time.monotonic() - started
         execution = _record_failure(jobs, job, attempt, task, raised, duration, database)
@@ -315,7 +341,9 @@ def record_success(
     return Execution(job.id, attempt, Outcome.SUCCEEDED, duration)
 
 
-def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
+def _call(
+    task: Task[Any, Any], job: Job, database: str, cancel: threading.Event | None = None
+) -> Any:
     for name in ("args", "kwargs"):
         value = getattr(job, name)
         if isinstance(value, Undecodable):
@@ -339,6 +367,7 @@ def _call(task: Task[Any, Any], job: Job, database: str) -> Any:
             task_name=job.task,
             queue_name=job.queue_name,
             database=database,
+            cancel_event=cancel,
         )
         args.insert(0, context)
     if task.is_async:

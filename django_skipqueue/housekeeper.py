@@ -23,6 +23,7 @@ from django.db.models.functions import Now
 from django_skipqueue.connections import Backoff, discard_connection
 from django_skipqueue.faults import is_transient
 from django_skipqueue.inflight import Flight, InFlight
+from django_skipqueue.managers import Renewal
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.reaper import Reaper
 
@@ -119,9 +120,20 @@ class Housekeeper:
             return
         jobs = Job.objects.db_manager(self.database)
         for flight in self.held.due_renewals(now):
-            if jobs.renew(flight.job.id, flight.attempt):
+            renewal = jobs.renewal(flight.job.id, flight.attempt)
+            if renewal is Renewal.RENEWED:
                 self.held.renewed(flight, now=time.monotonic())
                 self.stats.renewed += 1
+                continue
+            if renewal is Renewal.CANCEL_REQUESTED:
+                self.held.cancel_requested(flight)
+                logger.info(
+                    "job cancel requested id=%s task=%s attempt=%d: told the task; its "
+                    "lease is no longer renewed",
+                    flight.job.id,
+                    flight.job.task,
+                    flight.attempt,
+                )
                 continue
             self.held.renewal_refused(flight)
             self.stats.renew_refused += 1

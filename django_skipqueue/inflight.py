@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +35,9 @@ class Flight:
     renew_at: float  # process clock: when to renew next
     timeout: float | None = None  # the task's timeout in seconds, from its start
     timeout_at: float = NEVER  # process clock: stop renewing after this
+    #: Set when a renewal found that an operator asked the job to stop (the task sees
+    #: it as `TaskContext.cancel_requested`).
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -162,6 +165,19 @@ class InFlight:
     def renewed(self, flight: Flight, *, now: float) -> None:
         with self._lock:
             flight.renew_at = now + flight.lease_seconds / 3
+
+    def cancel_requested(self, flight: Flight) -> None:
+        """A renewal found a cancel request: tell the task, and renew no more (a task
+        that ignores it loses the job when this lease ends)."""
+        with self._lock:
+            flight.renew_at = NEVER
+        flight.cancel.set()
+
+    def cancel_event(self, job_id: int) -> threading.Event | None:
+        """The cancel flag of a held job, for its TaskContext (None if not held)."""
+        with self._lock:
+            flight = self._flights.get(job_id)
+            return flight.cancel if flight is not None else None
 
     def renewal_refused(self, flight: Flight) -> None:
         """The fence refused a renewal: this attempt lost the job; never renew it again."""

@@ -9,9 +9,11 @@ unexpired lease in its own WHERE, so a stale attempt changes nothing (0 rows).
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import itertools
 import logging
+import math
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,7 +22,18 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from django.db import DatabaseError, connections, models, transaction
-from django.db.models import Exists, Expression, F, Func, OuterRef, Value, signals
+from django.db.models import (
+    Count,
+    Exists,
+    Expression,
+    F,
+    Func,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    signals,
+)
 from django.db.models.functions import Coalesce, Greatest, JSONObject, Least, Now
 
 from django_skipqueue import sql
@@ -35,6 +48,7 @@ from django_skipqueue.states import (
     UNFINISHED_STATES,
     JobState,
     sort_in_claim_order,
+    validate_queue_name,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +56,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from django_skipqueue.base import Task
-    from django_skipqueue.models import Job, Schedule, WorkerProcess  # noqa: F401  (a QuerySet base)
+    from django_skipqueue.limits import QueueLimit
+    from django_skipqueue.models import Job, Queue, Schedule, WorkerProcess  # noqa: F401
     from django_skipqueue.payload import JSONValue
 
 T = TypeVar("T")
@@ -110,16 +125,30 @@ LEASE_EXPIRED = ErrorInfo(
 )
 
 
+class Renewal(enum.Enum):
+    """What a lease renewal found (`JobManager.renewal`)."""
+
+    RENEWED = "renewed"
+    CANCEL_REQUESTED = "cancel requested"  # not renewed: the lease is left to run out
+    LOST = "lost"  # this attempt no longer holds the job
+
+
+#: How soon a claim held back by a concurrency limit is tried again (a slot frees when
+#: a job of another worker ends, which sends no notification).
+SLOT_RETRY_SECONDS = 0.1
+
+
 @dataclass(frozen=True)
 class ReapResult:
     """What one reap did: expired leases sent back to pending, or to failed (no attempt left)."""
 
     requeued: int = 0
     failed: int = 0
+    cancelled: int = 0  # a cancel was requested: ended cancelled, not retried
 
     @property
     def total(self) -> int:
-        return self.requeued + self.failed
+        return self.requeued + self.failed + self.cancelled
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -146,7 +175,7 @@ class JobQuerySet(models.QuerySet["Job"]):
     def reapable(self) -> tuple[JobQuerySet, JobQuerySet]:
         """The expired jobs of this set the reaper sends back to pending (an attempt is
         left) and those it ends failed (none is left)."""
-        expired = self.expired()
+        expired = self.expired().filter(cancel_requested_at__isnull=True)
         return (
             expired.filter(attempts__lt=F("max_attempts")),
             expired.filter(attempts__gte=F("max_attempts")),
@@ -172,6 +201,40 @@ class JobQuerySet(models.QuerySet["Job"]):
         return (
             self.due()
             .for_queues(queues)
+            .filter(concurrency_key__isnull=True)  # keyed jobs: claim_limited()
+            .order_by(*CLAIM_ORDER)
+            .select_for_update(skip_locked=True, no_key=True)
+        )
+
+    def claimable_under_limits(
+        self, *, keyed_in: Iterable[str], all_in: Iterable[str]
+    ) -> JobQuerySet:
+        """The jobs `claim_limited` considers, in claim order, locked FOR NO KEY UPDATE
+        SKIP LOCKED: due jobs with a concurrency key in the queues `keyed_in`, and every
+        due job of the queues `all_in` (those with a limit). A job whose key already
+        runs its limit is left out, so that waiting jobs do not hide the others (the
+        exact count is made again under the key's lock)."""
+        running_of_key = (
+            self.model._base_manager.filter(
+                state=JobState.RUNNING,
+                concurrency_key=OuterRef("concurrency_key"),
+                leased_until__gt=Now(),
+            )
+            .order_by()
+            .values("concurrency_key")
+            .annotate(n=Count("id"))
+            .values("n")
+        )
+        return (
+            self.due()
+            .filter(
+                Q(queue_name__in=list(keyed_in), concurrency_key__isnull=False)
+                | Q(queue_name__in=list(all_in))
+            )
+            .filter(
+                Q(concurrency_key__isnull=True)
+                | Q(concurrency_limit__gt=Coalesce(Subquery(running_of_key), 0))
+            )
             .order_by(*CLAIM_ORDER)
             .select_for_update(skip_locked=True, no_key=True)
         )
@@ -236,6 +299,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         worker: WorkerProcess | None = None,
         lease: timedelta | None = None,
         only: int | None = None,
+        ids: Sequence[int] | None = None,
     ) -> tuple[str, list[Any]]:
         """The claiming statement and its parameters, for claim() and for EXPLAIN.
 
@@ -243,7 +307,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         `transaction.atomic()`, where Django compiles it), and reused: a worker claims
         from the same queues again and again.
         """
-        if only is None:
+        if ids is not None:  # rows this transaction already locked (claim_limited)
+            locking_sql, locking_params = sql.CLAIM_THESE, (list(ids),)
+        elif only is None:
             locking_sql, locking_params = _locking_query(self, tuple(queues), limit)
         else:  # one given row (the fallback), not cached
             with transaction.atomic(using=self.db):  # Django compiles FOR UPDATE only here
@@ -292,6 +358,127 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                         raise
                     self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
         return claimed
+
+    def keyed_due(self, queues: Sequence[str]) -> bool:
+        """Whether a job with a concurrency key is due in these queues: a probe of the
+        index that holds only keyed pending jobs (skipqueue_job_keyed_claim_idx)."""
+        if not queues:
+            return False
+        return self.due().for_queues(queues).filter(concurrency_key__isnull=False).exists()
+
+    def claim_limited(
+        self,
+        *,
+        queues: Sequence[str],
+        limits: Mapping[str, QueueLimit],
+        limit: int,
+        worker: WorkerProcess | None = None,
+        lease: timedelta | None = None,
+    ) -> tuple[list[Job], float | None]:
+        """Claim under flow control: jobs with a concurrency key from `queues`, and any
+        job of the queues among them that `limits` limits. Returns the jobs and, if a
+        limit held some back, the seconds after which to try again (None otherwise).
+
+        One transaction, so that no two workers count the same free slot:
+        1. each limited queue's row is locked (FOR UPDATE, in name order), then its
+           running jobs with a live lease are counted and its token bucket refilled on
+           the database clock: what the queue allows now;
+        2. the candidates are locked (`claimable_under_limits`, SKIP LOCKED);
+        3. each key among them is locked with a transaction-level advisory lock, tried
+           (a key another worker is deciding is left for later), then its running jobs
+           with a live lease are counted: a statement after the locks, so it sees every
+           claim committed before them;
+        4. the candidates that fit are claimed in one statement (`sql.CLAIM_THESE`) and
+           the buckets are charged.
+        An expired lease holds no slot: its job counts again only once it is reclaimed.
+        """
+        if limit < 1:
+            return [], None
+        queue_rows = _queue_model(self.model).objects.db_manager(self.db)
+        limited = sorted(name for name in queues if name in limits)
+        keyed_in = [name for name in queues if name not in limits]
+        waits: list[float] = []
+        with transaction.atomic(using=self.db):
+            allowed: dict[str, float] = {}
+            buckets: dict[str, tuple[float, datetime]] = {}
+            for name in limited:
+                queue_limit = limits[name]
+                row, now = queue_rows.locked(name)
+                room = math.inf
+                if queue_limit.concurrency is not None:
+                    running = self.filter(
+                        state=JobState.RUNNING, queue_name=name, leased_until__gt=Now()
+                    ).count()
+                    room = max(queue_limit.concurrency - running, 0)
+                    if not room:
+                        waits.append(SLOT_RETRY_SECONDS)
+                if queue_limit.rate is not None:
+                    tokens = float(queue_limit.rate)
+                    if row.rate_refilled_at is not None:
+                        elapsed = max((now - row.rate_refilled_at).total_seconds(), 0.0)
+                        tokens = min(
+                            tokens, row.rate_tokens + elapsed * queue_limit.refill_per_second
+                        )
+                    buckets[name] = (tokens, now)
+                    room = min(room, math.floor(tokens))
+                    if tokens < 1:
+                        waits.append((1 - tokens) / queue_limit.refill_per_second)
+                allowed[name] = room
+            open_limited = [name for name, room in allowed.items() if room >= 1]
+            candidates = list(
+                self.claimable_under_limits(keyed_in=keyed_in, all_in=open_limited).values_list(
+                    "id", "queue_name", "concurrency_key", "concurrency_limit"
+                )[: limit * 2]
+            )
+            running_of = self._lock_keys(
+                sorted({key for _, _, key, _ in candidates if key is not None})
+            )
+            chosen: list[int] = []
+            taken: dict[str, int] = {}
+            for job_id, queue_name, key, key_limit in candidates:
+                if len(chosen) >= limit:
+                    break
+                if queue_name in allowed and allowed[queue_name] < 1:
+                    continue
+                if key is not None:
+                    if key not in running_of or running_of[key] >= (key_limit or 1):
+                        waits.append(SLOT_RETRY_SECONDS)
+                        continue
+                    running_of[key] += 1
+                if queue_name in allowed:
+                    allowed[queue_name] -= 1
+                    taken[queue_name] = taken.get(queue_name, 0) + 1
+                chosen.append(job_id)
+            claimed: list[Job] = []
+            if chosen:
+                statement, params = self.claim_statement(
+                    queues, worker=worker, lease=lease, ids=chosen
+                )
+                with connections[self.db].cursor() as cursor:
+                    cursor.execute(statement, params)
+                    claimed = fetch_jobs(self.model, cursor, self.db)
+            for name, (tokens, now) in buckets.items():
+                queue_rows.filter(name=name).update(
+                    rate_tokens=tokens - taken.get(name, 0), rate_refilled_at=now
+                )
+        sort_in_claim_order(claimed)
+        return claimed, min(waits) if waits else None
+
+    def _lock_keys(self, keys: list[str]) -> dict[str, int]:
+        """Try each key's advisory lock (`sql.TRY_KEY_LOCKS`); for the keys locked, the
+        running jobs with a live lease, counted after the locks were taken."""
+        if not keys:
+            return {}
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.TRY_KEY_LOCKS, [keys])
+            mine = [key for key, locked in cursor.fetchall() if locked]
+        counted = (
+            self.filter(state=JobState.RUNNING, concurrency_key__in=mine, leased_until__gt=Now())
+            .order_by()
+            .values_list("concurrency_key")
+            .annotate(n=Count("id"))
+        )
+        return dict.fromkeys(mine, 0) | dict(counted)
 
     def _quarantine(self, job_id: int, state: str, why: str) -> None:
         """End a job that the protocol cannot move (its own write fails): failed, with `why`.
@@ -342,7 +529,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         receivers = signals.pre_save.has_listeners(self.model) or signals.post_save.has_listeners(
             self.model
         )
-        if receivers and task.unique_key is None:
+        if receivers and task.unique_key is None and task.concurrency_key is None:
             job = self.build(task, args, kwargs)
             job.save(force_insert=True, using=self.db)
             return job
@@ -423,7 +610,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     self.db,
                     names,
                     (
-                        shared | {"id": job_id, "args": args, "kwargs": kwargs, "errors": []}
+                        shared
+                        | {"id": job_id, "args": args, "kwargs": kwargs, "errors": []}
+                        | self._flow_fields(task, args, kwargs)
                         for (args, kwargs, _, _), job_id in zip(batch, inserted, strict=True)
                     ),
                 )
@@ -507,6 +696,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             cursor.execute(sql.REPLACE_PENDING, params)
             return dict(cursor.fetchall())
 
+    @staticmethod
+    def _flow_fields(task: Task[Any, Any], args: Any, kwargs: Any) -> dict[str, Any]:
+        if task.concurrency_key is None:
+            return {}
+        return {
+            "concurrency_key": task.concurrency_key_for(args, kwargs),
+            "concurrency_limit": task.concurrency_limit,
+        }
+
     def pending_up_to(self, queue_name: str, cap: int) -> int:
         """Pending jobs of a queue, counted up to `cap` only (`sql.COUNT_PENDING_UP_TO`)."""
         with connections[self.db].cursor() as cursor:
@@ -533,7 +731,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         params = self._insert_params(task, batch)
         if keys is not None:
             params["keys"] = encode(list(keys))
-        statement = sql.enqueue_many_statement(_insert_defaults(self.model), keys is not None)
+        keyed = task.concurrency_key is not None
+        if keyed:
+            params["concurrency_keys"] = encode(
+                [task.concurrency_key_for(args, kwargs) for args, kwargs, _, _ in batch]
+            )
+            params["concurrency_limit"] = task.concurrency_limit
+        statement = sql.enqueue_many_statement(
+            _insert_defaults(self.model), keys is not None, keyed
+        )
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
             ids, inserted_keys, run_at, created_at = cursor.fetchone()
@@ -610,17 +816,41 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return done
 
     def renew(self, job_id: int, attempt: int, lease: timedelta | None = None) -> bool:
-        """Extend the lease to now + `lease` (the job's own by default). False: it was lost.
+        """Extend the lease to now + `lease` (the job's own by default). False: it was
+        lost, or a cancel was requested (see `renewal`)."""
+        return self.renewal(job_id, attempt, lease) is Renewal.RENEWED
+
+    def renewal(self, job_id: int, attempt: int, lease: timedelta | None = None) -> Renewal:
+        """Extend the lease to now + `lease` (the job's own by default), unless a cancel
+        was requested: then the lease is left to run out (a task that ignores the
+        request loses the job at the end of it).
 
         Never shortens it: a lease that the task extended further (`extend_lease`) is
         kept. The job's own lease is clamped to MIN_LEASE..MAX_LEASE, whoever wrote it.
+        One fenced UPDATE; a second query only when it changed nothing, to tell a
+        requested cancel from a lost lease.
         """
         if lease is not None:
             wanted: Expression = Value(lease)
         else:
             wanted = Least(Greatest(F("lease"), Value(MIN_LEASE)), Value(MAX_LEASE))
         until = Greatest(F("leased_until"), Now() + wanted)
-        return self.holding(job_id, attempt).update(leased_until=until) == 1
+        fenced = self.holding(job_id, attempt)
+        if fenced.filter(cancel_requested_at__isnull=True).update(leased_until=until):
+            return Renewal.RENEWED
+        if fenced.filter(cancel_requested_at__isnull=False).exists():
+            return Renewal.CANCEL_REQUESTED
+        return Renewal.LOST
+
+    def end_cancelled(self, job_id: int, attempt: int) -> bool:
+        """The attempt stopped on a cancel request: the job ends cancelled, never to be
+        retried. One fenced UPDATE; False: the attempt had lost the job."""
+        return (
+            self.holding(job_id, attempt).update(
+                state=JobState.CANCELLED, finished_at=Now(), leased_until=None
+            )
+            == 1
+        )
 
     def fail(
         self, job_id: int, attempt: int, *, error: ErrorInfo, retry_in: timedelta | None
@@ -690,9 +920,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "last_error": LEASE_EXPIRED.summary(),
         }
         to_pending, to_failed = expired.reapable()
+        cancelled = expired.filter(cancel_requested_at__isnull=False).update(
+            state=JobState.CANCELLED, finished_at=Now(), leased_until=None
+        )
         requeued = to_pending.update(state=JobState.PENDING, run_at=Now(), **written)
         failed = to_failed.update(state=JobState.FAILED, finished_at=Now(), **written)
-        return ReapResult(requeued=requeued, failed=failed)
+        return ReapResult(requeued=requeued, failed=failed, cancelled=cancelled)
 
     def _reap_row_by_row(self, batch_size: int = 1000) -> ReapResult:
         """The reap after its batched statements failed: each expired row in a savepoint.
@@ -741,20 +974,30 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     state=JobState.PENDING,
                     run_at=Now(),
                     finished_at=None,
+                    cancel_requested_at=None,
+                    cancelled_by="",
                     max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
                 )
             ),
         )
 
-    def cancel(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
-        """Pending jobs to cancelled; a job claimed meanwhile is skipped."""
-        return self._in_batches(
-            ids,
-            batch_size,
-            lambda batch: self.filter(id__in=batch, state=JobState.PENDING).update(
-                state=JobState.CANCELLED, finished_at=Now()
-            ),
-        )
+    def cancel(self, ids: Iterable[int], *, by: str = "", batch_size: int = 1000) -> int:
+        """Pending jobs end cancelled; running ones are asked to stop (`cancel_requested_at`:
+        the worker's next lease renewal tells the task, which ends the job cancelled, or
+        loses it at the end of its lease and the reaper ends it cancelled). Returns how
+        many were cancelled or asked. Each write re-checks the state it expects."""
+        who = by[:150]
+
+        def write(batch: list[int]) -> int:
+            pending = self.filter(id__in=batch, state=JobState.PENDING).update(
+                state=JobState.CANCELLED, finished_at=Now(), cancelled_by=who
+            )
+            running = self.filter(
+                id__in=batch, state=JobState.RUNNING, cancel_requested_at__isnull=True
+            ).update(cancel_requested_at=Now(), cancelled_by=who)
+            return pending + running
+
+        return self._in_batches(ids, batch_size, write)
 
     def requeue(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
         """Stuck jobs (running, lease expired) back to pending now, counted as an expiry.
@@ -807,6 +1050,12 @@ def _locking_query(
             _LOCKING.clear()
         compiled = _LOCKING[key] = (sql_text, tuple(params))
     return compiled
+
+
+def _queue_model(job_model: type[Job]) -> type[Queue]:
+    """The Queue model, from the app registry (models.py imports this module)."""
+    queue: type[Queue] = job_model._meta.apps.get_model(job_model._meta.app_label, "Queue")
+    return queue
 
 
 def in_process_claimer() -> str:
@@ -907,3 +1156,51 @@ class ScheduleManager(models.Manager.from_queryset(ScheduleQuerySet)):  # type: 
             paused_by="",
             last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), Now()), Now()),
         )
+
+
+class QueueQuerySet(models.QuerySet["Queue"]):
+    def paused(self) -> QueueQuerySet:
+        return self.filter(paused_at__isnull=False)
+
+
+class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
+    """Pausing queues, and the row lock of a limited queue's claims."""
+
+    def pause(self, names: Iterable[str], *, by: str = "") -> int:
+        """No worker claims from these queues until resumed: each worker learns it from
+        a NOTIFY at once, or within a second by polling. Jobs already running finish.
+        Returns how many queues were running. Kept across restarts (it is a row)."""
+        names = [validate_queue_name(name) for name in dict.fromkeys(names)]
+        with transaction.atomic(using=self.db):
+            self.bulk_create([self.model(name=name) for name in names], ignore_conflicts=True)
+            changed = self.filter(name__in=names, paused_at__isnull=True).update(
+                paused_at=Now(), paused_by=by[:150]
+            )
+            _notify_control(self.db, "pause")
+        return changed
+
+    def resume(self, names: Iterable[str]) -> int:
+        """Let workers claim from these queues again; returns how many were paused."""
+        with transaction.atomic(using=self.db):
+            changed = self.filter(name__in=list(names), paused_at__isnull=False).update(
+                paused_at=None, paused_by=""
+            )
+            _notify_control(self.db, "resume")
+        return changed
+
+    def paused_names(self, names: Iterable[str]) -> set[str]:
+        """Which of these queues are paused (one query on the small queue table)."""
+        return set(self.paused().filter(name__in=list(names)).values_list("name", flat=True))
+
+    def locked(self, name: str) -> tuple[Queue, datetime]:
+        """The queue's row, created if missing and locked FOR UPDATE (the caller is in a
+        transaction), with the database's now: what serializes a limited queue's claims."""
+        self.bulk_create([self.model(name=name)], ignore_conflicts=True)
+        row = self.select_for_update().annotate(db_now=Now()).get(name=name)
+        return row, row.db_now
+
+
+def _notify_control(alias: str, payload: str) -> None:
+    """Tell every listening worker to read the queue table again (sent at commit)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [sql.CONTROL_CHANNEL, payload])

@@ -9,7 +9,12 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.managers import JobManager, ScheduleManager, WorkerProcessManager
+from django_skipqueue.managers import (
+    JobManager,
+    QueueManager,
+    ScheduleManager,
+    WorkerProcessManager,
+)
 from django_skipqueue.payload import PayloadField
 from django_skipqueue.schedules import MISSED_POLICIES, SCHEDULE_NAME_MAX_LENGTH
 from django_skipqueue.states import (
@@ -28,6 +33,7 @@ __all__ = [
     "FINISHED_STATES",
     "Job",
     "JobState",
+    "Queue",
     "QueueOverview",
     "Schedule",
     "WorkerProcess",
@@ -117,6 +123,21 @@ class Job(models.Model):
     scheduled_for = models.DateTimeField(
         null=True, blank=True, help_text=_("The schedule's occurrence this job runs.")
     )
+    # Flow control. A key shared by jobs that may run at most `concurrency_limit` at a
+    # time across every worker (NULL: no key, the claim's fast path).
+    concurrency_key = models.CharField(  # noqa: DJ001  (NULL for "none", as unique_key)
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Jobs sharing a key run at most concurrency_limit at a time."),
+    )
+    concurrency_limit = models.PositiveSmallIntegerField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("An operator asked a running job to stop.")
+    )
+    # A default in the table too: rows inserted by the enqueue statement or by another
+    # client that does not know the column still get "".
+    cancelled_by = models.CharField(max_length=150, blank=True, default="", db_default="")
     worker = models.ForeignKey(
         WorkerProcess,
         null=True,
@@ -133,7 +154,7 @@ class Job(models.Model):
         verbose_name_plural = _("jobs")
         permissions = [
             ("retry_job", "Can retry failed or cancelled jobs"),
-            ("cancel_job", "Can cancel pending jobs"),
+            ("cancel_job", "Can cancel pending jobs and ask running ones to stop"),
             ("requeue_job", "Can requeue stuck jobs"),
         ]
         indexes = [
@@ -161,6 +182,19 @@ class Job(models.Model):
                 fields=["expirations"],
                 name="skipqueue_job_expired_idx",
                 condition=Q(expirations__gt=0),
+            ),
+            # Flow control, the claim of keyed jobs: due jobs with a concurrency key, in
+            # claim order. Only keyed pending jobs are in it (empty unless used).
+            models.Index(
+                fields=["queue_name", *CLAIM_ORDER],
+                name="skipqueue_job_keyed_claim_idx",
+                condition=Q(state="pending", concurrency_key__isnull=False),
+            ),
+            # Flow control, the running jobs of a key (counted under the key's lock).
+            models.Index(
+                fields=["concurrency_key"],
+                name="skipqueue_job_key_running_idx",
+                condition=Q(state="running", concurrency_key__isnull=False),
             ),
             # Pruning: WHERE state IN (finished) AND finished_at < ...
             models.Index(
@@ -217,6 +251,36 @@ class Job(models.Model):
     def idempotency_key(self) -> str:
         """Stable across every attempt of this job: hand it to external services."""
         return idempotency_key_of(self.id)
+
+
+class Queue(models.Model):
+    """A queue's flow-control state: an operator's pause, and the token bucket of its
+    rate limit (SKIPQUEUE['QUEUE_LIMITS']). A row exists once a queue is paused or
+    claimed under a limit; a queue without one is simply running."""
+
+    name = models.CharField(primary_key=True, max_length=QUEUE_NAME_MAX_LENGTH)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.CharField(max_length=150, blank=True, default="")
+    rate_tokens = models.FloatField(
+        default=0.0, help_text=_("Job starts the rate limit allows now (a token bucket).")
+    )
+    rate_refilled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = QueueManager()
+
+    class Meta:
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+        ordering = ("name",)
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_paused(self) -> bool:
+        return self.paused_at is not None
 
 
 class QueueOverview(Job):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections
@@ -36,8 +36,10 @@ class Notifier:
         wake: threading.Event,
         halted: threading.Event,
         poll_interval: float,
+        on_control: Callable[[], None] | None = None,
     ) -> None:
         self.database = database
+        self.on_control = on_control  # a queue was paused or resumed (flow.FlowView)
         self.queues = list(queues)
         self.wake = wake
         self.halted = halted
@@ -53,6 +55,7 @@ class Notifier:
                 raw = wrapper.get_new_connection(wrapper.get_connection_params())
                 raw.autocommit = True
                 sql.listen(raw, self.queues)
+                sql.listen_control(raw)
                 if not self.works(raw):
                     logger.warning(
                         "LISTEN does not receive notifications on this connection (a "
@@ -68,6 +71,8 @@ class Notifier:
                 while not self.halted.is_set():
                     for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
                         logger.debug("worker notified channel=%s", notify.channel)
+                        if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
+                            self.on_control()
                         self.wake.set()
             except Exception as error:  # noqa: BLE001  (psycopg's own errors come raw here)
                 delay = backoff.next()

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 REAPER_LOCK_KEY = int.from_bytes(b"skipqueu", "big") >> 1
 
 CHANNEL_PREFIX = "skipqueue_"
+#: The channel of flow-control changes (a queue paused or resumed): every listening
+#: worker reads the queue table again. Not a queue's: queue channels are
+#: "skipqueue_<queue>" and a queue name cannot contain "!".
+CONTROL_CHANNEL = "skipqueue!control"
 #: The payload of the NOTIFY a worker sends itself to check that LISTEN works.
 SELF_TEST_PAYLOAD = "skipqueue:listen-self-test"
 
@@ -52,15 +56,22 @@ def listen(connection: psycopg.Connection[tuple[object, ...]], queue_names: list
         connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(queue_name))))
 
 
+def listen_control(connection: psycopg.Connection[tuple[object, ...]]) -> None:
+    """LISTEN on the flow-control channel (CONTROL_CHANNEL), quoted by psycopg."""
+    connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CONTROL_CHANNEL)))
+
+
 def seconds_until_next_due(cursor: CursorWrapper, queue_names: list[str]) -> float | None:
-    """Seconds from the database's now until the earliest pending job of these queues.
+    """Seconds from the database's now until the earliest pending job of these queues
+    without a concurrency key (keyed ones may wait for a slot; the worker looks for them
+    on its own schedule).
 
     Computed on the database clock (the ORM would hand back a datetime to compare
     with the process clock). None when nothing is pending.
     """
     cursor.execute(
         "SELECT EXTRACT(EPOCH FROM min(run_at) - now()) FROM skipqueue_job "
-        "WHERE state = 'pending' AND queue_name = ANY(%s)",
+        "WHERE state = 'pending' AND queue_name = ANY(%s) AND concurrency_key IS NULL",
         [queue_names],
     )
     value = cursor.fetchone()[0]
@@ -121,6 +132,20 @@ def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
     return _CLAIM.format(locking=locking, columns=returning)
 
 
+# claim_limited: the claim of rows its transaction already locked and chose, in place of
+# the compiled locking query (the same claiming statement around it).
+CLAIM_THESE = "SELECT id FROM skipqueue_job WHERE id = ANY(%s)"
+
+# claim_limited: a transaction-level advisory lock per concurrency key, tried, not
+# waited for (a key another worker is deciding is left for its next claim). Keys are
+# hashed into the lock space; two keys that collide only share a lock. The ORM has no
+# advisory locks.
+TRY_KEY_LOCKS = """
+SELECT key, pg_try_advisory_xact_lock(hashtextextended('skipqueue-key:' || key, 0))
+FROM unnest(%s::text[]) AS key
+"""
+
+
 # The fenced ack, raw for the same measured reason as the claim: one statement for one
 # job or many, one row per (id, attempt, result), each with its own fence. The worker
 # acknowledges every job that finished while its previous batch committed.
@@ -154,13 +179,14 @@ ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors,
-        created_at{key_column})
+        created_at{key_column}{ck_column})
     SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
-        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}
+        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}{ck_value}
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
-        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}) WITH ORDINALITY AS v(a, k, {key_name}n)
+        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows})
+        WITH ORDINALITY AS v(a, k, {key_name}{ck_name}n)
     ORDER BY n{on_conflict}
     RETURNING id{key_out}
 )
@@ -183,16 +209,32 @@ _UNIQUE_PARTS = {
     "keys_agg": "COALESCE(array_agg(unique_key ORDER BY id), '{}')",
 }
 _PLAIN_PARTS = dict.fromkeys(_UNIQUE_PARTS, "") | {"keys_agg": "NULL::text[]"}
+# Flow control: each row's concurrency key (a `concurrency_keys` parameter, a JSON
+# array of texts) and the task's limit.
+_KEYED_PARTS = {
+    "ck_column": ", concurrency_key, concurrency_limit",
+    "ck_value": ", c, %(concurrency_limit)s",
+    "ck_rows": ", jsonb_array_elements_text(%(concurrency_keys)s::jsonb)",
+    "ck_name": "c, ",
+}
+_UNKEYED_PARTS = dict.fromkeys(_KEYED_PARTS, "")
 
 
 @functools.lru_cache(maxsize=16)
-def enqueue_many_statement(defaults: tuple[tuple[str, object], ...], unique: bool = False) -> str:
+def enqueue_many_statement(
+    defaults: tuple[tuple[str, object], ...], unique: bool = False, keyed: bool = False
+) -> str:
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
-    with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts)."""
+    with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
+    with `keyed`, the concurrency key and limit columns."""
     literals = {  # "%" doubled: the statement goes through %-style parameter binding
         column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
     }
-    return ENQUEUE_MANY.format(**literals, **(_UNIQUE_PARTS if unique else _PLAIN_PARTS))
+    return ENQUEUE_MANY.format(
+        **literals,
+        **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
+        **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
+    )
 
 
 # Unique jobs, on a conflict: the unfinished jobs that hold these keys (the ones the

@@ -48,9 +48,12 @@ from django_skipqueue.executor import (
     release_on_shutdown,
 )
 from django_skipqueue.faults import is_transient
+from django_skipqueue.flow import REFRESH_SECONDS, FlowView
 from django_skipqueue.housekeeper import MAX_WAIT, Housekeeper
 from django_skipqueue.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
-from django_skipqueue.models import Job, WorkerProcess
+from django_skipqueue.limits import queue_limits
+from django_skipqueue.managers import SLOT_RETRY_SECONDS, JobManager
+from django_skipqueue.models import Job, Queue, WorkerProcess
 from django_skipqueue.notifier import Notifier
 from django_skipqueue.progress import ProgressLog, WorkerStats
 from django_skipqueue.registry import registry
@@ -105,6 +108,13 @@ class Worker:
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
 
+        self.flow = FlowView(
+            queues=self.queues,
+            limits=queue_limits(),
+            read_paused=Queue.objects.db_manager(self.database).paused_names,
+        )
+        self._held_back: float | None = None  # seconds until a limit may let more through
+        self._last_full = False  # the last claim took all it asked for
         self.held = InFlight()
         self._work = Buffer()  # claimed jobs on their way to the executor threads
         self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
@@ -262,9 +272,48 @@ class Worker:
             self._finished(item.job, execution)
 
     def _claim(self, limit: int) -> list[Job]:
-        claimed = Job.objects.db_manager(self.database).claim(
-            queues=self.queues, limit=limit, worker=self.process
+        """Claim up to `limit` jobs and hand them to the executor threads.
+
+        The fast path (one statement, `JobManager.claim`) takes plain jobs of the queues
+        that are neither paused nor limited (`flow.FlowView` says which). Jobs with a
+        concurrency key and those of limited queues go through `claim_limited`: first
+        when a queue is limited, or when the fast path has kept every claim full for a
+        while (so that keyed jobs are not starved by plain ones); otherwise after the
+        fast path, when it left room and a keyed job is due (a probe of an index that
+        holds only keyed jobs).
+        """
+        jobs = Job.objects.db_manager(self.database)
+        fast, limited = self.flow.plan()
+        self._held_back = None
+        claimed: list[Job] = []
+        if limited or (self.flow.keyed_check_due(busy=self._last_full) and jobs.keyed_due(fast)):
+            claimed += self._claim_limited(jobs, fast + limited, limit)
+        if fast and len(claimed) < limit:
+            plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
+            self._hand_over(plain)
+            claimed += plain
+            room = limit - len(claimed)
+            if room > 0 and not limited and jobs.keyed_due(fast):
+                keyed = self._claim_limited(jobs, fast, room)
+                claimed += keyed
+                if len(keyed) < room:  # keyed jobs wait for a slot: look again soon
+                    self._held_back = min(self._held_back or SLOT_RETRY_SECONDS, SLOT_RETRY_SECONDS)
+        self._last_full = len(claimed) >= limit
+        return claimed
+
+    def _claim_limited(self, jobs: JobManager, queues: list[str], limit: int) -> list[Job]:
+        claimed, held_back = jobs.claim_limited(
+            queues=queues, limits=self.flow.limits, limit=limit, worker=self.process
         )
+        if held_back is not None:
+            self._held_back = held_back
+        self._hand_over(claimed)
+        return claimed
+
+    def _hand_over(self, claimed: list[Job]) -> None:
+        """Hold the claimed jobs (their leases renewed from now) and queue them to run."""
+        if not claimed:
+            return
         now = time.monotonic()
         first_renewal = NEVER
         for job in claimed:
@@ -280,14 +329,24 @@ class Worker:
         for job in claimed:
             logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
             self._work.put(job)
-        return claimed
 
     def _idle_timeout(self) -> float:
-        """Until the next scheduled job is due, at most the (jittered) poll interval."""
+        """Until the next scheduled job is due, at most the (jittered) poll interval.
+
+        A limit that held jobs back sets the wait instead (`_held_back`); a paused queue
+        caps it at the flow view's refresh, so that a resume is seen by polling too.
+        """
         timeout = self.poll_interval * random.uniform(0.9, 1.1)
+        fast, limited = self.flow.plan()
+        if len(fast) + len(limited) < len(self.queues):
+            timeout = min(timeout, REFRESH_SECONDS)
+        if self._held_back is not None:
+            return min(timeout, max(self._held_back, 0.005))
+        if not fast + limited:
+            return timeout
         try:
             with connections[self.database].cursor() as cursor:
-                next_due = sql.seconds_until_next_due(cursor, self.queues)
+                next_due = sql.seconds_until_next_due(cursor, fast + limited)
         except DatabaseError:
             discard_connection(self.database)
             return min(timeout, 1.0)
@@ -321,7 +380,12 @@ class Worker:
                 raised = True
                 refresh_connections()
                 try:
-                    execution = execute(job, database=self.database, defer_ack=self._defer_ack)
+                    execution = execute(
+                        job,
+                        database=self.database,
+                        defer_ack=self._defer_ack,
+                        cancel=self.held.cancel_event(job.id),
+                    )
                     raised = False
                 except Exception:
                     logger.exception("worker could not record job id=%s", job.id)
@@ -412,6 +476,7 @@ class Worker:
                 wake=self._wake,
                 halted=self._halted,
                 poll_interval=self.poll_interval,
+                on_control=self.flow.changed,
             )
             self.threads.start("helpers", "skipqueue-listener", notifier.run)
 

@@ -1,0 +1,81 @@
+"""Flow-control settings as values: each queue's concurrency and rate limit.
+
+Read from SKIPQUEUE['QUEUE_LIMITS'] (`conf` is the sole reader of settings), e.g.
+`{"reports": {"concurrency": 3}, "webhooks": {"rate": "10/s"}}`. Pure: no database.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.exceptions import ConfigurationError
+
+RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
+PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
+PERIODS |= {"h": 3600.0, "hour": 3600.0}
+#: The keys a SKIPQUEUE['QUEUE_LIMITS'] entry may have.
+LIMIT_KEYS = frozenset({"concurrency", "rate"})
+#: The most jobs that share a concurrency key may run at once, and a queue's too.
+MAX_CONCURRENCY = 32767
+
+
+@dataclass(frozen=True)
+class QueueLimit:
+    """At most `concurrency` running jobs of the queue, and at most `rate` job starts
+    per `period` seconds (a token bucket holding up to `rate` starts), across every
+    worker, on the database clock. None: no such limit."""
+
+    concurrency: int | None = None
+    rate: int | None = None
+    period: float = 1.0
+
+    @property
+    def refill_per_second(self) -> float:
+        return (self.rate or 0) / self.period
+
+
+def parse_rate(value: object, where: str = "rate") -> tuple[int, float]:
+    """ "10/s", "100/m" or "5000/h" as (starts, period in seconds); ConfigurationError else."""
+    match = RATE_PATTERN.fullmatch(value) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) < 1:
+        raise ConfigurationError(
+            f"{where} must be a positive number of starts per second, minute or hour, "
+            f"written like '10/s', '100/m' or '5000/h'; got {value!r}"
+        )
+    return int(match.group(1)), PERIODS[match.group(2)]
+
+
+def limit_from_setting(queue: str, entry: object) -> QueueLimit:
+    where = f"SKIPQUEUE['QUEUE_LIMITS'][{queue!r}]"
+    if not isinstance(entry, dict):
+        raise ConfigurationError(f"{where} must be a dict with 'concurrency' and/or 'rate'")
+    unknown = sorted(set(entry) - LIMIT_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown keys {', '.join(unknown)}; it takes concurrency and rate"
+        )
+    concurrency = entry.get("concurrency")
+    if concurrency is not None and (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise ConfigurationError(
+            f"{where}['concurrency'] must be an integer from 1 to {MAX_CONCURRENCY}, "
+            f"got {concurrency!r}"
+        )
+    rate, period = (None, 1.0)
+    if entry.get("rate") is not None:
+        rate, period = parse_rate(entry["rate"], f"{where}['rate']")
+    return QueueLimit(concurrency=concurrency, rate=rate, period=period)
+
+
+def queue_limits() -> dict[str, QueueLimit]:
+    """Every queue's limits, by queue name (ConfigurationError for a bad entry; the
+    system check skipqueue.E011 reports the same)."""
+    return {
+        queue: limit_from_setting(queue, entry)
+        for queue, entry in get_settings().QUEUE_LIMITS.items()
+    }
