@@ -53,3 +53,15 @@ class JobAudit(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.old_state} -> {self.new_state}"
+
+
+class Span(models.Model):
+    """When a test task's body ran, on the database clock: overlaps are concurrency."""
+
+    job_id = models.BigIntegerField()
+    key = models.CharField(max_length=100, blank=True, default="")
+    started_at = models.DateTimeField(db_default=Now())
+    ended_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} ran {self.started_at} to {self.ended_at}"

@@ -7,8 +7,10 @@ import os
 import random
 import time
 
+from django.db.models.functions import Now
+
 from django_skipqueue import Retry, RetryPolicy, TaskContext, task
-from tests.testapp.models import Run
+from tests.testapp.models import Run, Span
 
 
 @task
@@ -262,3 +264,36 @@ def send_invoice(invoice_id: int, note: str = "") -> int:
 def sync_account(account: str, full: bool = False) -> str:
     """A unique job per account whose later enqueues replace a pending one's arguments."""
     return account
+
+
+def _occupy(job_id: int, seconds: float, key: str) -> None:
+    span = Span.objects.create(job_id=job_id, key=key)
+    time.sleep(seconds)
+    Span.objects.filter(id=span.id).update(ended_at=Now())
+
+
+@task(takes_context=True)
+def occupy(context: TaskContext, seconds: float = 0.2) -> None:
+    """Hold a worker thread for `seconds`, recording when (a Span)."""
+    _occupy(context.job_id, seconds, "")
+
+
+@task(takes_context=True, concurrency_key=("account",), concurrency_limit=1)
+def per_account(context: TaskContext, account: str, seconds: float = 0.1) -> None:
+    """One at a time per account, across every worker."""
+    _occupy(context.job_id, seconds, account)
+
+
+@task(takes_context=True, lease=1.5)
+def cancellable(context: TaskContext, how: str = "flag", seconds: float = 20.0) -> str:
+    """Work in small steps until cancelled: watching `context.cancel_requested` ("flag"),
+    calling `extend_lease()` ("extend"), or ignoring the request ("ignore")."""
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if how == "flag" and context.cancel_requested:
+            context.check_cancelled()
+        if how == "extend":
+            context.extend_lease(1.5)
+        time.sleep(0.05)
+    return "finished"

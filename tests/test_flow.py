@@ -1,0 +1,61 @@
+"""flow.FlowView, the worker's view of paused and limited queues: no database, no threads."""
+
+from __future__ import annotations
+
+from django_skipqueue.flow import KEYED_CHECK_SECONDS, REFRESH_SECONDS, FlowView
+from django_skipqueue.limits import QueueLimit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def view(paused: set[str], clock: Clock, reads: list[int]) -> FlowView:
+    def read(names):
+        reads.append(1)
+        return paused & set(names)
+
+    return FlowView(
+        queues=["default", "reports", "emails"],
+        limits={"reports": QueueLimit(concurrency=3), "elsewhere": QueueLimit(rate=1)},
+        read_paused=read,
+        clock=clock,
+    )
+
+
+def test_the_plan_leaves_paused_queues_out_and_splits_limited_ones():
+    clock, reads, paused = Clock(), [], {"emails"}
+    flow = view(paused, clock, reads)
+    assert flow.plan() == (["default"], ["reports"])
+    assert set(flow.limits) == {"reports"}  # only this worker's queues
+
+
+def test_the_queue_table_is_read_at_most_once_a_refresh_unless_notified():
+    clock, reads, paused = Clock(), [], set()
+    flow = view(paused, clock, reads)
+    flow.plan()
+    paused.add("default")
+    clock.now += REFRESH_SECONDS / 2
+    assert flow.plan() == (["default", "emails"], ["reports"])  # not read again yet
+    assert len(reads) == 1
+    flow.changed()  # a NOTIFY on the control channel
+    assert flow.plan() == (["emails"], ["reports"])
+    assert len(reads) == 2
+    paused.clear()
+    clock.now += REFRESH_SECONDS  # no NOTIFY (a pooler): polling finds it
+    assert flow.plan() == (["default", "emails"], ["reports"])
+    assert len(reads) == 3
+
+
+def test_keyed_jobs_go_first_only_while_busy_and_at_most_once_a_period():
+    clock, reads = Clock(), []
+    flow = view(set(), clock, reads)
+    assert not flow.keyed_check_due(busy=False)
+    assert flow.keyed_check_due(busy=True)
+    assert not flow.keyed_check_due(busy=True)
+    clock.now += KEYED_CHECK_SECONDS
+    assert flow.keyed_check_due(busy=True)

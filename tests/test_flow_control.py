@@ -1,0 +1,387 @@
+"""Flow control against the database: pause, concurrency and rate limits, cancellation.
+
+Limits are enforced by `JobManager.claim_limited` under locks that hold across
+processes; these tests race real threads on real connections. The 4-process checks are
+in tests/chaos/test_flow_control.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from django_skipqueue.exceptions import ConfigurationError, JobCancelled
+from django_skipqueue.limits import QueueLimit, parse_rate, queue_limits
+from django_skipqueue.managers import Renewal
+from django_skipqueue.models import Job, Queue
+from django_skipqueue.testing import run_jobs
+from django_skipqueue.worker import Worker
+from tests.conftest import set_lease
+from tests.processes import wait_until
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def claim_limited(limits: dict[str, QueueLimit], queues=("default",), limit=10, worker=None):
+    return Job.objects.claim_limited(queues=list(queues), limits=limits, limit=limit, worker=worker)
+
+
+# -- pause -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_queue_is_not_claimed_and_its_pause_is_a_row():
+    tasks.add.enqueue(1, 2)
+    tasks.add.using(queue_name="other").enqueue(3, 4)
+    assert Queue.objects.pause(["default"], by="ops") == 1
+    assert Queue.objects.pause(["default"]) == 0  # already paused
+    worker = Worker(queues=["default", "other"], burst=True, listen=False, reap_interval=0)
+    worker.run()
+    assert list(Job.objects.filter(state="done").values_list("queue_name", flat=True)) == ["other"]
+    row = Queue.objects.get(name="default")
+    assert row.is_paused and row.paused_by == "ops"
+    assert Queue.objects.resume(["default"]) == 1
+    Worker(burst=True, listen=False, reap_interval=0).run()
+    assert not Job.objects.exclude(state="done").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_notifies_the_control_channel():
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
+        user=settings["USER"], autocommit=True,
+    ) as listener:  # fmt: skip
+        listener.execute('LISTEN "skipqueue!control"')
+        Queue.objects.pause(["default"])
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert got == ["pause"]
+
+
+# -- concurrency per queue ---------------------------------------------------------------
+
+
+def test_a_queue_limit_claims_only_its_free_slots():
+    tasks.add.enqueue_many([((1, 2), {})] * 6)
+    limits = {"default": QueueLimit(concurrency=2)}
+    first, _ = claim_limited(limits)
+    assert len(first) == 2
+    second, retry_in = claim_limited(limits)
+    assert second == [] and retry_in is not None and retry_in <= 0.1
+    assert Job.objects.ack(first[0].id, first[0].attempts, 3)
+    third, _ = claim_limited(limits)
+    assert len(third) == 1
+
+
+def test_an_expired_lease_frees_its_slot():
+    tasks.add.enqueue_many([((1, 2), {})] * 3)
+    limits = {"default": QueueLimit(concurrency=1)}
+    (first,), _ = claim_limited(limits)
+    set_lease(first.id, -1)  # its worker died: the lease ran out, not yet reaped
+    second, _ = claim_limited(limits)
+    assert len(second) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_claimers_never_pass_a_queue_limit():
+    tasks.add.enqueue_many([((1, 2), {})] * 40)
+    limits = {"default": QueueLimit(concurrency=3)}
+    start, lock, peaks = threading.Barrier(8), threading.Lock(), []
+
+    def claimer() -> None:
+        try:
+            start.wait(timeout=10)
+            for _ in range(10):
+                claimed, _ = claim_limited(limits, limit=2)
+                running = Job.objects.filter(state="running").count()
+                with lock:
+                    peaks.append(running)
+                for job in claimed:
+                    Job.objects.ack(job.id, job.attempts, None)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert max(peaks) <= 3
+    assert Job.objects.filter(state="done").count() > 3
+
+
+# -- concurrency per key -----------------------------------------------------------------
+
+
+def test_jobs_sharing_a_key_run_one_at_a_time_and_do_not_block_others():
+    blocked = [tasks.per_account.enqueue("acme") for _ in range(3)]
+    other = tasks.per_account.enqueue("globex")
+    plain = tasks.add.enqueue_many([((1, 2), {})] * 3)
+    assert blocked[0].concurrency_key == 'account="acme"'
+    fast = Job.objects.claim(queues=["default"], limit=10)
+    assert sorted(job.id for job in fast) == sorted(job.id for job in plain)  # no keyed job
+    claimed, _ = claim_limited({}, limit=10)
+    assert sorted(job.id for job in claimed) == sorted([blocked[0].id, other.id])
+    again, retry_in = claim_limited({}, limit=10)
+    assert again == []
+    Job.objects.ack(blocked[0].id, 1, None)
+    (nxt,), _ = claim_limited({}, limit=10)
+    assert nxt.id == blocked[1].id
+
+
+def test_a_key_and_its_limit_can_be_given_at_enqueue():
+    jobs = [
+        tasks.add.using(concurrency_key="report:7", concurrency_limit=2).enqueue(1, 2)
+        for _ in range(3)
+    ]
+    assert {(job.concurrency_key, job.concurrency_limit) for job in jobs} == {("report:7", 2)}
+    claimed, _ = claim_limited({}, limit=10)
+    assert len(claimed) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_claimers_never_run_two_jobs_of_one_key():
+    tasks.per_account.enqueue_many([(("acme",), {})] * 20)
+    start, lock, seen = threading.Barrier(6), threading.Lock(), []
+
+    def claimer() -> None:
+        try:
+            start.wait(timeout=10)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and Job.objects.exclude(state="done").exists():
+                claimed, _ = claim_limited({}, limit=3)
+                running = Job.objects.filter(state="running").count()
+                with lock:
+                    seen.append(running)
+                for job in claimed:
+                    Job.objects.ack(job.id, job.attempts, None)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert max(seen) <= 1
+    assert Job.objects.filter(state="done").count() == 20
+
+
+# -- rate ----------------------------------------------------------------------------------
+
+
+def test_a_rate_limit_lets_through_its_rate_then_refills_on_the_database_clock():
+    tasks.add.enqueue_many([((1, 2), {})] * 30)
+    limits = {"default": QueueLimit(rate=5, period=1.0)}
+    first, _ = claim_limited(limits, limit=20)
+    assert len(first) == 5  # a full bucket: one second's worth
+    second, retry_in = claim_limited(limits, limit=20)
+    assert len(second) <= 1 and retry_in is not None and 0 < retry_in <= 0.2
+    Queue.objects.filter(name="default").update(
+        rate_refilled_at=F("rate_refilled_at") - timedelta(seconds=1)
+    )
+    third, _ = claim_limited(limits, limit=20)
+    assert 4 <= len(third) <= 5
+
+
+def test_queue_limits_are_read_from_settings_and_bad_ones_are_named(settings):
+    settings.SKIPQUEUE = {"QUEUE_LIMITS": {"reports": {"concurrency": 3, "rate": "100/m"}}}
+    assert queue_limits() == {"reports": QueueLimit(concurrency=3, rate=100, period=60.0)}
+    assert parse_rate("5000/h") == (5000, 3600.0)
+    for bad, message in [
+        ({"reports": {"concurrency": 0}}, "concurrency"),
+        ({"reports": {"rate": "fast"}}, "'10/s'"),
+        ({"reports": {"burst": 3}}, "unknown keys burst"),
+    ]:
+        settings.SKIPQUEUE = {"QUEUE_LIMITS": bad}
+        with pytest.raises(ConfigurationError, match=message):
+            queue_limits()
+
+
+# -- cancelling a running job ----------------------------------------------------------------
+
+
+def test_cancel_ends_pending_jobs_and_asks_running_ones_to_stop(worker_process):
+    pending = tasks.add.enqueue(1, 2)
+    running = tasks.add.enqueue(3, 4)
+    Job.objects.filter(id=pending.id).update(run_at=Now() + timedelta(hours=1))
+    (claimed,) = Job.objects.claim(queues=["default"], worker=worker_process)
+    assert claimed.id == running.id
+    assert Job.objects.cancel([pending.id, running.id], by="ops") == 2
+    pending.refresh_from_db()
+    assert (pending.state, pending.cancelled_by) == ("cancelled", "ops")
+    assert Job.objects.renewal(running.id, 1) is Renewal.CANCEL_REQUESTED
+    assert Job.objects.end_cancelled(running.id, 1)
+    running.refresh_from_db()
+    assert (running.state, running.cancelled_by) == ("cancelled", "ops")
+    assert running.cancel_requested_at is not None and running.finished_at is not None
+
+
+def test_a_task_ignoring_a_cancel_loses_its_lease_and_the_reaper_ends_it_cancelled(worker_process):
+    job = tasks.add.enqueue(1, 2)
+    (claimed,) = Job.objects.claim(queues=["default"], worker=worker_process)
+    Job.objects.cancel([job.id])
+    assert not Job.objects.renew(job.id, 1)  # the renewal stops: the lease runs out
+    set_lease(job.id, -1)
+    assert not Job.objects.ack(job.id, 1, 3)  # the fence refuses the late ack
+    assert Job.objects.reap().cancelled == 1
+    job.refresh_from_db()
+    assert job.state == "cancelled" and job.attempts == 1  # never retried
+
+
+def test_extend_lease_and_check_cancelled_raise_job_cancelled():
+    job = tasks.cancellable.enqueue(how="extend", seconds=0.1)
+    Job.objects.claim(queues=["default"])
+    Job.objects.cancel([job.id])
+    from django_skipqueue.base import TaskContext
+
+    context = TaskContext(
+        job_id=job.id, attempt=1, max_attempts=5, task_name=job.task,
+        queue_name="default", database="default",
+    )  # fmt: skip
+    assert context.cancel_requested
+    with pytest.raises(JobCancelled):
+        context.extend_lease(5)
+    with pytest.raises(JobCancelled):
+        context.check_cancelled()
+
+
+def test_retrying_a_cancelled_job_clears_its_cancel_request(worker_process):
+    job = tasks.add.enqueue(1, 2)
+    Job.objects.claim(queues=["default"], worker=worker_process)
+    Job.objects.cancel([job.id])
+    Job.objects.end_cancelled(job.id, 1)
+    assert Job.objects.retry_now([job.id]) == 1
+    job.refresh_from_db()
+    assert (job.state, job.cancel_requested_at, job.cancelled_by) == ("pending", None, "")
+    assert run_jobs()[0].outcome == "succeeded"
+
+
+# -- with a real worker process ----------------------------------------------------------
+
+
+def spans_started_after(moment):
+    from tests.testapp.models import Span
+
+    return Span.objects.filter(started_at__gt=moment)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_reaches_a_running_worker_within_a_second_and_resume_too(start_worker):
+    worker = start_worker("--concurrency", "2")
+    worker.wait_for_output("worker listening")
+    tasks.occupy.enqueue_many([((), {"seconds": 0.05})] * 2000)
+    wait_until(lambda: spans_started_after(Now() - timedelta(days=1)).exists(), timeout=10)
+    Queue.objects.pause(["default"])
+    paused_at = Queue.objects.get(name="default").paused_at
+    time.sleep(1.5)  # the pause must hold: nothing may start in it after its first second
+    late = spans_started_after(paused_at + timedelta(seconds=1))
+    assert not late.exists()
+    Queue.objects.resume(["default"])
+    wait_until(lambda: spans_started_after(paused_at + timedelta(seconds=1)).exists(), timeout=3)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["flag", "extend"])
+def test_a_running_task_sees_a_cancel_and_its_job_ends_cancelled(start_worker, how):
+    job = tasks.cancellable.enqueue(how=how)
+    start_worker("--concurrency", "1")
+    wait_until(lambda: Job.objects.filter(id=job.id, state="running").exists(), timeout=10)
+    time.sleep(0.2)
+    Job.objects.cancel([job.id], by="ops")
+    # The worker renews every third of the 1.5 s lease: the task hears of it by then.
+    wait_until(lambda: Job.objects.filter(id=job.id, state="cancelled").exists(), timeout=3)
+    job.refresh_from_db()
+    assert (job.attempts, job.cancelled_by, job.result) == (1, "ops", None)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_task_that_ignores_a_cancel_is_cut_off_by_its_lease(start_worker):
+    job = tasks.cancellable.enqueue(how="ignore", seconds=4.0)
+    worker = start_worker("--concurrency", "1", "--reap-interval", "0.5")
+    wait_until(lambda: Job.objects.filter(id=job.id, state="running").exists(), timeout=10)
+    Job.objects.cancel([job.id])
+    wait_until(lambda: Job.objects.filter(id=job.id, state="cancelled").exists(), timeout=5)
+    worker.wait_for_output("job lease lost", timeout=10)  # its late success was refused
+    job.refresh_from_db()
+    assert job.attempts == 1 and job.result is None
+
+
+# -- the plans of the new claim paths ------------------------------------------------------
+
+
+@pytest.fixture
+def realistic_table():
+    """100,000 done, 10,000 plain pending, 2,000 keyed pending (200 keys), 50 keyed running."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+                lease, attempts, max_attempts, expirations, releases, last_error, errors,
+                created_at, finished_at, leased_until, concurrency_key, concurrency_limit)
+            SELECT 'tests.testapp.tasks.add', '[]', '{}', 'default', 0,
+                   CASE WHEN n <= 100000 THEN 'done' WHEN n <= 111950 THEN 'pending'
+                        ELSE 'running' END,
+                   now() - (n * interval '1 millisecond'), interval '5 minutes',
+                   CASE WHEN n <= 100000 OR n > 111950 THEN 1 ELSE 0 END, 5, 0, 0, '', '[]',
+                   now(), CASE WHEN n <= 100000 THEN now() END,
+                   CASE WHEN n > 111950 THEN now() + interval '5 minutes' END,
+                   CASE WHEN n > 110000 THEN 'key-' || (n % 200) END,
+                   CASE WHEN n > 110000 THEN 1 END
+            FROM generate_series(1, 112000) AS n
+            """
+        )
+        cursor.execute("ANALYZE skipqueue_job")
+
+
+def plan_of(queryset) -> str:
+    with transaction.atomic():  # a locking query compiles only in a transaction
+        return queryset.explain()
+
+
+def test_the_keyed_probe_reads_only_the_keyed_claim_index(realistic_table):
+    queryset = Job.objects.due().for_queues(["default"]).filter(concurrency_key__isnull=False)
+    plan = queryset.explain()
+    assert "skipqueue_job_keyed_claim_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    assert Job.objects.keyed_due(["default"])
+
+
+def test_the_limited_claim_reads_keyed_jobs_by_index_and_counts_each_keys_running(
+    realistic_table,
+):
+    queryset = Job.objects.claimable_under_limits(keyed_in=["default"], all_in=[])[:20]
+    plan = plan_of(queryset)
+    assert "skipqueue_job_keyed_claim_idx" in plan, plan
+    assert "skipqueue_job_key_running_idx" in plan, plan  # the per-key count
+    assert "Seq Scan" not in plan, plan
+    claimed, _ = claim_limited({}, limit=20)
+    keys = [job.concurrency_key for job in claimed]
+    assert len(claimed) == 20 and len(set(keys)) == 20  # one per key, the busy keys skipped
+    busy = set(
+        Job.objects.filter(state="running")
+        .exclude(id__in=[job.id for job in claimed])
+        .values_list("concurrency_key", flat=True)
+    )
+    assert not busy & set(keys)
+
+
+def test_the_plain_claim_keeps_its_index_order_with_keyed_jobs_in_the_table(realistic_table):
+    with transaction.atomic(), connection.cursor() as cursor:
+        statement, params = Job.objects.claim_statement(["default"], limit=10)
+        cursor.execute("EXPLAIN " + statement, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "skipqueue_job_claim_idx" in plan, plan
+    assert "Sort" not in plan and "Seq Scan" not in plan, plan
