@@ -30,12 +30,20 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.models import Job, JobState, QueueOverview, Schedule, WorkerProcess
+from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
+from django_skipqueue.models import (
+    Job,
+    JobState,
+    Queue,
+    QueueOverview,
+    Schedule,
+    WorkerProcess,
+)
 from django_skipqueue.redaction import redact
 from django_skipqueue.registry import registry
 from django_skipqueue.scheduler import defined_schedules
 from django_skipqueue.schedules import Cron
+from django_skipqueue.states import validate_queue_name
 from django_skipqueue.stats import queue_stats, throughput_last_hour
 
 if TYPE_CHECKING:
@@ -557,11 +565,20 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         changed = Job.objects.retry_now(ids)
         _report(self, request, "retried", changed, len(ids), "not failed or cancelled")
 
-    @admin.action(description=_("Cancel (pending)"), permissions=["cancel"])
+    @admin.action(
+        description=_("Cancel (pending) or ask to stop (running)"), permissions=["cancel"]
+    )
     def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         ids = list(queryset.values_list("id", flat=True))
-        changed = Job.objects.cancel(ids)
-        _report(self, request, "cancelled", changed, len(ids), "not pending any more")
+        changed = Job.objects.cancel(ids, by=request.user.get_username())
+        _report(
+            self,
+            request,
+            "cancelled or asked to stop",
+            changed,
+            len(ids),
+            "finished, or already asked",
+        )
 
     @admin.action(description=_("Requeue (stuck)"), permissions=["requeue"])
     def requeue(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
@@ -581,8 +598,10 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
     def get_urls(self) -> list[Any]:
         overview = self.admin_site.admin_view(self.overview_view)
         act = self.admin_site.admin_view(self.job_action_view)
+        queue_act = self.admin_site.admin_view(self.queue_action_view)
         return [
             path("overview/", overview, name="skipqueue_overview"),
+            path("overview/<str:queue>/<str:verb>/", queue_act, name="skipqueue_queue_act"),
             path("<int:object_id>/act/<str:verb>/", act, name="skipqueue_job_act"),
             *super().get_urls(),
         ]
@@ -592,7 +611,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
     #: verb: (the manager's guarded verb, its permission, when it applies, its label)
     JOB_ACTIONS = {
         "retry": ("retry_now", "retry", (JobState.FAILED, JobState.CANCELLED), _("Retry now")),
-        "cancel": ("cancel", "cancel", (JobState.PENDING,), _("Cancel")),
+        "cancel": ("cancel", "cancel", (JobState.PENDING, JobState.RUNNING), _("Cancel")),
         "requeue": ("requeue", "requeue", (JobState.RUNNING,), _("Requeue (stuck)")),
     }
 
@@ -615,6 +634,12 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                     "Stuck: its lease expired %(age)s ago and no worker holds it. The reaper "
                     "takes it back on its next pass; Requeue does it now."
                 ) % {"age": _age(expired)}
+            if job.cancel_requested_at is not None and job.state == JobState.RUNNING:
+                extra["skipqueue_stuck"] = _(
+                    "Cancel requested %(when)s by %(who)s: the task is told at the worker's "
+                    "next lease renewal; a task that does not stop loses the job when its "
+                    "lease ends, and the job ends cancelled."
+                ) % {"when": _when(job.cancel_requested_at), "who": job.cancelled_by or "-"}
             extra["skipqueue_actions"] = [
                 {
                     "verb": verb,
@@ -624,6 +649,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                 for verb, (_method, permission, states, label) in self.JOB_ACTIONS.items()
                 if job.state in states
                 and (verb != "requeue" or expired is not None)
+                and (verb != "cancel" or job.cancel_requested_at is None)
                 and getattr(self, f"has_{permission}_permission")(request)
             ]
         return super().change_view(request, object_id, form_url, extra)
@@ -637,7 +663,10 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         method, permission, _states, _label = self.JOB_ACTIONS[verb]
         if not getattr(self, f"has_{permission}_permission")(request):
             raise PermissionDenied
-        changed = getattr(Job.objects, method)([object_id])
+        if verb == "cancel":
+            changed = Job.objects.cancel([object_id], by=request.user.get_username())
+        else:
+            changed = getattr(Job.objects, method)([object_id])
         done = {"retry": _("retried"), "cancel": _("cancelled"), "requeue": _("requeued")}[verb]
         if changed:
             self.message_user(request, _("Job %(id)s %(done)s.") % {"id": object_id, "done": done})
@@ -652,6 +681,36 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     # -- the queue overview ------------------------------------------------------------
 
+    def has_pause_queue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.pause_queue")
+
+    def queue_action_view(self, request: HttpRequest, queue: str, verb: str) -> HttpResponse:
+        """POST from the overview: pause or resume a queue (skipqueue.pause_queue)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if verb not in ("pause", "resume"):
+            raise Http404(verb)
+        if not self.has_pause_queue_permission(request):
+            raise PermissionDenied
+        try:
+            validate_queue_name(queue)
+        except InvalidJobError as error:
+            raise Http404(str(error)) from None
+        if verb == "pause":
+            changed = Queue.objects.pause([queue], by=request.user.get_username())
+        else:
+            changed = Queue.objects.resume([queue])
+        done = _("paused") if verb == "pause" else _("resumed")
+        if changed:
+            self.message_user(request, _("Queue %(q)s %(done)s.") % {"q": queue, "done": done})
+        else:
+            self.message_user(
+                request,
+                _("Queue %(q)s was already %(done)s.") % {"q": queue, "done": done},
+                messages.WARNING,
+            )
+        return redirect("admin:skipqueue_overview")
+
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -663,6 +722,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                 for row in queue_stats()
             ],
             "chart": throughput_chart(throughput_last_hour()),
+            "can_pause": self.has_pause_queue_permission(request),
             "opts": self.model._meta,
             "breadcrumbs_as_list": django.VERSION >= (6, 1),  # Django 6.1's admin markup
         }

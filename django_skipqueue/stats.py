@@ -15,7 +15,9 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.models import Job, WorkerProcess
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.limits import QueueLimit, queue_limits
+from django_skipqueue.models import Job, Queue, WorkerProcess
 from django_skipqueue.states import JobState
 
 
@@ -31,6 +33,8 @@ class QueueStats:
     done_5m: int = 0
     done_1h: int = 0
     live_workers: int = 0
+    paused: bool = False  # an operator paused it: no worker claims from it
+    limits: str = ""  # its SKIPQUEUE['QUEUE_LIMITS'], as words
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +86,26 @@ def queue_stats(database: str | None = None) -> list[QueueStats]:
     for queues in WorkerProcess.objects.using(alias).alive().values_list("queues", flat=True):
         for name in queues or []:
             row(name).live_workers += 1
+    for name in Queue.objects.using(alias).paused().values_list("name", flat=True):
+        row(name).paused = True
+    try:
+        limits = queue_limits()
+    except ConfigurationError:  # reported by the system check skipqueue.E011
+        limits = {}
+    for name, limit in limits.items():
+        row(name).limits = describe_limit(limit)
     return [stats[name] for name in sorted(stats)]
+
+
+def describe_limit(limit: QueueLimit) -> str:
+    """'3 at a time, 10/s': a queue's limits in the words of the overview."""
+    parts = []
+    if limit.concurrency is not None:
+        parts.append(f"{limit.concurrency} at a time")
+    if limit.rate is not None:
+        unit = {1.0: "s", 60.0: "min", 3600.0: "h"}.get(limit.period, f"{limit.period:g}s")
+        parts.append(f"{limit.rate}/{unit}")
+    return ", ".join(parts)
 
 
 def _lag_seconds(alias: str) -> dict[str, float]:

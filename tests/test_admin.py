@@ -100,13 +100,39 @@ def test_retry_now_moves_failed_jobs_back_and_skips_others(superuser_client):
     assert "1 job(s) retried; 1 skipped (not failed or cancelled)" in response.content.decode()
 
 
-def test_cancel_leaves_a_job_a_worker_claimed_meanwhile_alone(superuser_client):
-    pending, claimed = JobFactory(), JobFactory()
+def test_cancel_ends_pending_jobs_and_asks_running_ones_to_stop(superuser_client):
+    pending, claimed, done = JobFactory(), JobFactory(), JobFactory(state=JobState.DONE)
     Job.objects.filter(id=claimed.id).update(state=JobState.RUNNING)  # a worker got there first
-    response = act(superuser_client, "cancel", [pending.id, claimed.id])
+    response = act(superuser_client, "cancel", [pending.id, claimed.id, done.id])
     assert Job.objects.get(id=pending.id).state == JobState.CANCELLED
-    assert Job.objects.get(id=claimed.id).state == JobState.RUNNING
-    assert "1 skipped" in response.content.decode()
+    running = Job.objects.get(id=claimed.id)
+    assert running.state == JobState.RUNNING  # its task is told; the worker ends it
+    assert running.cancel_requested_at is not None and running.cancelled_by == "root"
+    assert "2 job(s) cancelled or asked to stop; 1 skipped" in response.content.decode()
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[claimed.id]))
+    assert "Cancel requested" in page.content.decode()
+
+
+def test_a_queue_is_paused_from_the_overview_under_its_own_permission(client):
+    from django_skipqueue.models import Queue
+
+    JobFactory()
+    viewer = staff(client)
+    overview = reverse("admin:skipqueue_overview")
+    assert 'value="Pause"' not in viewer.get(overview).content.decode()
+    pause = reverse("admin:skipqueue_queue_act", args=["default", "pause"])
+    assert viewer.post(pause).status_code == 403
+    assert not Queue.objects.paused().exists()
+    user = User.objects.get(username="staff")
+    user.user_permissions.add(Permission.objects.get(codename="pause_queue"))
+    client.force_login(user)
+    assert client.get(pause).status_code == 405  # POST only
+    client.post(pause)
+    assert Queue.objects.get(name="default").paused_by == "staff"
+    page = client.get(overview).content.decode()
+    assert ">paused<" in page and 'value="Resume"' in page
+    client.post(reverse("admin:skipqueue_queue_act", args=["default", "resume"]))
+    assert not Queue.objects.paused().exists()
 
 
 def test_requeue_takes_back_stuck_jobs_only(superuser_client):

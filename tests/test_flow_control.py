@@ -385,3 +385,19 @@ def test_the_plain_claim_keeps_its_index_order_with_keyed_jobs_in_the_table(real
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "skipqueue_job_claim_idx" in plan, plan
     assert "Sort" not in plan and "Seq Scan" not in plan, plan
+
+
+def test_pausequeue_and_resumequeue_commands():
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("pausequeue", "default", "reports", stdout=out)
+    assert Queue.objects.paused_names(["default", "reports", "other"]) == {"default", "reports"}
+    assert Queue.objects.get(name="reports").paused_by == "manage.py pausequeue"
+    call_command("resumequeue", "reports", stdout=out)
+    assert Queue.objects.paused_names(["default", "reports"]) == {"default"}
+    assert "paused 2 of 2" in out.getvalue() and "resumed 1 of 1" in out.getvalue()
+    with pytest.raises(CommandError, match="queue name 'no spaces' is invalid"):
+        call_command("pausequeue", "no spaces", stdout=out)
