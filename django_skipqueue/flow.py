@@ -2,9 +2,10 @@
 
 `FlowView` is the one owner of that state in a worker. The dispatcher asks it which
 queues to claim from; the notifier tells it when a NOTIFY on the control channel says
-that a queue was paused or resumed; without one, it reads the queue table again at
-least every REFRESH_SECONDS (the polling fallback). Reading it costs one query on the
-small queue table, at most once a second, so the default path keeps its speed.
+that a queue was paused or resumed; without one, no claim uses a reading older than
+REFRESH_SECONDS (the polling fallback). The reading is one query on the small queue
+table; a busy worker makes it after handing its claimed jobs over (`refresh_soon`),
+so that it never sits between a NOTIFY of a new job and that job's claim.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from collections.abc import Callable, Sequence
 
 from django_skipqueue.limits import QueueLimit
 
-#: The longest a worker goes without reading the queue table: a pause reaches every
-#: worker within this, NOTIFY or not.
+#: The longest a worker that does not receive NOTIFY goes without reading the queue
+#: table: a pause reaches every worker within this.
 REFRESH_SECONDS = 1.0
+#: The same for a worker whose LISTEN works (each pause and resume wakes it at once;
+#: this is only a safety net).
+LISTENING_REFRESH_SECONDS = 30.0
 #: How often a worker whose claims are fast-path only still looks for keyed jobs,
 #: while the fast path keeps it busy (keyed jobs are not starved by plain ones).
 KEYED_CHECK_SECONDS = 0.25
@@ -43,6 +47,38 @@ class FlowView:
         self._read_at = -float("inf")
         self._stale = True
         self._keyed_at = -float("inf")
+        self._max_age = REFRESH_SECONDS
+        self._notifies = 0  # NOTIFYs of new jobs received so far
+        self._keyed: tuple[bool, float, int] | None = None  # (waiting, when, notifies then)
+
+    def notified(self) -> None:
+        """A NOTIFY of new jobs arrived (the notifier's thread)."""
+        with self._lock:
+            self._notifies += 1
+
+    def note_keyed(self, waiting: bool) -> None:
+        """What a claim or a probe found: whether a keyed job is due in our queues."""
+        with self._lock:
+            self._keyed = (waiting, self._clock(), self._notifies)
+
+    def keyed_probe_needed(self) -> bool:
+        """Whether an empty claim should probe for keyed jobs: not if the last finding,
+        less than KEYED_CHECK_SECONDS old and with no NOTIFY since, said none was due.
+        (An idle worker woken by its own executors then makes no extra query.)"""
+        with self._lock:
+            if self._keyed is None:
+                return True
+            waiting, when, notifies = self._keyed
+            return (
+                waiting or notifies != self._notifies or self._clock() - when >= KEYED_CHECK_SECONDS
+            )
+
+    def listening(self, works: bool) -> None:
+        """The notifier's LISTEN works (NOTIFY brings every pause at once) or stopped
+        working (then poll, and read again now: a NOTIFY may have been missed)."""
+        with self._lock:
+            self._max_age = LISTENING_REFRESH_SECONDS if works else REFRESH_SECONDS
+            self._stale = True
 
     def changed(self) -> None:
         """A NOTIFY said a queue was paused or resumed: read again before the next claim."""
@@ -50,18 +86,27 @@ class FlowView:
             self._stale = True
 
     def paused(self) -> set[str]:
-        """The paused queues among ours, read again if stale (raises what the read raises)."""
+        """The paused queues among ours: read again first if a NOTIFY said so or the
+        last reading is REFRESH_SECONDS old (raises what the read raises)."""
+        self._read_if(older_than=self._max_age)
+        with self._lock:
+            return set(self._paused)
+
+    def refresh_soon(self) -> None:
+        """Read again if the last reading is half a refresh old: called off the claim's
+        path, so that a busy worker's claims rarely wait for a reading."""
+        self._read_if(older_than=self._max_age / 2)
+
+    def _read_if(self, *, older_than: float) -> None:
         now = self._clock()
         with self._lock:
-            due = self._stale or now - self._read_at >= REFRESH_SECONDS
+            due = self._stale or now - self._read_at >= older_than
             if due:
                 self._stale = False  # a NOTIFY that lands during the read marks it again
         if due:
             found = self._read_paused(self.queues)
             with self._lock:
                 self._paused, self._read_at = set(found), now
-        with self._lock:
-            return set(self._paused)
 
     def plan(self) -> tuple[list[str], list[str]]:
         """(queues for the fast path: not paused, not limited; queues for the limited

@@ -125,6 +125,12 @@ LEASE_EXPIRED = ErrorInfo(
 )
 
 
+class Claimed(list["Job"]):
+    """The jobs a claim took, in claim order, and whether a keyed job was seen waiting."""
+
+    keyed_waiting: bool = False
+
+
 class Renewal(enum.Enum):
     """What a lease renewal found (`JobManager.renewal`)."""
 
@@ -256,7 +262,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         limit: int = 1,
         worker: WorkerProcess | None = None,
         lease: timedelta | None = None,
-    ) -> list[Job]:
+        probe_keyed: bool = False,
+    ) -> Claimed:
         """Lock up to `limit` due jobs (SKIP LOCKED), mark them running, commit, return them.
 
         Which jobs, and in which order, is `claimable(queues)`, a QuerySet. Its locking
@@ -271,23 +278,32 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
         If the statement fails other than by the connection, the jobs are claimed one
         at a time (see `_claim_row_by_row`).
+
+        Jobs with a concurrency key are not taken here (see `claim_limited`). With
+        `probe_keyed`, the returned list's `keyed_waiting` says whether one is due in
+        these queues, found by the same statement (`sql.KEYED_WAITING`); known only when
+        a job was claimed.
         """
         if limit < 1:
-            return []
+            return Claimed()
         names = tuple(queues)
+        flags: list[bool] | None = [] if probe_keyed else None
         try:
-            statement, params = self.claim_statement(names, limit=limit, worker=worker, lease=lease)
+            statement, params = self.claim_statement(
+                names, limit=limit, worker=worker, lease=lease, probe_keyed=probe_keyed
+            )
             # One statement, its own transaction in autocommit (no BEGIN and COMMIT
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
             # inside the caller's atomic(), a savepoint of the caller's transaction.
             with _savepoint_if_in_transaction(self.db), connections[self.db].cursor() as cursor:
                 cursor.execute(statement, params)
-                claimed = fetch_jobs(self.model, cursor, self.db)
+                claimed = Claimed(fetch_jobs(self.model, cursor, self.db, flags=flags))
         except DatabaseError as error:
             if is_transient(error):
                 raise
             logger.error("claim failed, claiming row by row: %s", error)
-            claimed = self._claim_row_by_row(names, limit, worker, lease)
+            claimed = Claimed(self._claim_row_by_row(names, limit, worker, lease))
+        claimed.keyed_waiting = bool(flags and flags[0])
         sort_in_claim_order(claimed)
         return claimed
 
@@ -300,6 +316,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lease: timedelta | None = None,
         only: int | None = None,
         ids: Sequence[int] | None = None,
+        probe_keyed: bool = False,
     ) -> tuple[str, list[Any]]:
         """The claiming statement and its parameters, for claim() and for EXPLAIN.
 
@@ -316,7 +333,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 one = self.claimable(queues).filter(id=only).values("id")[:1]
                 locking_sql, locking_params = one.query.get_compiler(self.db).as_sql()
         columns = _columns(self.model)
-        params = [
+        params: list[Any] = [
             *locking_params,
             worker.pk if worker is not None else None,
             str(worker.pk) if worker is not None else in_process_claimer(),
@@ -326,7 +343,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             MIN_LEASE,
             MAX_LEASE,
         ]
-        return sql.claim_statement(locking_sql, columns), params
+        if probe_keyed:
+            params.append(list(queues))
+        return sql.claim_statement(locking_sql, columns, probe_keyed), params
 
     def _claim_row_by_row(
         self,
@@ -515,6 +534,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             priority=task.priority,
             max_attempts=task.resolved_max_attempts,
             lease=task.resolved_lease,
+            unique_key=task.key_for(plain_args, plain_kwargs) if task.unique_key else None,
+            **self._flow_fields(task, plain_args, plain_kwargs),
         )
         if task.run_after is not None:
             job.run_at = _run_at(task.run_after)

@@ -37,9 +37,13 @@ class Notifier:
         halted: threading.Event,
         poll_interval: float,
         on_control: Callable[[], None] | None = None,
+        on_listening: Callable[[bool], None] | None = None,
+        on_notify: Callable[[], None] | None = None,
     ) -> None:
         self.database = database
         self.on_control = on_control  # a queue was paused or resumed (flow.FlowView)
+        self.on_listening = on_listening  # LISTEN works now, or stopped working
+        self.on_notify = on_notify  # a NOTIFY of new jobs
         self.queues = list(queues)
         self.wake = wake
         self.halted = halted
@@ -66,15 +70,22 @@ class Notifier:
                     )
                     return
                 logger.info("worker listening queues=%s", ",".join(self.queues))
+                if self.on_listening:
+                    self.on_listening(True)  # and read again what we may have missed
                 self.wake.set()  # anything enqueued while we were not listening
                 backoff.reset()
                 while not self.halted.is_set():
                     for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
                         logger.debug("worker notified channel=%s", notify.channel)
-                        if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
-                            self.on_control()
+                        if notify.channel == sql.CONTROL_CHANNEL:
+                            if self.on_control:
+                                self.on_control()
+                        elif self.on_notify:
+                            self.on_notify()
                         self.wake.set()
             except Exception as error:  # noqa: BLE001  (psycopg's own errors come raw here)
+                if self.on_listening:
+                    self.on_listening(False)
                 delay = backoff.next()
                 logger.warning("listen failed, retrying in %.2fs: %s", delay, error)
                 self.halted.wait(delay)

@@ -258,7 +258,11 @@ def _jobs_for(cron: Cron, instants: Iterable[datetime]) -> list[Job]:
     task = registry.get(cron.task or "")
     if cron.queue_name or cron.priority is not None:
         task = task.using(queue_name=cron.queue_name, priority=cron.priority)
-    key = task.key_for(cron.args, cron.kwargs or {}) if task.unique_key is not None else None
+    kwargs = cron.kwargs or {}
+    key = task.key_for(cron.args, kwargs) if task.unique_key is not None else None
+    flow_key = (
+        task.concurrency_key_for(cron.args, kwargs) if task.concurrency_key is not None else None
+    )
     return [
         Job(
             task=task.name,
@@ -272,6 +276,8 @@ def _jobs_for(cron: Cron, instants: Iterable[datetime]) -> list[Job]:
             schedule=cron.name,
             scheduled_for=instant,
             unique_key=key,
+            concurrency_key=flow_key,
+            concurrency_limit=task.concurrency_limit if flow_key is not None else None,
         )
         for instant in instants
     ]

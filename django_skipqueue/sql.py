@@ -112,12 +112,22 @@ SET state = 'running',
     leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s)
 FROM claimable
 WHERE job.id = claimable.id
-RETURNING {columns}
+RETURNING {columns}{probe}
 """
+
+# A worker's claim also says, in the same round trip, whether a job with a concurrency
+# key is due in its queues (the claim itself leaves those to claim_limited): one
+# InitPlan over skipqueue_job_keyed_claim_idx, which holds only keyed pending jobs.
+# Measured: a separate probe after the claim added 1 to 1.5 ms to the pickup latency,
+# run as it was beside the job that had just started.
+KEYED_WAITING = """,
+    (SELECT EXISTS (SELECT 1 FROM skipqueue_job AS k WHERE k.state = 'pending'
+        AND k.concurrency_key IS NOT NULL AND k.queue_name = ANY(%s)
+        AND k.run_at <= statement_timestamp())) AS keyed_waiting"""
 
 
 @functools.lru_cache(maxsize=256)
-def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
+def claim_statement(locking: str, columns: tuple[str, ...], probe: bool = False) -> str:
     """The claim around a compiled locking query, returning `columns` of each row.
 
     Parameters, after the locking query's own: the worker's id, the name this attempt
@@ -129,7 +139,7 @@ def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
         f'job."{column}"' if column != "lease" else "LEAST(GREATEST(job.lease, %s), %s) AS lease"
         for column in columns
     )
-    return _CLAIM.format(locking=locking, columns=returning)
+    return _CLAIM.format(locking=locking, columns=returning, probe=KEYED_WAITING if probe else "")
 
 
 # claim_limited: the claim of rows its transaction already locked and chose, in place of

@@ -58,17 +58,27 @@ def run_jobs(
     """Claim and run due jobs one at a time until none is due (or `limit` ran).
 
     Jobs whose retry is scheduled later are not waited for: call again after the
-    delay, or give such tasks a zero-delay RetryPolicy in tests.
+    delay, or give such tasks a zero-delay RetryPolicy in tests. Flow control applies
+    as in a worker: paused queues are left alone, and jobs with a concurrency key and
+    those of limited queues are claimed under their limits.
     """
     from django_skipqueue.conf import get_settings
     from django_skipqueue.executor import execute
-    from django_skipqueue.models import Job
+    from django_skipqueue.limits import queue_limits
+    from django_skipqueue.models import Job, Queue
 
     alias = database or get_settings().DATABASE_ALIAS
     names = list(queues) if queues is not None else _all_queues(alias)
+    jobs = Job.objects.db_manager(alias)
+    limits = queue_limits()
     executions: list[Execution] = []
     while limit is None or len(executions) < limit:
-        claimed = Job.objects.db_manager(alias).claim(queues=names, limit=1)
+        paused = Queue.objects.db_manager(alias).paused_names(names)
+        active = [name for name in names if name not in paused]
+        fast = [name for name in active if name not in limits]
+        claimed = jobs.claim(queues=fast, limit=1) if fast else []
+        if not claimed and active:
+            claimed, _ = jobs.claim_limited(queues=active, limits=limits, limit=1)
         if not claimed:
             break
         executions.append(execute(claimed[0], database=alias))

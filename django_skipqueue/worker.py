@@ -289,11 +289,20 @@ class Worker:
         if limited or (self.flow.keyed_check_due(busy=self._last_full) and jobs.keyed_due(fast)):
             claimed += self._claim_limited(jobs, fast + limited, limit)
         if fast and len(claimed) < limit:
-            plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
+            plain = jobs.claim(
+                queues=fast, limit=limit - len(claimed), worker=self.process, probe_keyed=True
+            )
             self._hand_over(plain)
             claimed += plain
+            self.flow.refresh_soon()  # the jobs are running: now is a good time to read
             room = limit - len(claimed)
-            if room > 0 and not limited and jobs.keyed_due(fast):
+            if plain:
+                self.flow.note_keyed(plain.keyed_waiting)
+                waiting = plain.keyed_waiting
+            else:
+                waiting = self.flow.keyed_probe_needed() and jobs.keyed_due(fast)
+                self.flow.note_keyed(waiting)
+            if room > 0 and not limited and waiting:
                 keyed = self._claim_limited(jobs, fast, room)
                 claimed += keyed
                 if len(keyed) < room:  # keyed jobs wait for a slot: look again soon
@@ -477,6 +486,8 @@ class Worker:
                 halted=self._halted,
                 poll_interval=self.poll_interval,
                 on_control=self.flow.changed,
+                on_listening=self.flow.listening,
+                on_notify=self.flow.notified,
             )
             self.threads.start("helpers", "skipqueue-listener", notifier.run)
 

@@ -23,7 +23,9 @@ def test_every_setting_is_in_the_reference(key):
     assert f"`{key}`" in page("settings.md")
 
 
-@pytest.mark.parametrize("command", ["runworker", "reapjobs", "queuestats", "schedules"])
+@pytest.mark.parametrize(
+    "command", ["runworker", "reapjobs", "queuestats", "schedules", "pausequeue", "resumequeue"]
+)
 def test_every_command_flag_is_in_the_reference(command):
     from django.core.management import load_command_class
 

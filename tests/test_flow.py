@@ -39,7 +39,7 @@ def test_the_queue_table_is_read_at_most_once_a_refresh_unless_notified():
     flow = view(paused, clock, reads)
     flow.plan()
     paused.add("default")
-    clock.now += REFRESH_SECONDS / 2
+    clock.now += REFRESH_SECONDS / 3
     assert flow.plan() == (["default", "emails"], ["reports"])  # not read again yet
     assert len(reads) == 1
     flow.changed()  # a NOTIFY on the control channel
@@ -59,3 +59,54 @@ def test_keyed_jobs_go_first_only_while_busy_and_at_most_once_a_period():
     assert not flow.keyed_check_due(busy=True)
     clock.now += KEYED_CHECK_SECONDS
     assert flow.keyed_check_due(busy=True)
+
+
+def test_a_busy_worker_reads_after_its_claim_so_that_claims_rarely_wait():
+    clock, reads, paused = Clock(), [], set()
+    flow = view(paused, clock, reads)
+    flow.plan()
+    clock.now += REFRESH_SECONDS / 3
+    flow.refresh_soon()
+    assert len(reads) == 1  # read a third of a refresh ago: not yet
+    clock.now += REFRESH_SECONDS / 3
+    flow.refresh_soon()
+    assert len(reads) == 2
+    clock.now += REFRESH_SECONDS * 0.9
+    flow.plan()
+    assert len(reads) == 2  # the claim itself did not wait for a reading
+
+
+def test_a_worker_whose_listen_works_trusts_notify_and_reads_rarely():
+    from django_skipqueue.flow import LISTENING_REFRESH_SECONDS
+
+    clock, reads, paused = Clock(), [], set()
+    flow = view(paused, clock, reads)
+    flow.listening(True)
+    flow.plan()
+    clock.now += REFRESH_SECONDS * 5
+    flow.plan()
+    assert len(reads) == 1
+    flow.changed()  # a pause's NOTIFY
+    flow.plan()
+    assert len(reads) == 2
+    clock.now += LISTENING_REFRESH_SECONDS
+    flow.plan()
+    assert len(reads) == 3  # the safety net
+    flow.listening(False)  # the listener lost its connection: read now, then poll
+    flow.plan()
+    assert len(reads) == 4
+
+
+def test_an_empty_claim_probes_for_keyed_jobs_only_when_something_may_have_changed():
+    clock, reads = Clock(), []
+    flow = view(set(), clock, reads)
+    assert flow.keyed_probe_needed()  # nothing known yet
+    flow.note_keyed(False)
+    assert not flow.keyed_probe_needed()  # just found none: a wake by our own threads
+    flow.notified()  # a NOTIFY: a keyed job may have come
+    assert flow.keyed_probe_needed()
+    flow.note_keyed(False)
+    clock.now += KEYED_CHECK_SECONDS
+    assert flow.keyed_probe_needed()  # a while passed: one may have become due
+    flow.note_keyed(True)
+    assert flow.keyed_probe_needed()  # some wait for a slot: keep looking
