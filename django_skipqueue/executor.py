@@ -482,6 +482,9 @@ def _record_failure(
             error.type,
             error.traceback.rstrip(),
         )
+    if state == JobState.CANCELLED:  # failed after a cancel request: not retried
+        logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
+        return Execution(job.id, attempt, Outcome.CANCELLED, duration, error)
     if state == JobState.PENDING:
         logger.debug(
             "job retrying id=%s task=%s attempt=%d in=%.3fs",

@@ -880,29 +880,36 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
         With `retry_in` None the error is not retryable and the job fails at once.
         Otherwise it goes back to pending, due after `retry_in`, if an attempt is left.
-        At most two fenced UPDATEs. Returns the new state, or None if this attempt had
-        lost the lease (nothing written).
+        A job whose cancel was requested is not retried: it ends cancelled (the error is
+        kept). At most three fenced UPDATEs, the third only after a cancel request.
+        Returns the new state, or None if this attempt had lost the lease (nothing
+        written).
         """
         history = _AppendCapped(F("errors"), error.entry(), get_settings().ERROR_HISTORY_LENGTH)
         fenced = self.holding(job_id, attempt)
         written = {"errors": history, "last_error": error.summary(), "leased_until": None}
+        uncancelled = fenced.filter(cancel_requested_at__isnull=True)
         if retry_in is not None:
-            retried = fenced.filter(attempts__lt=F("max_attempts")).update(
+            retried = uncancelled.filter(attempts__lt=F("max_attempts")).update(
                 state=JobState.PENDING, run_at=Now() + Value(retry_in), **written
             )
             if retried:
                 return JobState.PENDING
-        failed = fenced.update(state=JobState.FAILED, finished_at=Now(), **written)
-        return JobState.FAILED if failed else None
+        if uncancelled.update(state=JobState.FAILED, finished_at=Now(), **written):
+            return JobState.FAILED
+        cancelled = fenced.update(state=JobState.CANCELLED, finished_at=Now(), **written)
+        return JobState.CANCELLED if cancelled else None
 
     def release(self, job_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> bool:
         """Give the attempt back: pending again after `delay`, without spending an attempt.
 
         `attempts` is the fence and never goes down, so the attempt is given back by
-        raising `max_attempts` by one; `releases` counts it. One fenced UPDATE.
+        raising `max_attempts` by one; `releases` counts it. One fenced UPDATE; a job
+        whose cancel was requested ends cancelled instead (a second one).
         """
-        return (
-            self.holding(job_id, attempt).update(
+        fenced = self.holding(job_id, attempt)
+        released = (
+            fenced.filter(cancel_requested_at__isnull=True).update(
                 state=JobState.PENDING,
                 run_at=Now() + Value(delay),
                 leased_until=None,
@@ -911,6 +918,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             )
             == 1
         )
+        return released or self.end_cancelled(job_id, attempt)
 
     def reap(self) -> ReapResult:
         """Take back running jobs whose lease ran out; count each expiry once.
@@ -1030,7 +1038,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             batch_size,
             lambda batch: (
                 self.expired()
-                .filter(id__in=batch)
+                .filter(id__in=batch, cancel_requested_at__isnull=True)  # the reaper ends those
                 .update(
                     state=JobState.PENDING,
                     run_at=Now(),

@@ -401,3 +401,62 @@ def test_pausequeue_and_resumequeue_commands():
     assert "paused 2 of 2" in out.getvalue() and "resumed 1 of 1" in out.getvalue()
     with pytest.raises(CommandError, match="queue name 'no spaces' is invalid"):
         call_command("pausequeue", "no spaces", stdout=out)
+
+
+def test_a_worker_starting_on_a_paused_queue_says_so():
+    from django_skipqueue.management.preflight import queue_warnings
+
+    tasks.add.enqueue(1, 2)
+    Queue.objects.pause(["default"], by="ops")
+    assert queue_warnings(["default"], "default") == [
+        "queue 'default' is paused by ops: no job of it runs until `manage.py resumequeue default`"
+    ]
+
+
+def test_the_count_of_a_limited_queues_running_jobs_reads_the_lease_index(realistic_table):
+    running = Job.objects.filter(state="running", queue_name="default", leased_until__gt=Now())
+    plan = running.explain()
+    assert "skipqueue_job_lease_idx" in plan, plan
+
+
+def test_the_workers_claim_finds_waiting_keyed_jobs_in_the_same_statement(realistic_table):
+    with transaction.atomic(), connection.cursor() as cursor:
+        statement, params = Job.objects.claim_statement(["default"], limit=10, probe_keyed=True)
+        cursor.execute("EXPLAIN " + statement, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "skipqueue_job_keyed_claim_idx" in plan and "InitPlan" in plan, plan
+    claimed = Job.objects.claim(queues=["default"], limit=3, probe_keyed=True)
+    assert len(claimed) == 3 and claimed.keyed_waiting
+    assert all(job.concurrency_key is None for job in claimed)
+
+
+def test_queuestats_shows_a_paused_queue_and_its_limits(settings):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.SKIPQUEUE = {"QUEUE_LIMITS": {"default": {"concurrency": 3, "rate": "100/m"}}}
+    tasks.add.enqueue(1, 2)
+    Queue.objects.pause(["default"])
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())["queues"]
+    assert (row["paused"], row["limits"]) == (True, "3 at a time, 100/min")
+    table = StringIO()
+    call_command("queuestats", stdout=table)
+    assert "paused" in table.getvalue().splitlines()[1]
+
+
+def test_a_cancelled_job_that_fails_or_is_released_ends_cancelled_not_retried(worker_process):
+    from django_skipqueue.managers import ErrorInfo
+
+    first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
+    Job.objects.claim(queues=["default"], worker=worker_process, limit=2)
+    Job.objects.cancel([first.id, second.id])
+    error = ErrorInfo("builtins.RuntimeError", "boom")
+    assert Job.objects.fail(first.id, 1, error=error, retry_in=timedelta(0)) == "cancelled"
+    assert Job.objects.release(second.id, 1)  # a graceful stop gives it back: cancelled
+    states = dict(Job.objects.values_list("id", "state"))
+    assert states == {first.id: "cancelled", second.id: "cancelled"}
+    assert Job.objects.get(id=first.id).last_error == "builtins.RuntimeError: boom"

@@ -16,7 +16,7 @@ from django.db.migrations.loader import MigrationLoader
 
 from django_skipqueue.conf import task_backends_of_ours
 from django_skipqueue.faults import is_transient, sqlstate
-from django_skipqueue.models import Job
+from django_skipqueue.models import Job, Queue
 from django_skipqueue.registry import registry
 
 logger = logging.getLogger("django_skipqueue")
@@ -90,6 +90,12 @@ def queue_warnings(queues: Sequence[str], alias: str) -> list[str]:
         warnings.append(
             f"no registered task uses queue {name!r} and no job is in it{hint} "
             f"(known queues: {', '.join(sorted(known)) or 'none'})"
+        )
+    paused = Queue.objects.using(alias).paused().filter(name__in=list(queues))
+    for name, by in paused.values_list("name", "paused_by"):
+        warnings.append(
+            f"queue {name!r} is paused{f' by {by}' if by else ''}: no job of it runs until "
+            f"`manage.py resumequeue {name}`"
         )
     return warnings
 

@@ -22,13 +22,16 @@ COLUMNS = [
     "done_5m",
     "done_1h",
     "live_workers",
+    "paused",
+    "limits",
 ]
 
 
 class Command(BaseCommand):
     help = (
         "Print, per queue: due and scheduled jobs, running, stuck (lease expired), failed, "
-        "the age of the oldest due job (lag), jobs done in 5 minutes and 1 hour, live workers."
+        "the age of the oldest due job (lag), jobs done in 5 minutes and 1 hour, live workers, "
+        "whether it is paused and its limits."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -49,4 +52,8 @@ class Command(BaseCommand):
 
 
 def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "paused" if value else "-"
+    if value == "":
+        return "-"
     return f"{value:.1f}" if isinstance(value, float) else str(value)
