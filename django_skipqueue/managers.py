@@ -1205,7 +1205,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
             changed = self.filter(name__in=names, paused_at__isnull=True).update(
                 paused_at=Now(), paused_by=by[:150]
             )
-            _notify_control(self.db, "pause")
+            _notify_control(self.db)
         return changed
 
     def resume(self, names: Iterable[str]) -> int:
@@ -1214,7 +1214,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
             changed = self.filter(name__in=list(names), paused_at__isnull=False).update(
                 paused_at=None, paused_by=""
             )
-            _notify_control(self.db, "resume")
+            _notify_control(self.db)
         return changed
 
     def paused_names(self, names: Iterable[str]) -> set[str]:
@@ -1229,7 +1229,8 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
         return row, row.db_now
 
 
-def _notify_control(alias: str, payload: str) -> None:
-    """Tell every listening worker to read the queue table again (sent at commit)."""
+def _notify_control(alias: str) -> None:
+    """Tell every listening worker to read the queue table again (sent at commit). The
+    payload is empty, like every NOTIFY of ours: channels are visible to every user."""
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [sql.CONTROL_CHANNEL, payload])
+        cursor.execute("SELECT pg_notify(%s, '')", [sql.CONTROL_CHANNEL])
