@@ -25,6 +25,9 @@ LISTENING_REFRESH_SECONDS = 30.0
 #: How often a worker whose claims are fast-path only still looks for keyed jobs,
 #: while the fast path keeps it busy (keyed jobs are not starved by plain ones).
 KEYED_CHECK_SECONDS = 0.25
+#: How often the housekeeper looks for keyed jobs that no NOTIFY announced (those of
+#: a schedule, those whose run_after came, those a limit held back).
+KEYED_PROBE_SECONDS = 1.0
 
 
 class FlowView:
@@ -48,30 +51,32 @@ class FlowView:
         self._stale = True
         self._keyed_at = -float("inf")
         self._max_age = REFRESH_SECONDS
-        self._notifies = 0  # NOTIFYs of new jobs received so far
-        self._keyed: tuple[bool, float, int] | None = None  # (waiting, when, notifies then)
+        self._keyed_waiting = True  # keyed jobs may be due: look at the first claim
+        self._probed_at = -float("inf")
 
-    def notified(self) -> None:
-        """A NOTIFY of new jobs arrived (the notifier's thread)."""
+    def keyed_arrived(self) -> None:
+        """A NOTIFY said jobs with a concurrency key were enqueued (the notifier's thread)."""
         with self._lock:
-            self._notifies += 1
+            self._keyed_waiting = True
 
     def note_keyed(self, waiting: bool) -> None:
-        """What a claim or a probe found: whether a keyed job is due in our queues."""
+        """What a keyed claim or a probe found: whether keyed jobs still wait."""
         with self._lock:
-            self._keyed = (waiting, self._clock(), self._notifies)
+            self._keyed_waiting = waiting
 
-    def keyed_probe_needed(self) -> bool:
-        """Whether an empty claim should probe for keyed jobs: not if the last finding,
-        less than KEYED_CHECK_SECONDS old and with no NOTIFY since, said none was due.
-        (An idle worker woken by its own executors then makes no extra query.)"""
+    def keyed_waiting(self) -> bool:
+        """Whether keyed jobs may be due: the dispatcher then runs the keyed claim."""
         with self._lock:
-            if self._keyed is None:
+            return self._keyed_waiting
+
+    def keyed_probe_due(self) -> bool:
+        """For the housekeeper: whether to probe for keyed jobs now (once a period)."""
+        now = self._clock()
+        with self._lock:
+            if now - self._probed_at >= KEYED_PROBE_SECONDS:
+                self._probed_at = now
                 return True
-            waiting, when, notifies = self._keyed
-            return (
-                waiting or notifies != self._notifies or self._clock() - when >= KEYED_CHECK_SECONDS
-            )
+            return False
 
     def listening(self, works: bool) -> None:
         """The notifier's LISTEN works (NOTIFY brings every pause at once) or stopped

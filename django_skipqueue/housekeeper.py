@@ -28,6 +28,7 @@ from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.reaper import Reaper
 
 if TYPE_CHECKING:
+    from django_skipqueue.flow import FlowView
     from django_skipqueue.progress import ProgressLog, WorkerStats
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class Housekeeper:
         reap_interval: float,
         prune_workers_after: timedelta,
         progress: ProgressLog | None = None,
+        flow: FlowView | None = None,
+        wake_dispatcher: Callable[[], None] | None = None,
     ) -> None:
         self.database = database
         self.held = held
@@ -62,6 +65,8 @@ class Housekeeper:
         self.reap_interval = reap_interval
         self.prune_workers_after = prune_workers_after
         self.progress = progress  # the periodic INFO line of what ran
+        self.flow = flow  # the worker's view of flow control: keyed jobs to look for
+        self.wake_dispatcher = wake_dispatcher
         #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
         #: boundary race, case T3 of docs/explanation/failure-model.md).
         self.renew_leases = True
@@ -91,6 +96,7 @@ class Housekeeper:
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     if self.progress is not None and now >= self.progress.next_at:
                         self.progress.emit(now)
+                    self.probe_keyed()
                     backoff.reset()
                     soonest = min(
                         self.held.next_renewal(),
@@ -144,6 +150,18 @@ class Housekeeper:
                 flight.job.task,
                 flight.attempt,
             )
+
+    def probe_keyed(self) -> None:
+        """Once a KEYED_PROBE_SECONDS, look for due keyed jobs that no NOTIFY announced
+        (a schedule's, a run_after's, those a limit held back) and tell the dispatcher:
+        off its path, so that plain claims never wait for this probe."""
+        if self.flow is None or self.flow.keyed_waiting() or not self.flow.keyed_probe_due():
+            return
+        fast, _limited = self.flow.plan()
+        if Job.objects.db_manager(self.database).keyed_due(fast):
+            self.flow.note_keyed(True)
+            if self.wake_dispatcher is not None:
+                self.wake_dispatcher()
 
     def heartbeat(self) -> None:
         if self.process is None:

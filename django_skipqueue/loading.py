@@ -35,27 +35,19 @@ def loaded_jobs(
     return [instance_from_row(model, alias, row) for row in rows]
 
 
-def fetch_jobs(
-    model: type[M], cursor: Any, alias: str, *, flags: list[Any] | None = None
-) -> list[M]:
+def fetch_jobs(model: type[M], cursor: Any, alias: str) -> list[M]:
     """Every row of `cursor` (all of the model's columns) as a `model` instance.
 
     Each value goes through the converters Django's compiler would apply to that
-    column (JSON decoding, for one), so the instances equal what the ORM loads. With
-    `flags`, each row has one more column, last, whose values are appended to it.
+    column (JSON decoding, for one), so the instances equal what the ORM loads.
     """
     names = [column.name for column in cursor.description]
-    if flags is not None:
-        names.pop()
     if len(names) != len(model._meta.concrete_fields):
         raise ValueError(f"fetch_jobs needs every column of {model._meta.db_table}, got {names}")
     converters = _converters(model, alias, tuple(names))
     connection = connections[alias]
     rows = []
     for values in cursor.fetchall():
-        if flags is not None:
-            flags.append(values[-1])
-            values = values[:-1]
         row = {}
         for name, value, convert in zip(names, values, converters, strict=True):
             for function, col in convert:

@@ -125,12 +125,6 @@ LEASE_EXPIRED = ErrorInfo(
 )
 
 
-class Claimed(list["Job"]):
-    """The jobs a claim took, in claim order, and whether a keyed job was seen waiting."""
-
-    keyed_waiting: bool = False
-
-
 class Renewal(enum.Enum):
     """What a lease renewal found (`JobManager.renewal`)."""
 
@@ -262,8 +256,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         limit: int = 1,
         worker: WorkerProcess | None = None,
         lease: timedelta | None = None,
-        probe_keyed: bool = False,
-    ) -> Claimed:
+    ) -> list[Job]:
         """Lock up to `limit` due jobs (SKIP LOCKED), mark them running, commit, return them.
 
         Which jobs, and in which order, is `claimable(queues)`, a QuerySet. Its locking
@@ -279,31 +272,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         If the statement fails other than by the connection, the jobs are claimed one
         at a time (see `_claim_row_by_row`).
 
-        Jobs with a concurrency key are not taken here (see `claim_limited`). With
-        `probe_keyed`, the returned list's `keyed_waiting` says whether one is due in
-        these queues, found by the same statement (`sql.KEYED_WAITING`); known only when
-        a job was claimed.
+        Jobs with a concurrency key are not taken here (see `claim_limited`).
         """
         if limit < 1:
-            return Claimed()
+            return []
         names = tuple(queues)
-        flags: list[bool] | None = [] if probe_keyed else None
         try:
-            statement, params = self.claim_statement(
-                names, limit=limit, worker=worker, lease=lease, probe_keyed=probe_keyed
-            )
+            statement, params = self.claim_statement(names, limit=limit, worker=worker, lease=lease)
             # One statement, its own transaction in autocommit (no BEGIN and COMMIT
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
             # inside the caller's atomic(), a savepoint of the caller's transaction.
             with _savepoint_if_in_transaction(self.db), connections[self.db].cursor() as cursor:
                 cursor.execute(statement, params)
-                claimed = Claimed(fetch_jobs(self.model, cursor, self.db, flags=flags))
+                claimed = fetch_jobs(self.model, cursor, self.db)
         except DatabaseError as error:
             if is_transient(error):
                 raise
             logger.error("claim failed, claiming row by row: %s", error)
-            claimed = Claimed(self._claim_row_by_row(names, limit, worker, lease))
-        claimed.keyed_waiting = bool(flags and flags[0])
+            claimed = self._claim_row_by_row(names, limit, worker, lease)
         sort_in_claim_order(claimed)
         return claimed
 
@@ -316,7 +302,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lease: timedelta | None = None,
         only: int | None = None,
         ids: Sequence[int] | None = None,
-        probe_keyed: bool = False,
     ) -> tuple[str, list[Any]]:
         """The claiming statement and its parameters, for claim() and for EXPLAIN.
 
@@ -343,9 +328,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             MIN_LEASE,
             MAX_LEASE,
         ]
-        if probe_keyed:
-            params.append(list(queues))
-        return sql.claim_statement(locking_sql, columns, probe_keyed), params
+        return sql.claim_statement(locking_sql, columns), params
 
     def _claim_row_by_row(
         self,
@@ -447,7 +430,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             candidates = list(
                 self.claimable_under_limits(keyed_in=keyed_in, all_in=open_limited).values_list(
                     "id", "queue_name", "concurrency_key", "concurrency_limit"
-                )[: limit * 2]
+                )[:limit]
             )
             running_of = self._lock_keys(
                 sorted({key for _, _, key, _ in candidates if key is not None})
@@ -763,7 +746,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         )
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
-            ids, inserted_keys, run_at, created_at = cursor.fetchone()
+            ids, inserted_keys, run_at, created_at = cursor.fetchone()[:4]
         return ids, inserted_keys, run_at, created_at
 
     @staticmethod

@@ -38,12 +38,12 @@ class Notifier:
         poll_interval: float,
         on_control: Callable[[], None] | None = None,
         on_listening: Callable[[bool], None] | None = None,
-        on_notify: Callable[[], None] | None = None,
+        on_keyed: Callable[[], None] | None = None,
     ) -> None:
         self.database = database
         self.on_control = on_control  # a queue was paused or resumed (flow.FlowView)
         self.on_listening = on_listening  # LISTEN works now, or stopped working
-        self.on_notify = on_notify  # a NOTIFY of new jobs
+        self.on_keyed = on_keyed  # jobs with a concurrency key were enqueued
         self.queues = list(queues)
         self.wake = wake
         self.halted = halted
@@ -77,11 +77,10 @@ class Notifier:
                 while not self.halted.is_set():
                     for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
                         logger.debug("worker notified channel=%s", notify.channel)
-                        if notify.channel == sql.CONTROL_CHANNEL:
-                            if self.on_control:
-                                self.on_control()
-                        elif self.on_notify:
-                            self.on_notify()
+                        if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
+                            self.on_control()
+                        elif notify.channel == sql.KEYED_CHANNEL and self.on_keyed:
+                            self.on_keyed()
                         self.wake.set()
             except Exception as error:  # noqa: BLE001  (psycopg's own errors come raw here)
                 if self.on_listening:

@@ -52,7 +52,7 @@ from django_skipqueue.flow import REFRESH_SECONDS, FlowView
 from django_skipqueue.housekeeper import MAX_WAIT, Housekeeper
 from django_skipqueue.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
 from django_skipqueue.limits import queue_limits
-from django_skipqueue.managers import SLOT_RETRY_SECONDS, JobManager
+from django_skipqueue.managers import JobManager
 from django_skipqueue.models import Job, Queue, WorkerProcess
 from django_skipqueue.notifier import Notifier
 from django_skipqueue.progress import ProgressLog, WorkerStats
@@ -135,6 +135,8 @@ class Worker:
             progress=ProgressLog(self.stats, conf.PROGRESS_SECONDS)
             if conf.PROGRESS_SECONDS
             else None,
+            flow=self.flow,
+            wake_dispatcher=self._wake.set,
         )
 
     @property
@@ -277,36 +279,26 @@ class Worker:
         The fast path (one statement, `JobManager.claim`) takes plain jobs of the queues
         that are neither paused nor limited (`flow.FlowView` says which). Jobs with a
         concurrency key and those of limited queues go through `claim_limited`: first
-        when a queue is limited, or when the fast path has kept every claim full for a
-        while (so that keyed jobs are not starved by plain ones); otherwise after the
-        fast path, when it left room and a keyed job is due (a probe of an index that
-        holds only keyed jobs).
+        when a queue is limited, or when keyed jobs wait and the fast path has kept
+        every claim full for a while (so that they are not starved by plain ones);
+        otherwise after the fast path, when it left room and keyed jobs may wait (a
+        NOTIFY on the keyed channel, or the housekeeper's probe, said so).
         """
         jobs = Job.objects.db_manager(self.database)
         fast, limited = self.flow.plan()
         self._held_back = None
         claimed: list[Job] = []
-        if limited or (self.flow.keyed_check_due(busy=self._last_full) and jobs.keyed_due(fast)):
+        keyed = self.flow.keyed_waiting()
+        first = bool(limited) or (keyed and self.flow.keyed_check_due(busy=self._last_full))
+        if first:
             claimed += self._claim_limited(jobs, fast + limited, limit)
         if fast and len(claimed) < limit:
-            plain = jobs.claim(
-                queues=fast, limit=limit - len(claimed), worker=self.process, probe_keyed=True
-            )
+            plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
             self._hand_over(plain)
             claimed += plain
             self.flow.refresh_soon()  # the jobs are running: now is a good time to read
-            room = limit - len(claimed)
-            if plain:
-                self.flow.note_keyed(plain.keyed_waiting)
-                waiting = plain.keyed_waiting
-            else:
-                waiting = self.flow.keyed_probe_needed() and jobs.keyed_due(fast)
-                self.flow.note_keyed(waiting)
-            if room > 0 and not limited and waiting:
-                keyed = self._claim_limited(jobs, fast, room)
-                claimed += keyed
-                if len(keyed) < room:  # keyed jobs wait for a slot: look again soon
-                    self._held_back = min(self._held_back or SLOT_RETRY_SECONDS, SLOT_RETRY_SECONDS)
+            if keyed and not first and len(claimed) < limit:
+                claimed += self._claim_limited(jobs, fast, limit - len(claimed))
         self._last_full = len(claimed) >= limit
         return claimed
 
@@ -316,6 +308,9 @@ class Worker:
         )
         if held_back is not None:
             self._held_back = held_back
+        # Keyed jobs still wait if this claim was full or a limit held some back;
+        # otherwise the housekeeper's probe or the next keyed NOTIFY says when to look.
+        self.flow.note_keyed(len(claimed) >= limit or held_back is not None)
         self._hand_over(claimed)
         return claimed
 
@@ -487,7 +482,7 @@ class Worker:
                 poll_interval=self.poll_interval,
                 on_control=self.flow.changed,
                 on_listening=self.flow.listening,
-                on_notify=self.flow.notified,
+                on_keyed=self.flow.keyed_arrived,
             )
             self.threads.start("helpers", "skipqueue-listener", notifier.run)
 

@@ -106,3 +106,23 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, message
         if time.monotonic() > deadline:
             raise AssertionError(message or f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def run_in_threads(target, count: int, timeout: float = 60.0) -> None:
+    """Run `target` on `count` threads at once and wait for all of them (each closes its
+    own database connection when done)."""
+    import threading
+
+    from django.db import connection as thread_connection
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            thread_connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)

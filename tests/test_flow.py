@@ -97,16 +97,18 @@ def test_a_worker_whose_listen_works_trusts_notify_and_reads_rarely():
     assert len(reads) == 4
 
 
-def test_an_empty_claim_probes_for_keyed_jobs_only_when_something_may_have_changed():
+def test_keyed_jobs_are_looked_for_when_announced_and_probed_for_once_a_period():
+    from django_skipqueue.flow import KEYED_PROBE_SECONDS
+
     clock, reads = Clock(), []
     flow = view(set(), clock, reads)
-    assert flow.keyed_probe_needed()  # nothing known yet
+    assert flow.keyed_waiting()  # unknown at start: the first claim looks
+    flow.note_keyed(False)  # the keyed claim found none
+    assert not flow.keyed_waiting()
+    flow.keyed_arrived()  # a NOTIFY on the keyed channel
+    assert flow.keyed_waiting()
     flow.note_keyed(False)
-    assert not flow.keyed_probe_needed()  # just found none: a wake by our own threads
-    flow.notified()  # a NOTIFY: a keyed job may have come
-    assert flow.keyed_probe_needed()
-    flow.note_keyed(False)
-    clock.now += KEYED_CHECK_SECONDS
-    assert flow.keyed_probe_needed()  # a while passed: one may have become due
-    flow.note_keyed(True)
-    assert flow.keyed_probe_needed()  # some wait for a slot: keep looking
+    assert flow.keyed_probe_due()  # the housekeeper's probe, once a period
+    assert not flow.keyed_probe_due()
+    clock.now += KEYED_PROBE_SECONDS
+    assert flow.keyed_probe_due()

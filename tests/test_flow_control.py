@@ -23,7 +23,7 @@ from django_skipqueue.models import Job, Queue
 from django_skipqueue.testing import run_jobs
 from django_skipqueue.worker import Worker
 from tests.conftest import set_lease
-from tests.processes import wait_until
+from tests.processes import run_in_threads, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -98,23 +98,16 @@ def test_racing_claimers_never_pass_a_queue_limit():
     start, lock, peaks = threading.Barrier(8), threading.Lock(), []
 
     def claimer() -> None:
-        try:
-            start.wait(timeout=10)
-            for _ in range(10):
-                claimed, _ = claim_limited(limits, limit=2)
-                running = Job.objects.filter(state="running").count()
-                with lock:
-                    peaks.append(running)
-                for job in claimed:
-                    Job.objects.ack(job.id, job.attempts, None)
-        finally:
-            connection.close()
+        start.wait(timeout=10)
+        for _ in range(10):
+            claimed, _ = claim_limited(limits, limit=2)
+            running = Job.objects.filter(state="running").count()
+            with lock:
+                peaks.append(running)
+            for job in claimed:
+                Job.objects.ack(job.id, job.attempts, None)
 
-    threads = [threading.Thread(target=claimer) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_in_threads(claimer, 8)
     assert max(peaks) <= 3
     assert Job.objects.filter(state="done").count() > 3
 
@@ -154,24 +147,17 @@ def test_racing_claimers_never_run_two_jobs_of_one_key():
     start, lock, seen = threading.Barrier(6), threading.Lock(), []
 
     def claimer() -> None:
-        try:
-            start.wait(timeout=10)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and Job.objects.exclude(state="done").exists():
-                claimed, _ = claim_limited({}, limit=3)
-                running = Job.objects.filter(state="running").count()
-                with lock:
-                    seen.append(running)
-                for job in claimed:
-                    Job.objects.ack(job.id, job.attempts, None)
-        finally:
-            connection.close()
+        start.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and Job.objects.exclude(state="done").exists():
+            claimed, _ = claim_limited({}, limit=3)
+            running = Job.objects.filter(state="running").count()
+            with lock:
+                seen.append(running)
+            for job in claimed:
+                Job.objects.ack(job.id, job.attempts, None)
 
-    threads = [threading.Thread(target=claimer) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_in_threads(claimer, 6)
     assert max(seen) <= 1
     assert Job.objects.filter(state="done").count() == 20
 
@@ -419,15 +405,37 @@ def test_the_count_of_a_limited_queues_running_jobs_reads_the_lease_index(realis
     assert "skipqueue_job_lease_idx" in plan, plan
 
 
-def test_the_workers_claim_finds_waiting_keyed_jobs_in_the_same_statement(realistic_table):
-    with transaction.atomic(), connection.cursor() as cursor:
-        statement, params = Job.objects.claim_statement(["default"], limit=10, probe_keyed=True)
-        cursor.execute("EXPLAIN " + statement, params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "skipqueue_job_keyed_claim_idx" in plan and "InitPlan" in plan, plan
-    claimed = Job.objects.claim(queues=["default"], limit=3, probe_keyed=True)
-    assert len(claimed) == 3 and claimed.keyed_waiting
-    assert all(job.concurrency_key is None for job in claimed)
+@pytest.mark.django_db(transaction=True)
+def test_a_keyed_enqueue_notifies_the_keyed_channel_and_a_plain_one_does_not():
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
+        user=settings["USER"], autocommit=True,
+    ) as listener:  # fmt: skip
+        listener.execute('LISTEN "skipqueue!keyed"')
+        tasks.add.enqueue(1, 2)
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+        tasks.per_account.enqueue("acme")
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert got == [""]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_keyed_jobs_announced_or_not(start_worker):
+    worker = start_worker("--concurrency", "2")
+    worker.wait_for_output("worker listening")
+    announced = tasks.per_account.enqueue("acme", seconds=0.01)
+    wait_until(lambda: Job.objects.filter(id=announced.id, state="done").exists(), timeout=5)
+    # Written by another client, without the keyed NOTIFY: the housekeeper's probe finds it.
+    quiet = Job.objects.create(
+        task=tasks.per_account.name, args=["globex"], kwargs={"seconds": 0.01},
+        lease=timedelta(minutes=5), max_attempts=3, concurrency_key="account:globex",
+        concurrency_limit=1,
+    )  # fmt: skip
+    wait_until(lambda: Job.objects.filter(id=quiet.id, state="done").exists(), timeout=5)
 
 
 def test_queuestats_shows_a_paused_queue_and_its_limits(settings):

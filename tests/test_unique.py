@@ -6,13 +6,13 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
 from django_skipqueue import DuplicateJobError
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.models import Job, JobState
-from tests.processes import start_python
+from tests.processes import run_in_threads, start_python
 from tests.testapp.tasks import add, send_invoice, sync_account
 
 pytestmark = pytest.mark.django_db
@@ -117,21 +117,14 @@ def test_threads_and_processes_enqueuing_one_key_leave_one_job() -> None:
     start, lock, seen = threading.Barrier(8), threading.Lock(), []
 
     def enqueuer() -> None:
-        try:
-            start.wait(timeout=10)
-            for _ in range(50):
-                with transaction.atomic():
-                    job_id = send_invoice.enqueue(7).id
-                with lock:
-                    seen.append(job_id)
-        finally:
-            connection.close()
+        start.wait(timeout=10)
+        for _ in range(50):
+            with transaction.atomic():
+                job_id = send_invoice.enqueue(7).id
+            with lock:
+                seen.append(job_id)
 
-    threads = [threading.Thread(target=enqueuer) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_in_threads(enqueuer, 8)
     outputs = [child.communicate(timeout=60) for child in children]
     assert all(child.returncode == 0 for child in children), outputs
     job = Job.objects.get(task=send_invoice.name)
