@@ -11,7 +11,6 @@ import functools
 import inspect
 import json
 import math
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,6 +40,7 @@ from django_skipqueue.states import (
 )
 
 if TYPE_CHECKING:
+    from django_skipqueue.inflight import CancelFlag
     from django_skipqueue.managers import JobManager
     from django_skipqueue.models import Job
 
@@ -182,9 +182,7 @@ class TaskContext:
     database: str
     #: Set by the worker when its lease renewal finds a cancel request (None when the
     #: job runs outside a worker: then the row is read).
-    cancel_event: threading.Event | None = dataclasses.field(
-        default=None, repr=False, compare=False
-    )
+    cancel_event: CancelFlag | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def idempotency_key(self) -> str:

@@ -41,6 +41,7 @@ from django_skipqueue.registry import registry
 
 if TYPE_CHECKING:
     from django_skipqueue.base import Task
+    from django_skipqueue.inflight import CancelFlag
     from django_skipqueue.managers import JobManager
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def execute(
     *,
     database: str | None = None,
     defer_ack: None = None,
-    cancel: threading.Event | None = None,
+    cancel: CancelFlag | None = None,
 ) -> Execution: ...
 
 
@@ -127,7 +128,7 @@ def execute(
     *,
     database: str | None = None,
     defer_ack: DeferredAck,
-    cancel: threading.Event | None = None,
+    cancel: CancelFlag | None = None,
 ) -> Execution | None: ...
 
 
@@ -136,7 +137,7 @@ def execute(
     *,
     database: str | None = None,
     defer_ack: DeferredAck | None = None,
-    cancel: threading.Event | None = None,
+    cancel: CancelFlag | None = None,
 ) -> Execution | None:
     """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome.
 
@@ -341,9 +342,7 @@ def record_success(
     return Execution(job.id, attempt, Outcome.SUCCEEDED, duration)
 
 
-def _call(
-    task: Task[Any, Any], job: Job, database: str, cancel: threading.Event | None = None
-) -> Any:
+def _call(task: Task[Any, Any], job: Job, database: str, cancel: CancelFlag | None = None) -> Any:
     for name in ("args", "kwargs"):
         value = getattr(job, name)
         if isinstance(value, Undecodable):

@@ -47,6 +47,7 @@ class FlowView:
         self._clock = clock
         self._lock = threading.Lock()
         self._paused: set[str] = set()
+        self._plan = self._split(self._paused)
         self._read_at = -float("inf")
         self._stale = True
         self._keyed_at = -float("inf")
@@ -109,14 +110,20 @@ class FlowView:
             if due:
                 self._stale = False  # a NOTIFY that lands during the read marks it again
         if due:
-            found = self._read_paused(self.queues)
+            found = set(self._read_paused(self.queues))
+            plan = self._split(found)
             with self._lock:
-                self._paused, self._read_at = set(found), now
+                self._paused, self._plan, self._read_at = found, plan, now
 
     def plan(self) -> tuple[list[str], list[str]]:
         """(queues for the fast path: not paused, not limited; queues for the limited
-        path: not paused, limited)."""
-        paused = self.paused()
+        path: not paused, limited). Made once per reading (a claim asks for it every
+        time): the lists are shared, not to be changed."""
+        self._read_if(older_than=self._max_age)
+        with self._lock:
+            return self._plan
+
+    def _split(self, paused: set[str]) -> tuple[list[str], list[str]]:
         active = [name for name in self.queues if name not in paused]
         return (
             [name for name in active if name not in self.limits],
