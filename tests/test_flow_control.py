@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -27,6 +30,20 @@ from tests.processes import run_in_threads, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
+
+
+@contextmanager
+def listening_on(channel: str) -> Iterator[Any]:
+    """A connection of its own to the test database, LISTENing on `channel`."""
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
+        user=settings["USER"], autocommit=True,
+    ) as listener:  # fmt: skip
+        listener.execute(f'LISTEN "{channel}"')
+        yield listener
 
 
 def claim_limited(limits: dict[str, QueueLimit], queues=("default",), limit=10, worker=None):
@@ -54,14 +71,7 @@ def test_a_paused_queue_is_not_claimed_and_its_pause_is_a_row():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_pause_notifies_the_control_channel():
-    import psycopg
-
-    settings = connection.settings_dict
-    with psycopg.connect(
-        dbname=settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
-        user=settings["USER"], autocommit=True,
-    ) as listener:  # fmt: skip
-        listener.execute('LISTEN "skipqueue!control"')
+    with listening_on("skipqueue!control") as listener:
         Queue.objects.pause(["default"])
         got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
     assert got == [""]  # empty, like every NOTIFY of ours
@@ -407,14 +417,7 @@ def test_the_count_of_a_limited_queues_running_jobs_reads_the_lease_index(realis
 
 @pytest.mark.django_db(transaction=True)
 def test_a_keyed_enqueue_notifies_the_keyed_channel_and_a_plain_one_does_not():
-    import psycopg
-
-    settings = connection.settings_dict
-    with psycopg.connect(
-        dbname=settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
-        user=settings["USER"], autocommit=True,
-    ) as listener:  # fmt: skip
-        listener.execute('LISTEN "skipqueue!keyed"')
+    with listening_on("skipqueue!keyed") as listener:
         tasks.add.enqueue(1, 2)
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
         tasks.per_account.enqueue("acme")
