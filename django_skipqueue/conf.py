@@ -19,6 +19,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from django_skipqueue.exceptions import ConfigurationError
+
 
 def _positive_number(value: Any) -> bool:
     return (
@@ -205,6 +207,19 @@ class SkipQueueSettings:
                 ("MAX_ATTEMPTS", f"must be <= MAX_ATTEMPTS_LIMIT ({self.MAX_ATTEMPTS_LIMIT})")
             )
         return found
+
+
+def check_entry(where: str, entry: object, allowed: frozenset[str]) -> dict[str, Any]:
+    """One entry of a dict setting (SCHEDULES, QUEUE_LIMITS): a dict of known keys, or
+    ConfigurationError naming `where` and the keys it takes."""
+    if not isinstance(entry, dict):
+        raise ConfigurationError(f"{where} must be a dict of {', '.join(sorted(allowed))}")
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown keys {', '.join(unknown)}; it takes {', '.join(sorted(allowed))}"
+        )
+    return entry
 
 
 KNOWN_KEYS = frozenset(field.name for field in dataclasses.fields(SkipQueueSettings))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from django_skipqueue.conf import get_settings
+from django_skipqueue.conf import check_entry, get_settings
 from django_skipqueue.exceptions import ConfigurationError
 
 RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
@@ -49,13 +49,7 @@ def parse_rate(value: object, where: str = "rate") -> tuple[int, float]:
 
 def limit_from_setting(queue: str, entry: object) -> QueueLimit:
     where = f"SKIPQUEUE['QUEUE_LIMITS'][{queue!r}]"
-    if not isinstance(entry, dict):
-        raise ConfigurationError(f"{where} must be a dict with 'concurrency' and/or 'rate'")
-    unknown = sorted(set(entry) - LIMIT_KEYS)
-    if unknown:
-        raise ConfigurationError(
-            f"{where} has unknown keys {', '.join(unknown)}; it takes concurrency and rate"
-        )
+    entry = check_entry(where, entry, LIMIT_KEYS)
     concurrency = entry.get("concurrency")
     if concurrency is not None and (
         isinstance(concurrency, bool)

@@ -31,7 +31,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from django_skipqueue.base import bind_schedules
-from django_skipqueue.conf import get_settings
+from django_skipqueue.conf import check_entry, get_settings
 from django_skipqueue.connections import Backoff, discard_connection
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
@@ -66,14 +66,7 @@ DEFINITION_FIELDS = (
 
 def cron_from_setting(name: str, entry: object) -> Cron:
     """One SKIPQUEUE['SCHEDULES'] entry as a Cron, or ConfigurationError naming the fault."""
-    if not isinstance(entry, Mapping):
-        raise ConfigurationError(f"SKIPQUEUE['SCHEDULES'][{name!r}] must be a dict")
-    unknown = sorted(set(entry) - SETTING_KEYS)
-    if unknown:
-        raise ConfigurationError(
-            f"SKIPQUEUE['SCHEDULES'][{name!r}] has unknown keys {', '.join(unknown)}; "
-            f"it takes {', '.join(sorted(SETTING_KEYS))}"
-        )
+    entry = check_entry(f"SKIPQUEUE['SCHEDULES'][{name!r}]", entry, SETTING_KEYS)
     for key in ("task", "cron"):
         if not isinstance(entry.get(key), str):
             raise ConfigurationError(f"SKIPQUEUE['SCHEDULES'][{name!r}] needs {key!r}, a string")
@@ -299,11 +292,6 @@ def _next_in(schedules: Mapping[str, Cron], now: datetime) -> float | None:
         if upcoming is not None and (soonest is None or upcoming < soonest):
             soonest = upcoming
     return None if soonest is None else (soonest - now).total_seconds()
-
-
-def next_occurrence(cron: Cron, after: datetime) -> datetime | None:
-    """The schedule's first occurrence after `after` (for the admin and `schedules`)."""
-    return cron.next_after(after, cron.zone(settings.TIME_ZONE or "UTC"))
 
 
 class Scheduler:

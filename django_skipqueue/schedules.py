@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterError, croniter
+from croniter import croniter
 
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.states import MAX_PRIORITY, MIN_PRIORITY, validate_queue_name
@@ -234,15 +234,6 @@ def zone_of(name: str, label: str = "") -> tzinfo:
             f"{where}{name!r} is not a time zone name (use an IANA name such as "
             f"'Europe/Paris' or 'UTC')"
         ) from None
-
-
-def check_expression(expression: str) -> str | None:
-    """Why `expression` is not a cron expression croniter takes, or None."""
-    try:
-        croniter(expression)
-    except (CroniterError, ValueError, TypeError, KeyError) as error:
-        return str(error)
-    return None
 
 
 def _first_pass(wall: datetime, zone: tzinfo, offset: timedelta) -> bool:
