@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from types import FrameType
 
 from django.db import DatabaseError, connections
 
@@ -59,6 +58,7 @@ from django_skipqueue.progress import ProgressLog, WorkerStats
 from django_skipqueue.registry import registry
 from django_skipqueue.scheduler import Scheduler, defined_schedules
 from django_skipqueue.states import DEFAULT_QUEUE_NAME, validate_queue_name
+from django_skipqueue.stopsignals import StopSignals
 from django_skipqueue.threads import Supervisor
 
 logger = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class Worker:
         self._stopping = threading.Event()  # no more claims
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._signals = 0
+        self._stop_signals: StopSignals | None = None
         self._release_prefetched = True
         self.threads = Supervisor(halted=self._halted, died=self._thread_died)
         self.housekeeper = Housekeeper(
@@ -165,6 +166,8 @@ class Worker:
             self._dispatch()
         finally:
             self._shutdown()
+            if self._stop_signals is not None:
+                self._stop_signals.restore()
         return 0
 
     def stop(self, reason: str = "stop requested", *, release_prefetched: bool = True) -> None:
@@ -182,11 +185,15 @@ class Worker:
         self._wake.set()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: a graceful stop; a second one exits at once. Main thread only."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        """SIGTERM/SIGINT: a graceful stop; a second one exits at once. Main thread only.
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        The handlers run `_on_signal` from a thread of their own (`stopsignals`): a
+        handler that set the wake Event could deadlock with the dispatcher holding it.
+        """
+        self._stop_signals = StopSignals(self._on_signal)
+        self._stop_signals.install()
+
+    def _on_signal(self, signum: int) -> None:
         self._signals += 1
         if self._signals > 1:
             logger.warning("second signal: exiting now; jobs in flight are left to the reaper")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import threading
 from datetime import timedelta
 from typing import Any
@@ -15,6 +14,7 @@ from django_skipqueue.conf import get_settings
 from django_skipqueue.management.arguments import configure_logging, positive_seconds
 from django_skipqueue.management.preflight import require_migrated
 from django_skipqueue.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
+from django_skipqueue.stopsignals import StopSignals
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -85,13 +85,16 @@ class Command(BaseCommand):
         reaper = Reaper(batch_size=options["batch_size"])
         require_migrated(reaper.database)
         stop = threading.Event()
+        stop_signals = StopSignals(lambda signum: stop.set())
         if options["loop"] and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, lambda *_: stop.set())
-        while True:
-            self.report(self.one_pass(reaper, options), options["dry_run"])
-            if not options["loop"] or stop.wait(options["interval"]):
-                return
+            stop_signals.install()  # a handler that set `stop` itself could deadlock
+        try:
+            while True:
+                self.report(self.one_pass(reaper, options), options["dry_run"])
+                if not options["loop"] or stop.wait(options["interval"]):
+                    return
+        finally:
+            stop_signals.restore()
 
     def one_pass(self, reaper: Reaper, options: dict[str, Any]) -> HousekeepingResult:
         prune_workers = timedelta(seconds=get_settings().WORKER_PRUNE_AFTER_SECONDS)
