@@ -718,7 +718,12 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
             "queues": [
-                {**row.as_dict(), "unattended": row.pending_due > 0 and not row.live_workers}
+                {
+                    **row.as_dict(),
+                    # A relayed queue's due rows wait for the relay, which has no
+                    # worker row: it is not "unattended" for that.
+                    "unattended": row.pending_due > 0 and not row.live_workers and not row.relayed,
+                }
                 for row in queue_stats()
             ],
             "chart": throughput_chart(throughput_last_hour()),

@@ -61,6 +61,8 @@ STATUSES = {
     "done": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,
     "cancelled": TaskResultStatus.FAILED,
+    # Published to RabbitMQ (a relayed queue with RESULTS): queued there, or running.
+    "relayed": TaskResultStatus.READY,
 }
 
 

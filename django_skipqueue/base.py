@@ -183,6 +183,9 @@ class TaskContext:
     #: Set by the worker when its lease renewal finds a cancel request (None when the
     #: job runs outside a worker: then the row is read).
     cancel_event: CancelFlag | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: The job came from RabbitMQ (a relayed queue): no row holds a lease, the broker
+    #: holds the message until it is acknowledged.
+    brokered: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -209,6 +212,8 @@ class TaskContext:
         if seconds is not None and lease is not None:
             raise TypeError("extend_lease() takes seconds or lease, not both")
         wanted = _validate_lease(seconds if seconds is not None else lease, "seconds")
+        if self.brokered:
+            return True  # the broker redelivers only if this consumer's connection dies
         jobs = Job.objects.db_manager(self.database)
         renewal = jobs.renewal(self.job_id, self.attempt, wanted)
         if renewal is Renewal.CANCEL_REQUESTED:

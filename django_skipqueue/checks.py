@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
 
+from django_skipqueue.broker import pika_module, relay_config
 from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.limits import queue_limits
@@ -126,6 +127,19 @@ def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         queue_limits()
     except ConfigurationError as error:
         return [Error("A queue limit cannot be read.", hint=f"{error}.", id="skipqueue.E011")]
+    return []
+
+
+@register()
+def check_relay(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """skipqueue.E012: SKIPQUEUE['RELAY'] can be read, and the AMQP client is installed."""
+    if get_settings().problems():
+        return []  # E002 says what is wrong with the settings first
+    try:
+        if relay_config().enabled:
+            pika_module()
+    except ConfigurationError as error:
+        return [Error("The relay to RabbitMQ cannot run.", hint=f"{error}.", id="skipqueue.E012")]
     return []
 
 

@@ -86,6 +86,10 @@ def _names(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(_name(item) for item in value)
 
 
+def _dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
 def _named_entries(value: Any) -> bool:
     return isinstance(value, dict) and all(
         _name(key) and isinstance(entry, dict) for key, entry in value.items()
@@ -150,6 +154,11 @@ class SkipQueueSettings:
     #: "webhooks": {"rate": "10/s"}}: at most that many running jobs, at most that
     #: many job starts per second, minute or hour. Checked by skipqueue.E011.
     QUEUE_LIMITS: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Queues relayed to RabbitMQ (the job table as a transactional outbox):
+    #: {"QUEUES": ["webhooks"], "URL": "amqp://..."} and optionally "BATCH_SIZE",
+    #: "PREFETCH", "RESULTS" and "DELIVERY_LIMIT" (see broker.RelayConfig). Empty: off.
+    #: Checked by skipqueue.E012.
+    RELAY: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
     #: Keys whose values are masked in stored errors and the admin (substring, any case,
@@ -194,6 +203,7 @@ class SkipQueueSettings:
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
             "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),
             "QUEUE_LIMITS": (_named_entries, "a dict of queue names to dicts"),
+            "RELAY": (_dict, "a dict (QUEUES, URL, ...) or empty"),
         }
         found = []
         for key, (valid, expected) in rules.items():

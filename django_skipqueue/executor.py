@@ -33,6 +33,7 @@ from django_skipqueue.exceptions import (
     UnknownTaskError,
 )
 from django_skipqueue.faults import is_row_fault, is_transient
+from django_skipqueue.inflight import CancelFlag
 from django_skipqueue.managers import ErrorInfo
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.payload import Undecodable, encoded_size, normalize, storable_text
@@ -41,7 +42,6 @@ from django_skipqueue.registry import registry
 
 if TYPE_CHECKING:
     from django_skipqueue.base import Task
-    from django_skipqueue.inflight import CancelFlag
     from django_skipqueue.managers import JobManager
 
 logger = logging.getLogger(__name__)
@@ -342,7 +342,76 @@ def record_success(
     return Execution(job.id, attempt, Outcome.SUCCEEDED, duration)
 
 
-def _call(task: Task[Any, Any], job: Job, database: str, cancel: CancelFlag | None = None) -> Any:
+@dataclass(frozen=True)
+class Verdict:
+    """What became of a job run from the broker (`run_brokered`): nothing is written."""
+
+    outcome: Outcome  # SUCCEEDED, RETRYING (retry_in set), FAILED or RELEASED
+    duration: float
+    result: Any = None
+    error: ErrorInfo | None = None
+    retry_in: timedelta | None = None
+
+
+def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
+    """Run `job`, an unsaved Job made from a RabbitMQ message (a relayed queue), and say
+    what became of it; the consumer acts on the verdict in the broker (ack, delayed
+    retry, dead letter). The same task call, context, signals and logs as `execute`,
+    but no fenced write: the broker's redelivery, not a lease, owns a lost attempt."""
+    database = database or get_settings().DATABASE_ALIAS
+    attempt = job.attempts
+    started = time.monotonic()
+    signals.job_started.send(sender=Job, job=job)
+    logger.debug("job started id=%s task=%s attempt=%d broker", job.id, job.task, attempt)
+    task: Task[Any, Any] | None = None
+    depth = len(connections[database].atomic_blocks)
+    try:
+        task = registry.get(job.task)
+        try:
+            value = _call(task, job, database, CancelFlag(), brokered=True)
+        finally:
+            _roll_back_left_open(database, depth)
+        result = normalize(value, "the return value")
+    except Retry as request:
+        duration = time.monotonic() - started
+        signals.job_released.send(sender=Job, job=job, delay=request.delay)
+        return Verdict(Outcome.RELEASED, duration, retry_in=request.delay)
+    except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
+        duration = time.monotonic() - started
+        error = describe_error(raised)
+        logger.error(
+            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
+            job.id,
+            job.task,
+            attempt,
+            duration,
+            error.type,
+            error.traceback.rstrip(),
+        )
+        if _is_retryable(task, raised) and attempt < job.max_attempts:
+            policy = task.retry_policy if task is not None else default_retry_policy()
+            retry_in = policy.delay(attempt)
+            signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+            return Verdict(Outcome.RETRYING, duration, error=error, retry_in=retry_in)
+        logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
+        signals.job_failed.send(sender=Job, job=job, error=error)
+        return Verdict(Outcome.FAILED, duration, error=error)
+    duration = time.monotonic() - started
+    logger.debug(
+        "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
+    )
+    signals.job_succeeded.send(sender=Job, job=job, result=result, duration=duration)
+    return Verdict(Outcome.SUCCEEDED, duration, result=result)
+
+
+def _call(
+    task: Task[Any, Any],
+    job: Job,
+    database: str,
+    cancel: CancelFlag | None = None,
+    *,
+    brokered: bool = False,
+) -> Any:
     for name in ("args", "kwargs"):
         value = getattr(job, name)
         if isinstance(value, Undecodable):
@@ -367,6 +436,7 @@ def _call(task: Task[Any, Any], job: Job, database: str, cancel: CancelFlag | No
             queue_name=job.queue_name,
             database=database,
             cancel_event=cancel,
+            brokered=brokered,
         )
         args.insert(0, context)
     if task.is_async:

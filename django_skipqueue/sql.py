@@ -272,3 +272,19 @@ SELECT count(*) FROM (
     SELECT 1 FROM skipqueue_job WHERE state = 'pending' AND queue_name = %s LIMIT %s
 ) AS capped
 """
+
+
+#: Relayed queues with RESULTS: the consumer's outcomes, one statement per batch. Only
+#: rows the relay marked `relayed` change (a row an operator touched meanwhile stays).
+WRITE_BACK = """
+UPDATE skipqueue_job AS job
+SET state = outcome.state,
+    result = outcome.result,
+    last_error = outcome.error,
+    attempts = LEAST(job.max_attempts, GREATEST(job.attempts, outcome.attempt)),
+    leased_until = NULL,
+    finished_at = statement_timestamp()
+FROM unnest(%s::bigint[], %s::text[], %s::jsonb[], %s::text[], %s::int[])
+    AS outcome(id, state, result, error, attempt)
+WHERE job.id = outcome.id AND job.state = 'relayed'
+"""

@@ -38,6 +38,9 @@ class JobState(models.TextChoices):
     DONE = "done", _("done")
     FAILED = "failed", _("failed")
     CANCELLED = "cancelled", _("cancelled")
+    #: Published to RabbitMQ by the relay (a relayed queue that keeps results); the
+    #: consumer writes its outcome back. See broker.py.
+    RELAYED = "relayed", _("relayed")
 
 
 FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)

@@ -14,6 +14,7 @@ from django.db import connections
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
+from django_skipqueue.broker import RelayConfig, broker_depths, relay_config
 from django_skipqueue.conf import get_settings
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.limits import QueueLimit, queue_limits
@@ -35,13 +36,20 @@ class QueueStats:
     live_workers: int = 0
     paused: bool = False  # an operator paused it: no worker claims from it
     limits: str = ""  # its SKIPQUEUE['QUEUE_LIMITS'], as words
+    #: Relayed to RabbitMQ (SKIPQUEUE['RELAY']): pending_due is then the relay's backlog
+    #: and lag_seconds its lag; the broker queue's ready messages and dead letters follow
+    #: (None: the broker was not reachable).
+    relayed: bool = False
+    broker_ready: int | None = None
+    broker_dead: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def queue_stats(database: str | None = None) -> list[QueueStats]:
-    """One row per queue that has jobs or live workers, sorted by name."""
+def queue_stats(database: str | None = None, *, broker: bool = True) -> list[QueueStats]:
+    """One row per queue that has jobs or live workers (or is relayed), sorted by name.
+    `broker`: also ask RabbitMQ for the relayed queues' depths (a second at most)."""
     alias = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.using(alias)
     now = Now()
@@ -94,6 +102,15 @@ def queue_stats(database: str | None = None) -> list[QueueStats]:
         limits = {}
     for name, limit in limits.items():
         row(name).limits = describe_limit(limit)
+    try:
+        relay = relay_config()
+    except ConfigurationError:  # reported by the system check skipqueue.E012
+        relay = RelayConfig()
+    depths = broker_depths(relay) if relay.enabled and broker else {}
+    for name in relay.queues:
+        entry = row(name)
+        entry.relayed = True
+        entry.broker_ready, entry.broker_dead = depths.get(name, (None, None))
     return [stats[name] for name in sorted(stats)]
 
 

@@ -32,6 +32,7 @@ from datetime import timedelta
 from django.db import DatabaseError, connections
 
 from django_skipqueue import sql
+from django_skipqueue.broker import relayed_queues
 from django_skipqueue.conf import get_settings
 from django_skipqueue.connections import (
     Backoff,
@@ -39,6 +40,7 @@ from django_skipqueue.connections import (
     refresh_connections,
     retry_transient,
 )
+from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.executor import (
     Execution,
     Success,
@@ -87,6 +89,13 @@ class Worker:
         self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
+        relayed = [name for name in self.queues if name in relayed_queues()]
+        if relayed:
+            raise ConfigurationError(
+                f"queue {', '.join(relayed)} is relayed to RabbitMQ (SKIPQUEUE['RELAY']): "
+                f"its jobs are published by 'manage.py relayjobs' and run by "
+                f"'manage.py runworker --broker', not claimed from the table"
+            )
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.concurrency = concurrency

@@ -4,12 +4,14 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
 
 from django_skipqueue.models import WorkerProcess
 from tests.processes import WorkerHandle
+from tests.rabbitmq import broker_or_skip, delete_broker_queues, fresh_queue_name, relay_settings
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -114,3 +116,14 @@ def empty_database_url() -> Iterator[str]:
     yield database_url().replace(f"/{current}", f"/{name}")
     with connection.cursor() as cursor:
         cursor.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def relayed(settings: Any) -> Iterator[str]:
+    """A relayed queue of its own on the real RabbitMQ (tests/rabbitmq.py); its broker
+    queues are deleted after the test."""
+    broker_or_skip()
+    name = fresh_queue_name()
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, **relay_settings(name)}
+    yield name
+    delete_broker_queues(name)

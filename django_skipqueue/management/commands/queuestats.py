@@ -24,6 +24,8 @@ COLUMNS = [
     "live_workers",
     "paused",
     "limits",
+    "broker_ready",
+    "broker_dead",
 ]
 
 
@@ -31,7 +33,8 @@ class Command(BaseCommand):
     help = (
         "Print, per queue: due and scheduled jobs, running, stuck (lease expired), failed, "
         "the age of the oldest due job (lag), jobs done in 5 minutes and 1 hour, live workers, "
-        "whether it is paused and its limits."
+        "whether it is paused and its limits; for a queue relayed to RabbitMQ, the messages "
+        "ready in the broker and its dead letters (due and lag are then the relay's backlog)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -40,18 +43,24 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         require_migrated(get_settings().DATABASE_ALIAS)
         rows = [row.as_dict() for row in queue_stats()]
+        table_rows = [
+            {**row, **({} if row["relayed"] else {"broker_ready": "", "broker_dead": ""})}
+            for row in rows
+        ]
         if options["json"]:
             self.stdout.write(json.dumps({"queues": rows}, indent=2))
             return
-        widths = {c: max([len(c), *(len(_cell(r[c])) for r in rows)]) for c in COLUMNS}
+        widths = {c: max([len(c), *(len(_cell(r[c])) for r in table_rows)]) for c in COLUMNS}
         self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS))
-        for row in rows:
+        for row in table_rows:
             self.stdout.write("  ".join(_cell(row[c]).ljust(widths[c]) for c in COLUMNS))
         if not rows:
             self.stdout.write(self.style.WARNING("no jobs and no live workers"))
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return "?"  # the broker was not reachable
     if isinstance(value, bool):
         return "paused" if value else "-"
     if value == "":

@@ -12,6 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_skipqueue.broker import relay_config
+from django_skipqueue.consumer import Consumer
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.executor import Outcome
 from django_skipqueue.management.arguments import (
@@ -26,6 +28,7 @@ from django_skipqueue.management.arguments import (
 from django_skipqueue.management.preflight import queue_warnings, require_migrated
 from django_skipqueue.models import Job
 from django_skipqueue.pool import WorkerPool
+from django_skipqueue.stopsignals import StopSignals
 from django_skipqueue.worker import Worker
 
 logger = logging.getLogger("django_skipqueue")
@@ -118,6 +121,13 @@ class Command(BaseCommand):
         )
 
         parser.add_argument(
+            "--broker",
+            action="store_true",
+            help="Run the relayed queues' jobs from RabbitMQ (SKIPQUEUE['RELAY']) instead "
+            "of claiming rows: manual acks, a bounded prefetch, --concurrency threads. "
+            "-q picks among the relayed queues (default: all of them).",
+        )
+        parser.add_argument(
             "--no-schedules",
             action="store_true",
             help="Do not enqueue the periodic schedules' occurrences from this worker "
@@ -155,6 +165,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
+        if options["broker"]:
+            self.run_consumer(options)
+            return
         worker = self.make_worker(options)
         require_migrated(worker.database)
         for warning in queue_warnings(worker.queues, worker.database):
@@ -174,6 +187,33 @@ class Command(BaseCommand):
         code = self.run_worker(worker, options)
         if code:
             sys.exit(code)
+
+    def run_consumer(self, options: dict[str, Any]) -> None:
+        """--broker: consume the relayed queues from RabbitMQ until SIGTERM or SIGINT."""
+        try:
+            config = relay_config()
+        except ConfigurationError as error:
+            raise CommandError(str(error)) from error
+        queues = options["queues"] or list(config.queues)
+        strangers = [name for name in queues if name not in config.queues]
+        if strangers:
+            raise CommandError(
+                f"--broker runs relayed queues only; not relayed: {', '.join(strangers)} "
+                f"(SKIPQUEUE['RELAY']['QUEUES'] is {list(config.queues)})"
+            )
+        consumer = Consumer(config, queues=queues, concurrency=options["concurrency"])
+        stop_signals = StopSignals(lambda signum: consumer.stop.set())
+        if threading.current_thread() is threading.main_thread():
+            stop_signals.install()
+        try:
+            consumer.run()
+        finally:
+            stop_signals.restore()
+        stats = consumer.stats
+        self.stdout.write(
+            f"broker consumer stopped: {stats.succeeded} succeeded, {stats.retried} retried, "
+            f"{stats.dead} dead-lettered, {stats.reconnects} reconnects"
+        )
 
     def run_worker(self, worker: Worker, options: dict[str, Any]) -> int:
         """Run one worker in this process until it stops; returns its exit code."""

@@ -1,0 +1,214 @@
+"""The relay: job rows of relayed queues, published to RabbitMQ (a transactional outbox).
+
+Enqueue does not change: an INSERT in the caller's transaction, so a job exists if and
+only if the business write committed, and only committed rows are ever seen here. Each
+pass is one short transaction:
+
+1. select up to BATCH_SIZE due pending rows of the relayed queues, `FOR NO KEY UPDATE
+   SKIP LOCKED` (several relays share the work; none waits on another);
+2. publish each as a persistent message to its quorum queue, the job id as message id,
+   and wait for the broker's publisher confirm;
+3. delete the rows (or, with RESULTS, mark them `relayed`), and commit.
+
+A relay killed between the broker's confirm and the commit leaves the rows pending
+(its transaction dies with its connection), and the next pass publishes them again:
+a duplicate, never a loss, and at most one batch per kill. Consumers deduplicate on
+the message id (the job id) when a task must not run twice.
+
+The relay wakes on the queues' NOTIFY (the notifier, as workers do) and polls every
+POLL_INTERVAL_SECONDS otherwise; a lost broker or database connection is retried with
+backoff, so a restarted RabbitMQ is picked up again on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models.functions import Now
+
+from django_skipqueue.broker import (
+    Message,
+    RelayConfig,
+    broker_queue,
+    connect,
+    declare,
+    pika_module,
+)
+from django_skipqueue.conf import get_settings
+from django_skipqueue.connections import Backoff, discard_connection
+from django_skipqueue.models import Job
+from django_skipqueue.notifier import Notifier
+from django_skipqueue.states import CLAIM_ORDER, JobState
+
+logger = logging.getLogger(__name__)
+
+#: The columns a message carries.
+MESSAGE_FIELDS = ("id", "task", "queue_name", "args", "kwargs", "attempts", "max_attempts", "lease")
+
+
+@dataclass
+class RelayStats:
+    published: int = 0
+    passes: int = 0
+    reconnects: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Relay:
+    """Publishes the relayed queues' pending rows to RabbitMQ until `stop` is set."""
+
+    def __init__(
+        self, config: RelayConfig, *, database: str | None = None, listen: bool = True
+    ) -> None:
+        self.config = config
+        self.database = database or get_settings().DATABASE_ALIAS
+        self.listen = listen
+        self.stats = RelayStats()
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self._connection: Any = None
+        self._channel: Any = None
+
+    # -- the broker ------------------------------------------------------------------
+
+    def _broker_channel(self) -> Any:
+        if self._channel is not None and self._channel.is_open:
+            return self._channel
+        self.close()
+        self._connection = connect(self.config)
+        channel = self._connection.channel()
+        channel.confirm_delivery()  # each publish returns once the broker has the message
+        for queue in self.config.queues:
+            declare(channel, queue, self.config)
+        self._channel = channel
+        logger.info("relay connected to the broker queues=%s", ",".join(self.config.queues))
+        return channel
+
+    def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except Exception as error:  # noqa: BLE001  (closing a broken connection)
+                logger.debug("relay: closing the broker connection failed: %r", error)
+
+    # -- one pass ------------------------------------------------------------------
+
+    def relay_once(self) -> int:
+        """Publish one batch; the number of jobs published (and deleted or marked)."""
+        pika = pika_module()
+        channel = self._broker_channel()
+        jobs = Job.objects.db_manager(self.database)
+        with transaction.atomic(using=self.database):
+            batch = list(
+                jobs.filter(
+                    queue_name__in=self.config.queues,
+                    state=JobState.PENDING,
+                    run_at__lte=Now(),
+                )
+                .order_by(*CLAIM_ORDER)
+                .select_for_update(skip_locked=True, no_key=True)
+                .only(*MESSAGE_FIELDS)[: self.config.batch_size]
+            )
+            if not batch:
+                return 0
+            for job in batch:
+                message = message_of(job)
+                try:
+                    channel.basic_publish(
+                        exchange="",
+                        routing_key=broker_queue(job.queue_name),
+                        body=message.body(),
+                        properties=message.properties(),
+                        mandatory=True,
+                    )
+                except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as refused:
+                    # Not stored by the broker: roll back, the rows stay pending.
+                    refusal = f"the broker refused job {job.id}: {refused}"
+                    raise BrokerRefusedError(refusal) from None
+            ids = [job.id for job in batch]
+            if self.config.results:
+                jobs.filter(id__in=ids, state=JobState.PENDING).update(
+                    state=JobState.RELAYED, started_at=Now()
+                )
+            else:
+                _delete(jobs, ids)
+        self.stats.published += len(batch)
+        return len(batch)
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Relay until `stop` is set: wake on NOTIFY, poll otherwise, retry failures."""
+        settings = get_settings()
+        listener = None
+        if self.listen and settings.LISTEN:
+            notifier = Notifier(
+                database=self.database,
+                queues=self.config.queues,
+                wake=self.wake,
+                halted=self.stop,
+                poll_interval=settings.POLL_INTERVAL_SECONDS,
+            )
+            listener = threading.Thread(
+                target=notifier.run, name="skipqueue-relay-notifier", daemon=True
+            )
+            listener.start()
+        backoff = Backoff()
+        logger.info(
+            "relay started queues=%s results=%s", ",".join(self.config.queues), self.config.results
+        )
+        try:
+            while not self.stop.is_set():
+                self.wake.clear()
+                try:
+                    published = self.relay_once()
+                    if published < self.config.batch_size and self._connection is not None:
+                        self._connection.process_data_events(0)  # heartbeats, a close
+                except Exception as error:  # noqa: BLE001  (the broker or the database)
+                    delay = backoff.next()
+                    self.stats.errors.append(repr(error))
+                    self.stats.reconnects += 1
+                    logger.warning("relay failed, retrying in %.2fs: %r", delay, error)
+                    self.close()
+                    if isinstance(error, DatabaseError):
+                        discard_connection(self.database)
+                    self.stop.wait(delay)
+                    continue
+                backoff.reset()
+                self.stats.passes += 1
+                if published < self.config.batch_size:  # else there may be more: go on
+                    self.wake.wait(settings.POLL_INTERVAL_SECONDS)
+        finally:
+            self.stop.set()  # the listener too
+            self.close()
+            if listener is not None:
+                listener.join(timeout=5)
+            connections[self.database].close()
+            logger.info("relay stopped published=%d", self.stats.published)
+
+
+class BrokerRefusedError(Exception):
+    """The broker did not take a message (a negative confirm, or no queue to route to)."""
+
+
+def _delete(jobs: Any, ids: list[int]) -> None:
+    # A raw DELETE: the ORM's delete() would collect related rows first (one more query).
+    jobs.filter(id__in=ids)._raw_delete(jobs.db)
+
+
+def message_of(job: Job) -> Message:
+    return Message(
+        job_id=job.id,
+        task=job.task,
+        queue=job.queue_name,
+        args=list(job.args),
+        kwargs=dict(job.kwargs),
+        attempt=job.attempts + 1,
+        max_attempts=job.max_attempts,
+        lease_seconds=job.lease.total_seconds(),
+    )

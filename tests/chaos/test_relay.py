@@ -1,0 +1,172 @@
+"""Relayed queues under faults (docs/explanation/failure-model.md, "Relayed queues"):
+the relay SIGKILLed while it publishes, RabbitMQ restarted under load, consumers
+SIGKILLed, a poison message. Real processes, the real broker; 0 lost every time, and
+duplicates counted against what the design allows."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from django_skipqueue.broker import broker_queue, dead_queue
+from django_skipqueue.models import Job
+from tests.processes import wait_until
+from tests.rabbitmq import (
+    broker_or_skip,
+    delete_broker_queues,
+    depth,
+    drain,
+    fresh_queue_name,
+    relay_settings,
+)
+from tests.testapp import tasks
+from tests.testapp.models import DuplicateEffect, Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def broker_queue_name():
+    broker_or_skip()
+    name = fresh_queue_name()
+    yield name
+    delete_broker_queues(name)
+
+
+@pytest.mark.timeout(240)
+def test_sigkilling_the_relay_while_it_publishes_5000_jobs_loses_none(
+    supervisor, broker_queue_name
+):
+    """T48."""
+    queue, batch, total = broker_queue_name, 100, 5000
+    settings = relay_settings(queue, BATCH_SIZE=batch)
+    tasks.record.using(queue_name=queue).enqueue_many([((), {})] * total)
+    rng = random.Random(18)
+    kills = 0
+    deadline = time.monotonic() + 180
+    while Job.objects.filter(queue_name=queue).exists():
+        assert time.monotonic() < deadline, "the relays did not publish everything"
+        relay = supervisor.start(settings=settings, command="relayjobs")
+        relay.wait_for_output("relay started")
+        time.sleep(rng.uniform(0.05, 0.6))
+        if not Job.objects.filter(queue_name=queue).exists():
+            break
+        supervisor.kill_random(rng)
+        kills += 1
+    published = Counter(int(p.message_id) for _, p, _ in drain(broker_queue(queue)))
+    duplicates = sum(published.values()) - len(published)
+    print(f"\nrelay kills={kills} published={sum(published.values())} duplicates={duplicates}")
+    assert len(published) == total  # 0 lost
+    assert kills >= 3
+    assert duplicates <= kills * batch
+
+
+def wait_for_effects(ids: list[int], timeout: float) -> None:
+    wait_until(
+        lambda: Effect.objects.filter(job_id__in=ids).count() == len(ids),
+        timeout=timeout,
+        interval=0.2,
+        message=f"{len(ids) - Effect.objects.filter(job_id__in=ids).count()} jobs never ran",
+    )
+
+
+@pytest.mark.timeout(240)
+def test_restarting_rabbitmq_mid_run_loses_nothing_and_everyone_reconnects(
+    supervisor, broker_queue_name
+):
+    """T49: `rabbitmqctl stop_app` / `start_app`, the broker's own restart of its
+    application (every connection dropped, the quorum queues recovered from disk)."""
+    queue = broker_queue_name
+    settings = relay_settings(queue)
+    supervisor.start(settings=settings, command="relayjobs")
+    consumers = [
+        supervisor.start("--broker", "--concurrency", "4", settings=settings) for _ in range(2)
+    ]
+    for consumer in consumers:
+        consumer.wait_for_output("broker consumer connected")
+    first = tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 5})] * 1000)
+    wait_until(lambda: Effect.objects.filter(job_id__in=[j.id for j in first]).count() > 200)
+    subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=60)
+    second = tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 5})] * 1000)
+    time.sleep(2)
+    subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120)
+    ids = [job.id for job in [*first, *second]]
+    wait_for_effects(ids, timeout=150)
+    duplicates = DuplicateEffect.objects.filter(job_id__in=ids).count()
+    print(f"\nbroker restart jobs={len(ids)} duplicates={duplicates}")
+    assert not Job.objects.filter(queue_name=queue).exists()
+    assert supervisor.count_in_logs("relay failed, retrying") >= 1
+    assert supervisor.count_in_logs("broker consumer lost, retrying") >= 2
+    assert supervisor.count_in_logs("relay connected to the broker") >= 2
+    # At most what was unacked when the broker went away (two consumers' prefetch of 8),
+    # and the relay's batch that the broker had stored before the relay's transaction
+    # rolled back (it publishes that batch again).
+    assert duplicates <= 2 * 8 + 200
+
+
+@pytest.mark.timeout(240)
+def test_sigkilled_consumers_messages_are_redelivered_and_none_is_lost(
+    supervisor, broker_queue_name
+):
+    """T50."""
+    queue = broker_queue_name
+    settings = relay_settings(queue)
+    supervisor.start(settings=settings, command="relayjobs")
+    jobs = tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 20})] * 1500)
+    ids = [job.id for job in jobs]
+    for _ in range(2):
+        supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    rng = random.Random(7)
+    kills = 0
+    while kills < 4 and Effect.objects.filter(job_id__in=ids).count() < len(ids) * 0.8:
+        time.sleep(rng.uniform(0.8, 1.5))
+        victim = rng.choice([h for h in supervisor.workers if "--broker" in h.process.args])
+        victim.signal(9)
+        victim.wait(timeout=10)
+        supervisor.workers.remove(victim)
+        supervisor.retired.append(victim)
+        kills += 1
+        supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    wait_for_effects(ids, timeout=150)
+    duplicates = DuplicateEffect.objects.filter(job_id__in=ids).count()
+    print(f"\nconsumer kills={kills} jobs={len(ids)} duplicates={duplicates}")
+    assert kills >= 3
+    assert duplicates <= kills * 8  # each kill: at most its prefetch (2 x concurrency)
+
+
+@pytest.mark.timeout(180)
+def test_a_poison_message_that_kills_its_consumers_is_dead_lettered_by_the_delivery_limit(
+    supervisor, broker_queue_name
+):
+    """T51."""
+    queue = broker_queue_name
+    settings = relay_settings(queue, DELIVERY_LIMIT=2)
+    poison = tasks.probe.using(queue_name=queue).enqueue(mode="exit")
+    healthy = tasks.probe.using(queue_name=queue).enqueue_many([((), {})] * 20)
+    supervisor.start(settings=settings, command="relayjobs")
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while depth(dead_queue(queue)) == 0:
+        assert time.monotonic() < deadline, "the poison message was never dead-lettered"
+        consumer = supervisor.start("--broker", "--concurrency", "1", settings=settings)
+        try:
+            consumer.wait(timeout=10)
+            deaths += 1
+        except subprocess.TimeoutExpired:
+            pass
+    supervisor.start("--broker", "--concurrency", "1", settings=settings)
+    try:
+        wait_for_effects([job.id for job in healthy], timeout=60)
+    except AssertionError:
+        print(supervisor.logs()[-6000:])
+        raise
+    [(_, properties, body)] = drain(dead_queue(queue))
+    print(f"\npoison consumer deaths={deaths}")
+    assert int(properties.message_id) == poison.id
+    assert json.loads(body)["id"] == poison.id
+    assert deaths >= 2  # delivered twice, then dead-lettered by RabbitMQ

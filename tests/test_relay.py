@@ -1,0 +1,308 @@
+"""Relayed queues: the job table as a transactional outbox for RabbitMQ (issue 18).
+
+Against the real broker on this machine (tests/rabbitmq.py says what happens when it is
+down). The relay runs in this process; the consumer runs as a real `runworker --broker`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import transaction
+from django.urls import reverse
+
+from django_skipqueue.broker import (
+    ATTEMPT_HEADER,
+    ERROR_HEADER,
+    RelayConfig,
+    broker_queue,
+    dead_queue,
+    relay_config,
+    retry_exponent,
+    retry_queue,
+)
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.models import Job, JobState
+from django_skipqueue.relay import Relay
+from django_skipqueue.worker import Worker
+from tests.processes import wait_until
+from tests.rabbitmq import AMQP_URL, depth, drain, relay_settings
+from tests.testapp.models import Run
+from tests.testapp.tasks import always_fails, record
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def test_committed_jobs_are_published_persistent_with_the_job_id_and_their_rows_deleted(
+    relayed,
+):
+    jobs = [record.using(queue_name=relayed).enqueue() for _ in range(5)]
+    plain = record.enqueue()  # the default queue is not relayed
+    relay = Relay(relay_config(), listen=False)
+    try:
+        assert relay.relay_once() == 5
+        assert relay.relay_once() == 0
+    finally:
+        relay.close()
+    messages = drain(broker_queue(relayed))
+    assert sorted(int(properties.message_id) for _, properties, _ in messages) == sorted(
+        job.id for job in jobs
+    )
+    for _, properties, body in messages:
+        assert properties.delivery_mode == 2
+        assert properties.headers[ATTEMPT_HEADER] == 1
+        data = json.loads(body)
+        assert data["task"] == record.name
+        assert data["queue"] == relayed
+        assert data["id"] == int(properties.message_id)
+    assert not Job.objects.filter(queue_name=relayed).exists()
+    assert Job.objects.get(id=plain.id).state == JobState.PENDING
+
+
+def test_a_job_enqueued_in_a_rolled_back_transaction_is_never_published(relayed):
+    """T47."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        record.using(queue_name=relayed).enqueue()
+        raise RuntimeError("the business write failed")
+    kept = record.using(queue_name=relayed).enqueue()
+    relay = Relay(relay_config(), listen=False)
+    try:
+        while relay.relay_once():
+            pass
+    finally:
+        relay.close()
+    assert [int(p.message_id) for _, p, _ in drain(broker_queue(relayed))] == [kept.id]
+
+
+def test_an_uncommitted_job_is_not_published_until_its_transaction_commits(relayed):
+    """The relay only sees committed rows: a job inserted in an open transaction waits."""
+    enqueued = threading.Event()
+    commit = threading.Event()
+
+    def business_transaction() -> None:
+        from django.db import connection
+
+        try:
+            with transaction.atomic():
+                record.using(queue_name=relayed).enqueue()
+                enqueued.set()
+                commit.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=business_transaction)
+    thread.start()
+    relay = Relay(relay_config(), listen=False)
+    try:
+        assert enqueued.wait(10)
+        assert relay.relay_once() == 0
+        commit.set()
+        thread.join(10)
+        assert relay.relay_once() == 1
+    finally:
+        commit.set()
+        relay.close()
+
+
+def test_results_keep_the_rows_relayed_until_the_consumer_writes_the_outcome_back(
+    relayed, settings, start_worker
+):
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, **relay_settings(relayed, RESULTS=True)}
+    jobs = [record.using(queue_name=relayed).enqueue() for _ in range(3)]
+    failing = always_fails.using(queue_name=relayed, max_attempts=1).enqueue("no luck")
+    relay = Relay(relay_config(), listen=False)
+    try:
+        assert relay.relay_once() == 4
+    finally:
+        relay.close()
+    assert set(Job.objects.filter(queue_name=relayed).values_list("state", flat=True)) == {
+        JobState.RELAYED
+    }
+    consumer = start_worker("--broker", "--concurrency", "2", settings=settings.SKIPQUEUE)
+    wait_until(
+        lambda: not Job.objects.filter(queue_name=relayed, state=JobState.RELAYED).exists(),
+        timeout=30,
+        message="outcomes were not written back",
+    )
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.state == JobState.DONE
+        assert job.result == {
+            "job_id": job.id,
+            "attempt": 1,
+            "key": f"skipqueue-job-{job.id}",
+        }
+        assert job.finished_at is not None
+    failing.refresh_from_db()
+    assert failing.state == JobState.FAILED
+    assert "no luck" in failing.last_error
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    [(_, properties, _)] = drain(dead_queue(relayed))
+    assert int(properties.message_id) == failing.id
+    assert "no luck" in properties.headers[ERROR_HEADER]
+
+
+def test_the_consumer_runs_the_tasks_with_context_and_stops_on_sigterm(
+    relayed, settings, start_worker
+):
+    consumer = start_worker("--broker", "--concurrency", "4", settings=settings.SKIPQUEUE)
+    consumer.wait_for_output("broker consumer connected")
+    jobs = [record.using(queue_name=relayed).enqueue() for _ in range(20)]
+    relay = Relay(relay_config(), listen=False)
+    try:
+        assert relay.relay_once() == 20
+    finally:
+        relay.close()
+    wait_until(lambda: Run.objects.count() >= 20, timeout=30, message="jobs did not run")
+    runs = list(Run.objects.values_list("job_id", "attempt", "pid"))
+    assert sorted(job_id for job_id, _, _ in runs) == sorted(job.id for job in jobs)
+    assert {attempt for _, attempt, _ in runs} == {1}
+    assert {pid for _, _, pid in runs} == {consumer.pid}
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    assert "20 succeeded" in consumer.output()
+    assert depth(broker_queue(relayed)) == 0
+
+
+def test_retries_go_through_the_broker_then_the_dead_letter_queue_and_can_be_redriven(
+    relayed, settings, start_worker
+):
+    """T52."""
+    job = always_fails.using(queue_name=relayed).enqueue("every time")  # 3 attempts
+    relay = Relay(relay_config(), listen=False)
+    try:
+        relay.relay_once()
+    finally:
+        relay.close()
+    consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
+    # Attempt 1 fails, waits 1 s in the retry queue, attempt 2, 1 s, attempt 3: dead.
+    wait_until(lambda: depth(dead_queue(relayed)) == 1, timeout=30, message="not dead-lettered")
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    assert "1 dead-lettered" in consumer.output()
+    assert "2 retried" in consumer.output()
+    assert consumer.output().count(f"job raised id={job.id}") == 3
+    call_command("relayjobs", "--redrive", relayed)
+    [(_, properties, _)] = drain(broker_queue(relayed))
+    assert int(properties.message_id) == job.id
+    assert properties.headers[ATTEMPT_HEADER] == 1  # a fresh attempt budget
+
+
+def test_the_relay_wakes_on_notify_and_keeps_going_after_the_broker_drops_it(relayed):
+    relay = Relay(relay_config(), listen=True)
+    thread = threading.Thread(target=relay.run)
+    thread.start()
+    try:
+        wait_until(lambda: relay._channel is not None, timeout=10)
+        time.sleep(0.3)  # LISTEN is set up
+        started = time.monotonic()
+        record.using(queue_name=relayed).enqueue()
+        wait_until(lambda: depth(broker_queue(relayed)) == 1, timeout=5)
+        assert time.monotonic() - started < 2  # not the 5-s poll
+        # The broker closes the relay's connection (as a restart would): it reconnects.
+        relay._connection.add_callback_threadsafe(lambda: relay._connection.close())
+        time.sleep(0.5)
+        record.using(queue_name=relayed).enqueue()
+        wait_until(lambda: depth(broker_queue(relayed)) == 2, timeout=20)
+    finally:
+        relay.stop.set()
+        relay.wake.set()
+        thread.join(20)
+    assert not thread.is_alive()
+
+
+def test_a_plain_worker_refuses_a_relayed_queue(relayed):
+    with pytest.raises(ConfigurationError, match=rf"queue {relayed} is relayed to RabbitMQ"):
+        Worker(queues=[relayed])
+
+
+def test_runworker_broker_refuses_a_queue_that_is_not_relayed(relayed):
+    with pytest.raises(CommandError, match="not relayed: default"):
+        call_command("runworker", "--broker", "-q", "default")
+
+
+@pytest.mark.parametrize(
+    ("relay", "message"),
+    [
+        ({"QUEUES": []}, "non-empty list of queue names"),
+        ({"QUEUES": ["a b"], "URL": AMQP_URL}, "queue name 'a b' is invalid"),
+        ({"QUEUES": ["x"], "URL": "http://broker"}, "amqp:// or amqps:// URL"),
+        ({"QUEUES": ["x"], "URL": AMQP_URL, "BATCH_SIZE": 0}, "BATCH_SIZE'] must be a positive"),
+        ({"QUEUES": ["x"], "URL": AMQP_URL, "RESULTS": "yes"}, "RESULTS'] must be True or False"),
+        ({"QUEUES": ["x"], "URL": AMQP_URL, "QUEUE": ["y"]}, "unknown keys QUEUE"),
+    ],
+)
+def test_bad_relay_settings_are_named(settings, relay, message):
+    settings.SKIPQUEUE = {"RELAY": relay}
+    with pytest.raises(ConfigurationError, match=message):
+        relay_config()
+    from django_skipqueue.checks import check_relay
+
+    [error] = check_relay()
+    assert error.id == "skipqueue.E012"
+    assert message.split("'")[0] in error.hint
+
+
+def test_retry_delays_round_up_to_a_power_of_two_seconds():
+    from datetime import timedelta
+
+    assert [retry_exponent(timedelta(seconds=s)) for s in (0.01, 1, 1.5, 2, 3, 60)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        6,
+    ]
+    assert retry_exponent(timedelta(days=30)) == 16
+    assert retry_queue("webhooks", 6) == "skipqueue.webhooks.retry.64"
+
+
+def test_relay_config_defaults(settings):
+    settings.SKIPQUEUE = relay_settings("webhooks")
+    assert relay_config() == RelayConfig(queues=("webhooks",), url=AMQP_URL)
+    settings.SKIPQUEUE = {}
+    assert not relay_config().enabled
+
+
+def test_queuestats_shows_the_relay_backlog_and_the_broker_depths(relayed, settings):
+    from io import StringIO
+
+    record.using(queue_name=relayed).enqueue_many([((), {})] * 3)
+    relay = Relay(relay_config(), listen=False)
+    try:
+        relay.relay_once()
+    finally:
+        relay.close()
+    record.using(queue_name=relayed).enqueue_many([((), {})] * 2)  # not published yet
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    [row] = [row for row in json.loads(out.getvalue())["queues"] if row["queue"] == relayed]
+    assert (row["relayed"], row["pending_due"], row["broker_ready"], row["broker_dead"]) == (
+        True,
+        2,
+        3,
+        0,
+    )
+    settings.SKIPQUEUE = {
+        **settings.SKIPQUEUE,
+        **relay_settings(relayed, URL="amqp://guest:guest@127.0.0.1:1/%2F"),
+    }
+    out = StringIO()
+    call_command("queuestats", stdout=out)
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith(relayed)]
+    assert line.split()[-2:] == ["?", "?"]  # the broker did not answer
+
+
+def test_the_overview_says_a_queue_is_relayed_and_not_unattended(relayed, admin_client):
+    record.using(queue_name=relayed).enqueue()
+    page = admin_client.get(reverse("admin:skipqueue_overview")).content.decode()
+    assert "relayed to RabbitMQ" in page
+    assert "0 in the broker, 0 dead" in page
+    assert "no live worker" not in page
