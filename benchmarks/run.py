@@ -44,7 +44,17 @@ from benchmarks.benchapp.models import BareJob, Execution, Pickup  # noqa: E402
 from benchmarks.benchapp.tasks import mark_pickup, noop  # noqa: E402
 from django_skipqueue.models import Job  # noqa: E402
 
-PARTS = ["raw", "throughput", "enqueue", "latency", "claim", "claimpath", "memory", "duplicates"]
+PARTS = [
+    "raw",
+    "throughput",
+    "enqueue",
+    "latency",
+    "claim",
+    "claimpath",
+    "memory",
+    "duplicates",
+    "relay",
+]
 NOOP = "benchmarks.benchapp.tasks.noop"
 
 # The protocol's own SQL, minimal: claim k due rows and mark them running; fenced ack.
@@ -82,19 +92,19 @@ def reset() -> None:
     )
 
 
-def fill(count: int, state: str = "pending", task: str = NOOP) -> None:
+def fill(count: int, state: str = "pending", task: str = NOOP, queue: str = "default") -> None:
     """Insert `count` jobs with one INSERT ... SELECT generate_series."""
     execute(
         """
         INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
             lease, attempts, max_attempts, expirations, releases, last_error, errors,
             created_at, finished_at)
-        SELECT %s, '[]', '{}', 'default', 0, %s, now(), interval '30 seconds',
+        SELECT %s, '[]', '{}', %s, 0, %s, now(), interval '30 seconds',
             CASE WHEN %s = 'done' THEN 1 ELSE 0 END, 5, 0, 0, '', '[]', now(),
             CASE WHEN %s = 'done' THEN now() END
         FROM generate_series(1, %s)
         """,
-        [task, state, state, state, count],
+        [task, queue, state, state, state, count],
     )
     execute("ANALYZE skipqueue_job")
 
@@ -261,12 +271,13 @@ def part_raw(opts: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_worker_as_users_do(jobs: int, *args: str) -> tuple[float, float]:
+def run_worker_as_users_do(jobs: int, *args: str, filled: bool = False) -> tuple[float, float]:
     """`runworker --burst` with the users' default flags and logging (to a file, as to
     journald): (jobs per second from process start to exit, CPU ms per job of the
-    worker processes, children included)."""
-    reset()
-    fill(jobs)
+    worker processes, children included). `filled`: the jobs are in the table already."""
+    if not filled:
+        reset()
+        fill(jobs)
     log = ROOT / "benchmarks" / "results" / "worker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -631,6 +642,173 @@ def part_duplicates(opts: argparse.Namespace) -> dict[str, float]:
         "expirations": expirations,
         "lost": count - distinct,
     }
+
+
+def table_writes() -> tuple[int, int, int, int]:
+    """skipqueue_job's inserted, updated and deleted tuples so far, and the WAL position
+    in bytes (the statistics of every backend that has ended or gone idle)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT n_tup_ins, n_tup_upd, n_tup_del, "
+            "pg_current_wal_lsn() - '0/0'::pg_lsn FROM pg_stat_user_tables "
+            "WHERE relname = 'skipqueue_job'"
+        )
+        ins, upd, dele, wal = cursor.fetchone()
+    return int(ins), int(upd), int(dele), int(wal)
+
+
+def writes_per_job(before: tuple[int, ...], jobs: int) -> dict[str, float]:
+    time.sleep(1.0)  # ended backends' statistics reach the shared counters
+    after = table_writes()
+    ins, upd, dele, wal = (a - b for a, b in zip(after, before, strict=True))
+    return {
+        "inserts_per_job": ins / jobs,
+        "updates_per_job": upd / jobs,
+        "deletes_per_job": dele / jobs,
+        "row_writes_per_job": (ins + upd + dele) / jobs,
+        "wal_bytes_per_job": wal / jobs,
+    }
+
+
+def proc_stat(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()  # fields from the third (state) on
+
+
+def server_cpu_seconds() -> tuple[float, float]:
+    """CPU seconds used so far by this benchmark's PostgreSQL (its postmaster, the
+    backends it reaped and the live ones) and by RabbitMQ (beam.smp); Linux only.
+    Backends that ended are in the postmaster's children's time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    postmaster = int(proc_stat(backend)[1])
+    fields = proc_stat(postmaster)
+    pg = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    rabbit = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = proc_stat(int(entry.name))
+            comm = (entry / "comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+        if int(stat[1]) == postmaster:
+            pg += int(stat[11]) + int(stat[12])
+        elif comm == "beam.smp":
+            rabbit += int(stat[11]) + int(stat[12])
+    return pg / tick, rabbit / tick
+
+
+class BrokerDepth:
+    """Ready messages of one broker queue, on one connection kept open between polls."""
+
+    def __init__(self, name: str) -> None:
+        from django_skipqueue.broker import connect, relay_config
+
+        self.name = name
+        self.connection = connect(relay_config())
+        self.channel = self.connection.channel()
+
+    def __call__(self) -> int:
+        return int(self.channel.queue_declare(self.name, passive=True).method.message_count)
+
+    def purge(self) -> None:
+        self.channel.queue_purge(self.name)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def part_relay(opts: argparse.Namespace) -> dict[str, float]:
+    """Issue 18: the same no-op jobs through the PostgreSQL-only path (runworker
+    --processes 2 --concurrency 4, the users' default logging) and through a relayed
+    queue (one relayjobs, RabbitMQ, two runworker --broker --concurrency 4 processes),
+    each timed from its processes' start; and the job table's row writes and WAL bytes
+    per job on each path, the enqueue's INSERT included. The relayed run ends when the
+    broker queue has no ready message left (at most the consumers' prefetch, 16 jobs, is
+    then still running) and the consumers' own counts are checked after."""
+    from django_skipqueue.broker import broker_queue, relay_config
+
+    jobs = opts.jobs
+    results: dict[str, float] = {}
+    reset()
+    before = table_writes()
+    fill(jobs)
+    cpu_before = server_cpu_seconds()  # the enqueue (the same on both paths) left out
+    rate, client_ms = run_worker_as_users_do(
+        jobs, "--processes", "2", "--concurrency", "4", filled=True
+    )
+    cpu_after = server_cpu_seconds()
+    results["postgres_p2c4_jobs_per_s"] = rate
+    results["postgres_postgresql_cpu_ms_per_job"] = (cpu_after[0] - cpu_before[0]) / jobs * 1000
+    results["postgres_workers_cpu_ms_per_job"] = client_ms
+    results |= {f"postgres_{k}": v for k, v in writes_per_job(before, jobs).items()}
+
+    queue = relay_config().queues[0]
+    name = broker_queue(queue)
+    reset()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(  # declares the broker queues, publishes nothing (the table is empty)
+        [sys.executable, "-m", "django", "relayjobs", "--once", "-v", "0"], cwd=ROOT, env=env,
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    broker_ready = BrokerDepth(name)
+    broker_ready.purge()  # what an earlier, interrupted run left
+    log = ROOT / "benchmarks" / "results" / "relay.log"
+    with open(log, "w") as out:
+        consumers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "django", "runworker", "--broker", "-c", "4"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=out,
+                text=True,
+            )  # fmt: skip
+            for _ in range(2)
+        ]
+        time.sleep(3)  # connected and consuming
+        before = table_writes()
+        fill(jobs, queue=queue)
+        cpu_before = server_cpu_seconds()
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "django", "relayjobs"], cwd=ROOT, env=env, stdout=out, stderr=out
+        )  # fmt: skip
+        deadline = time.monotonic() + 3600
+        while Job.objects.filter(queue_name=queue).exists() or broker_ready():
+            if time.monotonic() > deadline:
+                raise SystemExit("the relayed run did not finish within an hour")
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+        broker_ready.close()
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(timeout=60)
+        cpu_after = server_cpu_seconds()
+        succeeded = 0
+        for consumer in consumers:
+            consumer.send_signal(signal.SIGTERM)
+            output, _ = consumer.communicate(timeout=60)
+            succeeded += int(output.split("stopped: ")[1].split(" succeeded")[0])
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if succeeded != jobs:
+        raise SystemExit(f"the consumers ran {succeeded} of {jobs} jobs: see {log}")
+    results["relayed_jobs_per_s"] = jobs / elapsed
+    results["relayed_postgresql_cpu_ms_per_job"] = (cpu_after[0] - cpu_before[0]) / jobs * 1000
+    results["relayed_rabbitmq_cpu_ms_per_job"] = (cpu_after[1] - cpu_before[1]) / jobs * 1000
+    client = (children.ru_utime - children_before.ru_utime) + (
+        children.ru_stime - children_before.ru_stime
+    )
+    results["relayed_relay_and_consumers_cpu_ms_per_job"] = client / jobs * 1000
+    results |= {f"relayed_{k}": v for k, v in writes_per_job(before, jobs).items()}
+    results["relayed_vs_postgres"] = results["relayed_jobs_per_s"] / rate
+    return results
 
 
 def targets(report: dict[str, Any]) -> dict[str, tuple[float, str, bool]]:

@@ -21,5 +21,13 @@ USE_TZ = True
 DEBUG = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django_skipqueue", "benchmarks.benchapp"]
-SKIPQUEUE = {"LEASE_SECONDS": 30, "REAP_INTERVAL_SECONDS": 5}
+SKIPQUEUE = {
+    "LEASE_SECONDS": 30,
+    "REAP_INTERVAL_SECONDS": 5,
+    # The relay part (issue 18): one queue through RabbitMQ.
+    "RELAY": {
+        "QUEUES": ["relayed"],
+        "URL": os.environ.get("SKIPQUEUE_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
+    },
+}
 LOGGING = {"version": 1, "disable_existing_loggers": False}

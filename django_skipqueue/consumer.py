@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -104,6 +105,8 @@ class Consumer:
         self._running = 0  # deliveries handed to the pool and not acked yet
         self._suspects: list[tuple[int, Message]] = []  # redelivered, run alone
         self._isolating = False
+        self._wake: Callable[[], None] = lambda: None
+        self._wake_pending = False
 
     # -- the loop ------------------------------------------------------------------
 
@@ -124,7 +127,7 @@ class Consumer:
                     self.stats.reconnects += 1
                     self._pending_write.clear()  # their tags died with the channel
                     self._suspects.clear()
-                    self._running, self._isolating = 0, False
+                    self._running, self._isolating, self._wake_pending = 0, False, False
                     delay = backoff.next()
                     logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
                     self.stop.wait(delay)
@@ -169,17 +172,25 @@ class Consumer:
                     return
                 self._submit(pool, generation, method.delivery_tag, message)
 
+            def turn() -> None:  # in this thread, from process_data_events
+                self._wake_pending = False  # before draining: a later finish wakes again
+                self._settle(channel, publisher, generation)
+                self._isolate(channel, publisher, pool, generation)
+
+            # A finished job wakes this thread at once (the acks free prefetch room).
+            self._wake = lambda: connection.add_callback_threadsafe(turn)
             for name in self.queues:
                 channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
             backoff.reset()
             logger.info("broker consumer connected queues=%s", ",".join(self.queues))
             while not self.stop.is_set():
-                connection.process_data_events(time_limit=0.05)
-                self._settle(channel, publisher, generation)
-                self._isolate(channel, publisher, pool, generation)
-            # Stopping: no new deliveries; finish and settle what runs.
+                connection.process_data_events(time_limit=0.2)
+                turn()
+            # Stopping: no new deliveries. Jobs not started yet stay unacked (RabbitMQ
+            # delivers them again once this connection closes); those running finish
+            # and are settled.
             channel.stop_consuming()
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True, cancel_futures=True)
             self._settle(channel, publisher, generation, final=True)
         finally:
             if connection.is_open:
@@ -242,6 +253,13 @@ class Consumer:
         finally:
             connections[self.database].close_if_unusable_or_obsolete()
         self._done.put(Done(generation, tag, message, verdict))
+        if self._wake_pending:
+            return  # a turn is coming, and it drains every finished job
+        self._wake_pending = True
+        try:
+            self._wake()
+        except Exception as error:  # noqa: BLE001  (the connection closed meanwhile)
+            logger.debug("broker consumer: no wake-up for a finished job: %r", error)
 
     # -- acting on verdicts ------------------------------------------------------------
 
@@ -278,7 +296,7 @@ class Consumer:
                     self._write_due = time.monotonic() + WRITE_BACK_SECONDS
                 self._pending_write.append(done)
             else:
-                channel.basic_ack(done.tag)
+                ack(channel, done.tag)
         if self._pending_write and (
             final
             or len(self._pending_write) >= WRITE_BACK_BATCH
@@ -293,11 +311,8 @@ class Consumer:
         if name not in self._retry_declared:
             declare_retry(publisher, done.message.queue, exponent)
             self._retry_declared.add(name)
-        following = (
-            done.message
-            if done.verdict.outcome is Outcome.RELEASED
-            else done.message.next_attempt()
-        )
+        released = done.verdict.outcome is Outcome.RELEASED
+        following = done.message.next_attempt(released=released)
         publisher.basic_publish(
             "",
             retry_queue(done.message.queue, exponent),
@@ -321,11 +336,18 @@ class Consumer:
             )
             return  # kept: the next turn tries again, and the acks wait for it
         for done in self._pending_write:
-            channel.basic_ack(done.tag)
+            ack(channel, done.tag)
         self._pending_write.clear()
 
 
 FINAL = (Outcome.SUCCEEDED, Outcome.FAILED)
+
+
+def ack(channel: Any, tag: int) -> None:
+    """Acknowledge one delivery without flushing the socket at once: the frames of a
+    turn's acks leave together at the next I/O of the connection's loop (pika's
+    BlockingChannel.basic_ack would send and poll once for each)."""
+    channel._impl.basic_ack(tag)
 
 
 def properties_with_error(properties: Any, text: str) -> Any:

@@ -31,12 +31,12 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models.functions import Now
 
 from django_skipqueue.broker import (
+    BatchPublisher,
     Message,
     RelayConfig,
     broker_queue,
     connect,
     declare,
-    pika_module,
 )
 from django_skipqueue.conf import get_settings
 from django_skipqueue.connections import Backoff, discard_connection
@@ -71,25 +71,25 @@ class Relay:
         self.stop = threading.Event()
         self.wake = threading.Event()
         self._connection: Any = None
-        self._channel: Any = None
+        self._publishing: BatchPublisher | None = None
 
     # -- the broker ------------------------------------------------------------------
 
-    def _broker_channel(self) -> Any:
-        if self._channel is not None and self._channel.is_open:
-            return self._channel
+    def _publisher(self) -> BatchPublisher:
+        if self._publishing is not None and self._publishing.channel.is_open:
+            return self._publishing
         self.close()
         self._connection = connect(self.config)
-        channel = self._connection.channel()
-        channel.confirm_delivery()  # each publish returns once the broker has the message
+        setup = self._connection.channel()
         for queue in self.config.queues:
-            declare(channel, queue, self.config)
-        self._channel = channel
+            declare(setup, queue, self.config)
+        setup.close()
+        self._publishing = BatchPublisher(self._connection)
         logger.info("relay connected to the broker queues=%s", ",".join(self.config.queues))
-        return channel
+        return self._publishing
 
     def close(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
+        connection, self._connection, self._publishing = self._connection, None, None
         if connection is not None and connection.is_open:
             try:
                 connection.close()
@@ -100,8 +100,7 @@ class Relay:
 
     def relay_once(self) -> int:
         """Publish one batch; the number of jobs published (and deleted or marked)."""
-        pika = pika_module()
-        channel = self._broker_channel()
+        publisher = self._publisher()
         jobs = Job.objects.db_manager(self.database)
         with transaction.atomic(using=self.database):
             batch = list(
@@ -117,19 +116,10 @@ class Relay:
             if not batch:
                 return 0
             for job in batch:
-                message = message_of(job)
-                try:
-                    channel.basic_publish(
-                        exchange="",
-                        routing_key=broker_queue(job.queue_name),
-                        body=message.body(),
-                        properties=message.properties(),
-                        mandatory=True,
-                    )
-                except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as refused:
-                    # Not stored by the broker: roll back, the rows stay pending.
-                    refusal = f"the broker refused job {job.id}: {refused}"
-                    raise BrokerRefusedError(refusal) from None
+                publisher.publish(broker_queue(job.queue_name), message_of(job))
+            # Every message stored by the broker, or PublishRefusedError: the transaction
+            # rolls back, the rows stay pending, and the next pass publishes them again.
+            publisher.confirm()
             ids = [job.id for job in batch]
             if self.config.results:
                 jobs.filter(id__in=ids, state=JobState.PENDING).update(
@@ -190,10 +180,6 @@ class Relay:
                 listener.join(timeout=5)
             connections[self.database].close()
             logger.info("relay stopped published=%d", self.stats.published)
-
-
-class BrokerRefusedError(Exception):
-    """The broker did not take a message (a negative confirm, or no queue to route to)."""
 
 
 def _delete(jobs: Any, ids: list[int]) -> None:

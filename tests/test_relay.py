@@ -199,7 +199,7 @@ def test_the_relay_wakes_on_notify_and_keeps_going_after_the_broker_drops_it(rel
     thread = threading.Thread(target=relay.run)
     thread.start()
     try:
-        wait_until(lambda: relay._channel is not None, timeout=10)
+        wait_until(lambda: relay._publishing is not None, timeout=10)
         time.sleep(0.3)  # LISTEN is set up
         started = time.monotonic()
         record.using(queue_name=relayed).enqueue()
@@ -306,3 +306,46 @@ def test_the_overview_says_a_queue_is_relayed_and_not_unattended(relayed, admin_
     assert "relayed to RabbitMQ" in page
     assert "0 in the broker, 0 dead" in page
     assert "no live worker" not in page
+
+
+def test_a_retry_request_goes_back_through_the_broker_without_spending_an_attempt(
+    relayed, settings, start_worker
+):
+    from tests.testapp.tasks import retry_once
+
+    job = retry_once.using(queue_name=relayed, max_attempts=1).enqueue()
+    relay = Relay(relay_config(), listen=False)
+    try:
+        relay.relay_once()
+    finally:
+        relay.close()
+    consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
+    wait_until(
+        lambda: "job succeeded id=" in consumer.output(), timeout=30, message="never retried"
+    )
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    assert "1 succeeded, 1 retried, 0 dead-lettered" in consumer.output()
+    assert list(Run.objects.filter(job_id=job.id).values_list("attempt", flat=True)) == [1]
+    assert f"job succeeded id={job.id} task={retry_once.name} attempt=2" in consumer.output()
+
+
+def test_relayjobs_once_publishes_and_says_how_many(relayed):
+    from io import StringIO
+
+    record.using(queue_name=relayed).enqueue_many([((), {})] * 3)
+    out = StringIO()
+    call_command("relayjobs", "--once", stdout=out)
+    assert out.getvalue().strip() == "3 jobs published"
+    assert depth(broker_queue(relayed)) == 3
+
+
+def test_relayjobs_without_a_relayed_queue_says_what_to_set(settings):
+    settings.SKIPQUEUE = {}
+    with pytest.raises(CommandError, match=r"no relayed queue: set SKIPQUEUE\['RELAY'\]"):
+        call_command("relayjobs", "--once")
+
+
+def test_redrive_refuses_a_queue_that_is_not_relayed(relayed):
+    with pytest.raises(CommandError, match="queue 'default' is not relayed"):
+        call_command("relayjobs", "--redrive", "default")
