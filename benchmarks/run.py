@@ -42,19 +42,9 @@ from django.db import connection  # noqa: E402
 
 from benchmarks.benchapp.models import BareJob, Execution, Pickup  # noqa: E402
 from benchmarks.benchapp.tasks import mark_pickup, noop  # noqa: E402
+from benchmarks.parts import PARTS  # noqa: E402
 from django_skipqueue.models import Job  # noqa: E402
 
-PARTS = [
-    "raw",
-    "throughput",
-    "enqueue",
-    "latency",
-    "claim",
-    "claimpath",
-    "memory",
-    "duplicates",
-    "relay",
-]
 NOOP = "benchmarks.benchapp.tasks.noop"
 
 # The protocol's own SQL, minimal: claim k due rows and mark them running; fenced ack.

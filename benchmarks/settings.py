@@ -26,7 +26,7 @@ SKIPQUEUE = {
     "REAP_INTERVAL_SECONDS": 5,
     # The relay part (issue 18): one queue through RabbitMQ.
     "RELAY": {
-        "QUEUES": ["relayed"],
+        "QUEUES": [os.environ.get("SKIPQUEUE_BENCH_RELAY_QUEUE", "relayed")],
         "URL": os.environ.get("SKIPQUEUE_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
     },
 }
