@@ -70,6 +70,7 @@ class Relay:
         self.stats = RelayStats()
         self.stop = threading.Event()
         self.wake = threading.Event()
+        self.thread: threading.Thread | None = None  # when run in a thread of a worker
         self._connection: Any = None
         self._publishing: BatchPublisher | None = None
 

@@ -349,3 +349,17 @@ def test_relayjobs_without_a_relayed_queue_says_what_to_set(settings):
 def test_redrive_refuses_a_queue_that_is_not_relayed(relayed):
     with pytest.raises(CommandError, match="queue 'default' is not relayed"):
         call_command("relayjobs", "--redrive", "default")
+
+
+def test_runworker_relay_publishes_from_a_thread_beside_the_worker(relayed, settings, start_worker):
+    worker = start_worker("--relay", settings=settings.SKIPQUEUE)
+    consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
+    worker.wait_for_output("relay connected to the broker")
+    relayed_job = record.using(queue_name=relayed).enqueue()
+    plain_job = record.enqueue()  # the worker's own queue, claimed from the table
+    wait_until(lambda: Run.objects.count() == 2, timeout=30, message="a job did not run")
+    runs = dict(Run.objects.values_list("job_id", "pid"))
+    assert runs == {relayed_job.id: consumer.pid, plain_job.id: worker.pid}
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert "relay stopped published=1" in worker.output()

@@ -28,6 +28,7 @@ from django_skipqueue.management.arguments import (
 from django_skipqueue.management.preflight import queue_warnings, require_migrated
 from django_skipqueue.models import Job
 from django_skipqueue.pool import WorkerPool
+from django_skipqueue.relay import Relay
 from django_skipqueue.stopsignals import StopSignals
 from django_skipqueue.worker import Worker
 
@@ -128,6 +129,12 @@ class Command(BaseCommand):
             "-q picks among the relayed queues (default: all of them).",
         )
         parser.add_argument(
+            "--relay",
+            action="store_true",
+            help="Also publish the relayed queues' jobs to RabbitMQ from this process (a "
+            "relay thread, as 'manage.py relayjobs' runs; SKIPQUEUE['RELAY']).",
+        )
+        parser.add_argument(
             "--no-schedules",
             action="store_true",
             help="Do not enqueue the periodic schedules' occurrences from this worker "
@@ -215,6 +222,21 @@ class Command(BaseCommand):
             f"{stats.dead} dead-lettered, {stats.reconnects} reconnects"
         )
 
+    def start_relay(self, options: dict[str, Any]) -> Relay | None:
+        """--relay: a relay thread beside the worker, stopped when the worker stops."""
+        if not options["relay"]:
+            return None
+        try:
+            config = relay_config()
+        except ConfigurationError as error:
+            raise CommandError(str(error)) from error
+        if not config.enabled:
+            raise CommandError("--relay: no relayed queue (SKIPQUEUE['RELAY']['QUEUES'])")
+        relay = Relay(config, listen=not options["no_listen"])
+        relay.thread = threading.Thread(target=relay.run, name="skipqueue-relay", daemon=True)
+        relay.thread.start()
+        return relay
+
     def run_worker(self, worker: Worker, options: dict[str, Any]) -> int:
         """Run one worker in this process until it stops; returns its exit code."""
         if settings.DEBUG:
@@ -228,7 +250,15 @@ class Command(BaseCommand):
         if options["burst"] and self.stdout.isatty() and options["processes"] == 1:
             progress = BurstProgress(worker, self)
             progress.start()
-        code = worker.run()
+        relay = self.start_relay(options)
+        try:
+            code = worker.run()
+        finally:
+            if relay is not None:
+                relay.stop.set()
+                relay.wake.set()
+        if relay is not None and relay.thread is not None:
+            relay.thread.join(timeout=30)
         if progress is not None:
             progress.finish()
         stats = worker.stats
