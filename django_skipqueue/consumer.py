@@ -52,6 +52,7 @@ from django_skipqueue.connections import Backoff, discard_connection
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.executor import Outcome, Verdict, describe_error, run_brokered
 from django_skipqueue.models import Job
+from django_skipqueue.registry import registry
 from django_skipqueue.states import JobState
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class Consumer:
         self._isolating = False
         self._wake: Callable[[], None] = lambda: None
         self._wake_pending = False
+        #: Deliveries running a task with a timeout: (generation, tag) -> (deadline, message).
+        self._deadlines: dict[tuple[int, int], tuple[float, Message]] = {}
 
     # -- the loop ------------------------------------------------------------------
 
@@ -174,6 +177,7 @@ class Consumer:
 
             def turn() -> None:  # in this thread, from process_data_events
                 self._wake_pending = False  # before draining: a later finish wakes again
+                self._time_out(generation)
                 self._settle(channel, publisher, generation)
                 self._isolate(channel, publisher, pool, generation)
 
@@ -233,6 +237,39 @@ class Consumer:
                 channel.basic_qos(prefetch_count=self.prefetch)
                 self._isolating = False
 
+    def _time_out(self, generation: int) -> None:
+        """Jobs past their task's timeout are settled as failed attempts (retried through
+        the broker, or dead-lettered after the last), as a worker gives up on them. Their
+        threads cannot be stopped: each holds a thread of the pool until its task
+        returns, and what it returns then is dropped."""
+        now = time.monotonic()
+        for (born, tag), (deadline, message) in list(self._deadlines.items()):
+            if born != generation:
+                self._deadlines.pop((born, tag), None)  # its channel is gone
+                continue
+            if now < deadline or not self._deadlines.pop((born, tag), None):
+                continue  # not yet, or it finished meanwhile
+            task = registry.get(message.task)
+            seconds = task.timeout.total_seconds() if task.timeout else 0.0
+            error = describe_error(TimeoutError(f"the task ran past its timeout of {seconds}s"))
+            logger.error(
+                "job timed out id=%s task=%s attempt=%d timeout=%.3fs: its thread is given up on",
+                message.job_id,
+                message.task,
+                message.attempt,
+                seconds,
+            )
+            if message.attempt < message.max_attempts:
+                verdict = Verdict(
+                    Outcome.RETRYING,
+                    seconds,
+                    error=error,
+                    retry_in=task.retry_policy.delay(message.attempt),
+                )
+            else:
+                verdict = Verdict(Outcome.FAILED, seconds, error=error)
+            self._done.put(Done(generation, tag, message, verdict))
+
     def _run(self, generation: int, tag: int, message: Message) -> None:
         job = Job(
             id=message.job_id,
@@ -245,6 +282,10 @@ class Consumer:
             lease=timedelta(seconds=message.lease_seconds),
             state=JobState.RUNNING,
         )
+        task = registry.get(job.task) if job.task in registry else None
+        if task is not None and task.timeout is not None:
+            deadline = time.monotonic() + task.timeout.total_seconds()
+            self._deadlines[(generation, tag)] = (deadline, message)
         try:
             verdict = run_brokered(job, database=self.database)
         except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
@@ -252,6 +293,9 @@ class Consumer:
             verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
         finally:
             connections[self.database].close_if_unusable_or_obsolete()
+        timed = task is not None and task.timeout is not None
+        if timed and not self._deadlines.pop((generation, tag), None):
+            return  # settled already as timed out (_time_out): this late outcome is dropped
         self._done.put(Done(generation, tag, message, verdict))
         if self._wake_pending:
             return  # a turn is coming, and it drains every finished job

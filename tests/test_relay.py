@@ -363,3 +363,25 @@ def test_runworker_relay_publishes_from_a_thread_beside_the_worker(relayed, sett
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert "relay stopped published=1" in worker.output()
+
+
+def test_a_job_past_its_timeout_is_given_up_on_and_its_late_success_dropped(
+    relayed, settings, start_worker
+):
+    from tests.testapp.tasks import outlives_its_timeout  # timeout 0.3 s, 1 attempt, 0.9 s
+
+    job = outlives_its_timeout.using(queue_name=relayed).enqueue()
+    relay = Relay(relay_config(), listen=False)
+    try:
+        relay.relay_once()
+    finally:
+        relay.close()
+    consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
+    wait_until(lambda: depth(dead_queue(relayed)) == 1, timeout=30, message="not given up on")
+    time.sleep(1.0)  # the task returns meanwhile: its success must not count
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    assert f"job timed out id={job.id}" in consumer.output()
+    assert "0 succeeded, 0 retried, 1 dead-lettered" in consumer.output()
+    [(_, properties, _)] = drain(dead_queue(relayed))
+    assert "TimeoutError: the task ran past its timeout of 0.3s" in properties.headers[ERROR_HEADER]
