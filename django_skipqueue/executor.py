@@ -379,15 +379,7 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
     except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
         duration = time.monotonic() - started
         error = describe_error(raised)
-        logger.error(
-            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
-            job.id,
-            job.task,
-            attempt,
-            duration,
-            error.type,
-            error.traceback.rstrip(),
-        )
+        _log_raised(job, attempt, duration, error)
         if _is_retryable(task, raised) and attempt < job.max_attempts:
             policy = task.retry_policy if task is not None else default_retry_policy()
             retry_in = policy.delay(attempt)
@@ -541,16 +533,7 @@ def _record_failure(
     if isinstance(raised, UnknownTaskError):
         logger.error("job task unknown id=%s task=%s attempt=%d", job.id, job.task, attempt)
     else:
-        # The stored, redacted traceback, not exc_info: secrets stay out of logs too.
-        logger.error(
-            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
-            job.id,
-            job.task,
-            attempt,
-            duration,
-            error.type,
-            error.traceback.rstrip(),
-        )
+        _log_raised(job, attempt, duration, error)
     if state == JobState.CANCELLED:  # failed after a cancel request: not retried
         logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
         return Execution(job.id, attempt, Outcome.CANCELLED, duration, error)
@@ -567,6 +550,19 @@ def _record_failure(
     logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
     signals.job_failed.send(sender=Job, job=job, error=error)
     return Execution(job.id, attempt, Outcome.FAILED, duration, error)
+
+
+def _log_raised(job: Job, attempt: int, duration: float, error: ErrorInfo) -> None:
+    # The stored, redacted traceback, not exc_info: secrets stay out of logs too.
+    logger.error(
+        "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
+        job.id,
+        job.task,
+        attempt,
+        duration,
+        error.type,
+        error.traceback.rstrip(),
+    )
 
 
 def _persist(write: Callable[[], T], job: Job, database: str) -> Answer[T]:

@@ -131,6 +131,17 @@ class Relay:
         self.stats.published += len(batch)
         return len(batch)
 
+    def relay_due(self) -> int:
+        """Publish every due job, batch after batch, then close the broker connection;
+        the number published (`relayjobs --once`)."""
+        total = 0
+        try:
+            while published := self.relay_once():
+                total += published
+        finally:
+            self.close()
+        return total
+
     # -- the loop ------------------------------------------------------------------
 
     def run(self) -> None:

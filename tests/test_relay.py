@@ -38,6 +38,11 @@ from tests.testapp.tasks import always_fails, record
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
+def relay_everything() -> int:
+    """Publish every due job of the relayed queues, here and now; how many."""
+    return Relay(relay_config(), listen=False).relay_due()
+
+
 def test_committed_jobs_are_published_persistent_with_the_job_id_and_their_rows_deleted(
     relayed,
 ):
@@ -70,12 +75,7 @@ def test_a_job_enqueued_in_a_rolled_back_transaction_is_never_published(relayed)
         record.using(queue_name=relayed).enqueue()
         raise RuntimeError("the business write failed")
     kept = record.using(queue_name=relayed).enqueue()
-    relay = Relay(relay_config(), listen=False)
-    try:
-        while relay.relay_once():
-            pass
-    finally:
-        relay.close()
+    relay_everything()
     assert [int(p.message_id) for _, p, _ in drain(broker_queue(relayed))] == [kept.id]
 
 
@@ -115,11 +115,7 @@ def test_results_keep_the_rows_relayed_until_the_consumer_writes_the_outcome_bac
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, **relay_settings(relayed, RESULTS=True)}
     jobs = [record.using(queue_name=relayed).enqueue() for _ in range(3)]
     failing = always_fails.using(queue_name=relayed, max_attempts=1).enqueue("no luck")
-    relay = Relay(relay_config(), listen=False)
-    try:
-        assert relay.relay_once() == 4
-    finally:
-        relay.close()
+    assert relay_everything() == 4
     assert set(Job.objects.filter(queue_name=relayed).values_list("state", flat=True)) == {
         JobState.RELAYED
     }
@@ -154,11 +150,7 @@ def test_the_consumer_runs_the_tasks_with_context_and_stops_on_sigterm(
     consumer = start_worker("--broker", "--concurrency", "4", settings=settings.SKIPQUEUE)
     consumer.wait_for_output("broker consumer connected")
     jobs = [record.using(queue_name=relayed).enqueue() for _ in range(20)]
-    relay = Relay(relay_config(), listen=False)
-    try:
-        assert relay.relay_once() == 20
-    finally:
-        relay.close()
+    assert relay_everything() == 20
     wait_until(lambda: Run.objects.count() >= 20, timeout=30, message="jobs did not run")
     runs = list(Run.objects.values_list("job_id", "attempt", "pid"))
     assert sorted(job_id for job_id, _, _ in runs) == sorted(job.id for job in jobs)
@@ -175,11 +167,7 @@ def test_retries_go_through_the_broker_then_the_dead_letter_queue_and_can_be_red
 ):
     """T52."""
     job = always_fails.using(queue_name=relayed).enqueue("every time")  # 3 attempts
-    relay = Relay(relay_config(), listen=False)
-    try:
-        relay.relay_once()
-    finally:
-        relay.close()
+    relay_everything()
     consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
     # Attempt 1 fails, waits 1 s in the retry queue, attempt 2, 1 s, attempt 3: dead.
     wait_until(lambda: depth(dead_queue(relayed)) == 1, timeout=30, message="not dead-lettered")
@@ -275,11 +263,7 @@ def test_queuestats_shows_the_relay_backlog_and_the_broker_depths(relayed, setti
     from io import StringIO
 
     record.using(queue_name=relayed).enqueue_many([((), {})] * 3)
-    relay = Relay(relay_config(), listen=False)
-    try:
-        relay.relay_once()
-    finally:
-        relay.close()
+    relay_everything()
     record.using(queue_name=relayed).enqueue_many([((), {})] * 2)  # not published yet
     out = StringIO()
     call_command("queuestats", "--json", stdout=out)
@@ -314,11 +298,7 @@ def test_a_retry_request_goes_back_through_the_broker_without_spending_an_attemp
     from tests.testapp.tasks import retry_once
 
     job = retry_once.using(queue_name=relayed, max_attempts=1).enqueue()
-    relay = Relay(relay_config(), listen=False)
-    try:
-        relay.relay_once()
-    finally:
-        relay.close()
+    relay_everything()
     consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
     wait_until(
         lambda: "job succeeded id=" in consumer.output(), timeout=30, message="never retried"
@@ -371,11 +351,7 @@ def test_a_job_past_its_timeout_is_given_up_on_and_its_late_success_dropped(
     from tests.testapp.tasks import outlives_its_timeout  # timeout 0.3 s, 1 attempt, 0.9 s
 
     job = outlives_its_timeout.using(queue_name=relayed).enqueue()
-    relay = Relay(relay_config(), listen=False)
-    try:
-        relay.relay_once()
-    finally:
-        relay.close()
+    relay_everything()
     consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
     wait_until(lambda: depth(dead_queue(relayed)) == 1, timeout=30, message="not given up on")
     time.sleep(1.0)  # the task returns meanwhile: its success must not count

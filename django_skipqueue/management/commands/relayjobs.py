@@ -72,12 +72,7 @@ class Command(BaseCommand):
         relay = Relay(config, listen=not options["no_listen"])
         require_migrated(relay.database)
         if options["once"]:
-            total = 0
-            try:
-                while published := relay.relay_once():
-                    total += published
-            finally:
-                relay.close()
+            total = relay.relay_due()
             self.stdout.write(f"{total} jobs published")
             return
 
