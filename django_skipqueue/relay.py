@@ -100,7 +100,8 @@ class Relay:
     # -- one pass ------------------------------------------------------------------
 
     def relay_once(self) -> int:
-        """Publish one batch; the number of jobs published (and deleted or marked)."""
+        """Publish one batch; the number of rows it handled: published (then deleted or
+        marked), or failed in the table when their arguments cannot travel."""
         publisher = self._publisher()
         jobs = Job.objects.db_manager(self.database)
         with transaction.atomic(using=self.database):
@@ -116,12 +117,18 @@ class Relay:
             )
             if not batch:
                 return 0
+            unfit = [job for job in batch if not fits_a_message(job)]
+            if unfit:  # a row another client wrote: it fails here, and the batch goes on
+                batch = [job for job in batch if fits_a_message(job)]
+                fail_unfit(jobs, unfit)
             for job in batch:
                 publisher.publish(broker_queue(job.queue_name), message_of(job))
             # Every message stored by the broker, or PublishRefusedError: the transaction
             # rolls back, the rows stay pending, and the next pass publishes them again.
             publisher.confirm()
             ids = [job.id for job in batch]
+            if not ids:
+                return len(unfit)  # rows handled: relay_due goes on to the next batch
             if self.config.results:
                 jobs.filter(id__in=ids, state=JobState.PENDING).update(
                     state=JobState.RELAYED, started_at=Now()
@@ -129,7 +136,7 @@ class Relay:
             else:
                 _delete(jobs, ids)
         self.stats.published += len(batch)
-        return len(batch)
+        return len(batch) + len(unfit)
 
     def relay_due(self) -> int:
         """Publish every due job, batch after batch, then close the broker connection;
@@ -197,6 +204,25 @@ class Relay:
 def _delete(jobs: Any, ids: list[int]) -> None:
     # A raw DELETE: the ORM's delete() would collect related rows first (one more query).
     jobs.filter(id__in=ids)._raw_delete(jobs.db)
+
+
+def fits_a_message(job: Job) -> bool:
+    """Whether a row's arguments can travel: a JSON array and object that Python loaded
+    (not `payload.Undecodable`, the text of a value another writer stored)."""
+    return type(job.args) is list and type(job.kwargs) is dict
+
+
+def fail_unfit(jobs: Any, unfit: list[Job]) -> None:
+    for job in unfit:
+        reason = getattr(job.args, "reason", None) or getattr(job.kwargs, "reason", None)
+        error = (
+            f"InvalidJobError: job {job.id} cannot be relayed: its arguments are not a JSON "
+            f"array and object that Python can load ({reason or 'malformed'})"
+        )
+        logger.error("relay: %s", error)
+        jobs.filter(id=job.id, state=JobState.PENDING).update(
+            state=JobState.FAILED, last_error=error, finished_at=Now()
+        )
 
 
 def message_of(job: Job) -> Message:

@@ -361,3 +361,25 @@ def test_a_job_past_its_timeout_is_given_up_on_and_its_late_success_dropped(
     assert "0 succeeded, 0 retried, 1 dead-lettered" in consumer.output()
     [(_, properties, _)] = drain(dead_queue(relayed))
     assert "TimeoutError: the task ran past its timeout of 0.3s" in properties.headers[ERROR_HEADER]
+
+
+def test_a_row_python_cannot_load_fails_in_the_table_and_does_not_stop_the_relay(relayed):
+    """Another client wrote a number Python's json refuses (over 4,300 digits)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,"
+            " lease, attempts, max_attempts, expirations, releases, last_error, errors,"
+            " created_at) VALUES ('tests.testapp.tasks.add', '[1e4400]', '{}', %s, 0,"
+            " 'pending', now(), '30 s', 0, 5, 0, 0, '', '[]', now()) RETURNING id",
+            [relayed],
+        )
+        bad_id = cursor.fetchone()[0]
+    good = record.using(queue_name=relayed).enqueue()
+    assert relay_everything() == 2
+    bad = Job.objects.get(id=bad_id)
+    assert bad.state == JobState.FAILED
+    assert "cannot be relayed" in bad.last_error
+    assert "4300" in bad.last_error
+    assert [int(p.message_id) for _, p, _ in drain(broker_queue(relayed))] == [good.id]

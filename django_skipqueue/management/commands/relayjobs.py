@@ -72,8 +72,8 @@ class Command(BaseCommand):
         relay = Relay(config, listen=not options["no_listen"])
         require_migrated(relay.database)
         if options["once"]:
-            total = relay.relay_due()
-            self.stdout.write(f"{total} jobs published")
+            relay.relay_due()
+            self.stdout.write(f"{relay.stats.published} jobs published")
             return
 
         def stop(signum: int) -> None:
