@@ -383,3 +383,14 @@ def test_a_row_python_cannot_load_fails_in_the_table_and_does_not_stop_the_relay
     assert "cannot be relayed" in bad.last_error
     assert "4300" in bad.last_error
     assert [int(p.message_id) for _, p, _ in drain(broker_queue(relayed))] == [good.id]
+
+
+def test_run_jobs_runs_relayed_jobs_in_the_test_process_without_a_broker(settings):
+    from django_skipqueue.testing import run_jobs
+
+    settings.SKIPQUEUE = {"RELAY": {"QUEUES": ["events"], "URL": "amqp://nobody@127.0.0.1:1/"}}
+    job = record.using(queue_name="events").enqueue()
+    [execution] = run_jobs()
+    assert execution.job_id == job.id
+    job.refresh_from_db()
+    assert job.state == JobState.DONE
