@@ -31,6 +31,8 @@ from types import FrameType
 
 from django.db import connections
 
+from django_skipqueue.stopsignals import STOP_SIGNALS
+
 logger = logging.getLogger("django_skipqueue.worker")
 
 #: A child that exits sooner than this after its start counts as failing to start.
@@ -125,7 +127,14 @@ class WorkerPool:
         self._spawn()
 
     def _spawn(self) -> None:
+        # The child starts with SIGTERM and SIGINT blocked, and the worker unblocks them
+        # once its handlers are in place (stopsignals.StopSignals.install): a signal the
+        # parent forwards meanwhile waits for them, instead of killing a child that has
+        # not started (which the pool counted as a failed stop).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pid == 0:  # the child: run one worker, then leave without the parent's exit
             code = 1
             try:

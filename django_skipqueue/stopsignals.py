@@ -48,6 +48,9 @@ class StopSignals:
         self._thread.start()
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
+        # A pool's child starts with them blocked (pool.WorkerPool._spawn): from here on
+        # they are handled, so let them in (one that came meanwhile is handled now).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -117,3 +117,36 @@ def test_children_stop_when_their_parent_is_killed(start_worker):
 
     wait_until(gone, timeout=15)
     assert set(Job.objects.values_list("state", flat=True)) == {JobState.DONE}  # drained
+
+
+# A child that is slow to install its handlers (Django's start, say): SIGTERM forwarded in
+# that window must wait for them, not kill the child (the pool counted that as failed).
+SLOW_CHILD = """
+import sys, threading, time
+from django_skipqueue.pool import WorkerPool
+from django_skipqueue.stopsignals import StopSignals
+
+def run_child():
+    print("child starting", flush=True)
+    time.sleep(1.5)  # the parent's SIGTERM arrives here
+    stop = threading.Event()
+    StopSignals(lambda signum: stop.set()).install()
+    return 0 if stop.wait(10) else 3  # the pending signal is handled now
+
+sys.exit(WorkerPool(1, run_child).run())
+"""
+
+
+def test_a_sigterm_before_the_child_installed_its_handlers_waits_for_them():
+    from tests.processes import start_python
+
+    pool = start_python(SLOW_CHILD)
+    try:
+        assert pool.stdout.readline().strip() == "child starting"
+        time.sleep(0.3)
+        pool.send_signal(signal.SIGTERM)
+        assert pool.wait(timeout=20) == 0, pool.stderr.read()
+    finally:
+        if pool.poll() is None:
+            pool.kill()
+        pool.communicate()
