@@ -10,6 +10,7 @@ warns and ends: the worker polls instead. A lost connection is retried with back
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -103,13 +104,16 @@ class Notifier:
         session that really stays ours receives it.
         """
         channel = sql.channel_name(self.queues[0])
+        payload = f"{sql.SELF_TEST_PAYLOAD}:{secrets.token_hex(8)}"
         try:
             with connections[self.database].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [channel, sql.SELF_TEST_PAYLOAD])
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
         finally:
             connections[self.database].close()  # the notifier keeps only its own session
         for notify in raw.notifies(timeout=2.0):
-            if notify.payload == sql.SELF_TEST_PAYLOAD:
+            if notify.payload == payload:
                 return True
+            if notify.payload.startswith(sql.SELF_TEST_PAYLOAD):
+                continue  # another worker's check (through a pooler, it can reach us)
             self.wake.set()  # a real one arrived meanwhile
         return False

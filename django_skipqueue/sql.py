@@ -31,7 +31,9 @@ CONTROL_CHANNEL = "skipqueue!control"
 #: workers look for them at once: the claim's fast path leaves them out, and probing
 #: for them on every claim was measured to add 0.3 to 1.5 ms to the pickup latency.
 KEYED_CHANNEL = "skipqueue!keyed"
-#: The payload of the NOTIFY a worker sends itself to check that LISTEN works.
+#: The payload of the NOTIFY a worker sends itself to check that LISTEN works, followed
+#: by a token of that check's own: workers that start together test on the same
+#: channel, and one must not take another's notification for its own.
 SELF_TEST_PAYLOAD = "skipqueue:listen-self-test"
 
 
