@@ -160,7 +160,8 @@ def test_an_operator_requeues_a_stuck_job_from_its_page_and_reaches_the_overview
 
     page.goto(f"{server_url}/admin/")  # the overview is one click from the admin index
     page.click("a:text-is('Queue overview')")
-    assert page.locator("#queue-overview").is_visible()
+    # click() does not wait for the new page: wait for the table (is_visible() does not).
+    page.locator("#queue-overview").wait_for(state="visible", timeout=10_000)
     assert page.locator("#throughput-chart rect").count() == 12
     assert page.locator("#throughput-chart .tick-label").count() == 3  # a scale
     assert page.locator(".breadcrumbs a").first.inner_text() == "Home"
