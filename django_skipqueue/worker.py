@@ -130,7 +130,6 @@ class Worker:
         self._stopping = threading.Event()  # no more claims
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._signals = 0
-        self._stop_signals: StopSignals | None = None
         self._release_prefetched = True
         self.threads = Supervisor(halted=self._halted, died=self._thread_died)
         self.housekeeper = Housekeeper(
@@ -174,9 +173,10 @@ class Worker:
         try:
             self._dispatch()
         finally:
+            # The signal handlers stay until the process exits: a SIGTERM that comes
+            # while it exits (a pool forwards one to a child that stopped on its own)
+            # is a stop already done, not a kill by the default action.
             self._shutdown()
-            if self._stop_signals is not None:
-                self._stop_signals.restore()
         return 0
 
     def stop(self, reason: str = "stop requested", *, release_prefetched: bool = True) -> None:
@@ -199,8 +199,7 @@ class Worker:
         The handlers run `_on_signal` from a thread of their own (`stopsignals`): a
         handler that set the wake Event could deadlock with the dispatcher holding it.
         """
-        self._stop_signals = StopSignals(self._on_signal)
-        self._stop_signals.install()
+        StopSignals(self._on_signal).install()
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
