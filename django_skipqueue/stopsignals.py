@@ -18,7 +18,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 logger = logging.getLogger("django_skipqueue.worker")
@@ -51,6 +52,18 @@ class StopSignals:
         # A pool's child starts with them blocked (pool.WorkerPool._spawn): from here on
         # they are handled, so let them in (one that came meanwhile is handled now).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    @contextmanager
+    def handling(self) -> Iterator[None]:
+        """Install for the block when this is the main thread (a command run by
+        call_command from another thread leaves the process's handlers alone), then
+        restore."""
+        if threading.current_thread() is threading.main_thread():
+            self.install()
+        try:
+            yield
+        finally:
+            self.restore()
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -89,7 +89,7 @@ class Worker:
         self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
-        relayed = [name for name in self.queues if name in relayed_queues()]
+        relayed = sorted(relayed_queues().intersection(self.queues))
         if relayed:
             raise ConfigurationError(
                 f"queue {', '.join(relayed)} is relayed to RabbitMQ (SKIPQUEUE['RELAY']): "

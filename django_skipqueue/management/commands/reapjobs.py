@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import threading
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -85,16 +86,13 @@ class Command(BaseCommand):
         reaper = Reaper(batch_size=options["batch_size"])
         require_migrated(reaper.database)
         stop = threading.Event()
-        stop_signals = StopSignals(lambda signum: stop.set())
-        if options["loop"] and threading.current_thread() is threading.main_thread():
-            stop_signals.install()  # a handler that set `stop` itself could deadlock
-        try:
+        # Through StopSignals: a handler that set `stop` itself could deadlock.
+        handling = StopSignals(lambda signum: stop.set()).handling()
+        with handling if options["loop"] else nullcontext():
             while True:
                 self.report(self.one_pass(reaper, options), options["dry_run"])
                 if not options["loop"] or stop.wait(options["interval"]):
                     return
-        finally:
-            stop_signals.restore()
 
     def one_pass(self, reaper: Reaper, options: dict[str, Any]) -> HousekeepingResult:
         prune_workers = timedelta(seconds=get_settings().WORKER_PRUNE_AFTER_SECONDS)

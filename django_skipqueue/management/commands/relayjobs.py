@@ -5,13 +5,11 @@ See docs/howto/outgrowing-one-postgresql.md.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_skipqueue.broker import (
-    ERROR_HEADER,
     Message,
     RelayConfig,
     broker_queue,
@@ -80,13 +78,8 @@ class Command(BaseCommand):
             relay.stop.set()
             relay.wake.set()
 
-        stop_signals = StopSignals(stop)
-        if threading.current_thread() is threading.main_thread():
-            stop_signals.install()
-        try:
+        with StopSignals(stop).handling():
             relay.run()
-        finally:
-            stop_signals.restore()
 
 
 def redrive(config: RelayConfig, queue: str) -> int:
@@ -110,8 +103,6 @@ def redrive(config: RelayConfig, queue: str) -> int:
                 raise CommandError(
                     f"{dead_queue(queue)} holds a message that is not a job"
                 ) from None
-            headers = dict(properties.headers or {})
-            headers.pop(ERROR_HEADER, None)
             channel.basic_publish(
                 "", broker_queue(queue), message.body(), message.properties(), mandatory=True
             )

@@ -209,13 +209,8 @@ class Command(BaseCommand):
                 f"(SKIPQUEUE['RELAY']['QUEUES'] is {list(config.queues)})"
             )
         consumer = Consumer(config, queues=queues, concurrency=options["concurrency"])
-        stop_signals = StopSignals(lambda signum: consumer.stop.set())
-        if threading.current_thread() is threading.main_thread():
-            stop_signals.install()
-        try:
+        with StopSignals(lambda signum: consumer.stop.set()).handling():
             consumer.run()
-        finally:
-            stop_signals.restore()
         stats = consumer.stats
         self.stdout.write(
             f"broker consumer stopped: {stats.succeeded} succeeded, {stats.retried} retried, "
