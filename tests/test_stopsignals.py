@@ -63,7 +63,9 @@ def test_a_flood_of_sigterms_never_hangs_a_process_spinning_on_an_event():
             time.sleep(0.001)
         assert child.poll() is not None, "the child hung: a signal was lost or deadlocked"
         out, _ = child.communicate()
-        assert out.split() == ["stopped", str(SIGNALS_WANTED)]
+        word, count = out.split()
+        # One more may reach the callback between `done` and SIG_IGN: not fewer.
+        assert word == "stopped" and int(count) >= SIGNALS_WANTED
         assert child.returncode == 0
     finally:
         if child.poll() is None:
