@@ -72,3 +72,9 @@ def set_on_frozen(instance: object, name: str, value: object) -> None:
     """Set an attribute of a frozen dataclass of Django's (`django.tasks.TaskResult`'s
     `status` and `_return_value`, which only Django's own backends otherwise write)."""
     object.__setattr__(instance, name, value)
+
+
+def raw_result(cursor: Any) -> Any:
+    """The psycopg result behind a Django cursor (`pgresult`: the values as the server
+    sent them, before any loading), for a row that Python cannot load."""
+    return getattr(cursor, "cursor", cursor).pgresult

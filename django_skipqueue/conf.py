@@ -145,6 +145,14 @@ class SkipQueueSettings:
     WORKER_PRUNE_AFTER_SECONDS: float = 24 * 3600.0
     #: Worker: seconds jobs in flight get to finish after SIGTERM before they are released.
     GRACE_SECONDS: float = 30.0
+    #: Worker: the server ends a session of ours that sits idle this long inside one of
+    #: our own transactions that take locks (a worker frozen by SIGSTOP, a paused VM, a
+    #: long GC), which rolls it back and frees its locks for the other workers. Set with
+    #: SET LOCAL at the start of each such transaction (safe behind a transaction pooler).
+    IDLE_IN_TRANSACTION_SECONDS: float = 5.0
+    #: Worker: the longest one of those transactions waits for a lock before it gives up
+    #: and tries again later (a passing error).
+    LOCK_TIMEOUT_SECONDS: float = 5.0
     #: Periodic schedules of tasks you do not decorate yourself, by name: each a dict
     #: with "task" (its registered name), "cron" (the expression) and optionally "args",
     #: "kwargs", "queue_name", "priority", "timezone", "missed", "catch_up", "grace"
@@ -199,6 +207,8 @@ class SkipQueueSettings:
             "WORKER_DEAD_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "WORKER_PRUNE_AFTER_SECONDS": (_positive_number, "a positive number of seconds"),
             "GRACE_SECONDS": (_zero_or_more, "zero or more seconds"),
+            "IDLE_IN_TRANSACTION_SECONDS": (_positive_number, "a positive number of seconds"),
+            "LOCK_TIMEOUT_SECONDS": (_positive_number, "a positive number of seconds"),
             "REDACT_KEYS": (_names, "a list of key names"),
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
             "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),

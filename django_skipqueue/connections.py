@@ -7,17 +7,19 @@ they reconnect after a passing error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue.compat import check_health_before_next_use, mark_healthy
+from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,40 @@ def refresh_connections() -> None:
                 mark_healthy(connection)
             else:
                 connection.close()
+
+
+#: The server-side bounds of a transaction of ours that takes locks (`bounded`): both
+#: settings last until its end only (is_local), so a transaction pooler's next client
+#: never inherits them.
+BOUND_TRANSACTION = (
+    "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+    "set_config('lock_timeout', %s, true)"
+)
+
+
+@contextlib.contextmanager
+def bounded(alias: str) -> Iterator[None]:
+    """`transaction.atomic(using=alias)` whose locks a frozen process cannot hold for long.
+
+    The rule (docs/explanation/failure-model.md, "A frozen worker"): a worker can be
+    stopped anywhere, even inside one of its transactions, and must not stop the others
+    for more than a few seconds. So every transaction of ours that takes locks starts by
+    setting, for itself only, `idle_in_transaction_session_timeout` (the server ends a
+    session left idle inside it, which rolls it back and frees its locks) and
+    `lock_timeout` (it gives up a lock it waits for; a passing error, tried again).
+    Inside a caller's transaction (a test's, say) it is a savepoint and sets nothing:
+    the bounds would last to the end of the caller's transaction.
+    """
+    connection = connections[alias]
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=alias):
+        if outermost:
+            settings = get_settings()
+            idle = f"{max(int(settings.IDLE_IN_TRANSACTION_SECONDS * 1000), 1)}ms"
+            lock = f"{max(int(settings.LOCK_TIMEOUT_SECONDS * 1000), 1)}ms"
+            with connection.cursor() as cursor:
+                cursor.execute(BOUND_TRANSACTION, [idle, lock])
+        yield
 
 
 def discard_connection(alias: str) -> None:

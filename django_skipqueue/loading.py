@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from django.db import connections, models
+from django.db import DatabaseError, connections, models
 from django.db.models import signals
 
-from django_skipqueue.compat import instance_from_row
+from django_skipqueue.compat import instance_from_row, raw_result
 
 M = TypeVar("M", bound=models.Model)
 
@@ -35,26 +35,57 @@ def loaded_jobs(
     return [instance_from_row(model, alias, row) for row in rows]
 
 
-def fetch_jobs(model: type[M], cursor: Any, alias: str) -> list[M]:
+def fetch_jobs(
+    model: type[M],
+    cursor: Any,
+    alias: str,
+    *,
+    unloadable: list[tuple[int, str]] | None = None,
+) -> list[M]:
     """Every row of `cursor` (all of the model's columns) as a `model` instance.
 
     Each value goes through the converters Django's compiler would apply to that
     column (JSON decoding, for one), so the instances equal what the ORM loads.
+
+    With `unloadable`, a row that Python cannot load (a timestamp of 'infinity' written
+    by another client, which no datetime holds) is left out and listed there as (id,
+    reason), so that one such row cannot strand the others; without it the error is
+    raised.
     """
     names = [column.name for column in cursor.description]
     if len(names) != len(model._meta.concrete_fields):
         raise ValueError(f"fetch_jobs needs every column of {model._meta.db_table}, got {names}")
     converters = _converters(model, alias, tuple(names))
     connection = connections[alias]
-    rows = []
-    for values in cursor.fetchall():
+
+    def convert(values: Any) -> dict[str, Any]:
         row = {}
-        for name, value, convert in zip(names, values, converters, strict=True):
-            for function, col in convert:
+        for name, value, converting in zip(names, values, converters, strict=True):
+            for function, col in converting:
                 value = function(value, col, connection)
             row[name] = value
-        rows.append(row)
+        return row
+
+    if unloadable is None:
+        return loaded_jobs(model, alias, names, [convert(values) for values in cursor.fetchall()])
+    count = cursor.rowcount
+    try:
+        rows = [convert(values) for values in cursor.fetchall()]
+    except (DatabaseError, ValueError, TypeError, OverflowError):
+        rows = []
+        id_index = names.index(model._meta.pk.column)
+        for position in range(count):  # row by row: a row's error is its own
+            cursor.scroll(position, mode="absolute")
+            try:
+                rows.append(convert(cursor.fetchone()))
+            except (DatabaseError, ValueError, TypeError, OverflowError) as error:
+                unloadable.append((raw_id(cursor, position, id_index), str(error)))
     return loaded_jobs(model, alias, names, rows)
+
+
+def raw_id(cursor: Any, position: int, column: int) -> int:
+    """The id at `position` of the result, read from the server's text, not loaded."""
+    return int(raw_result(cursor).get_value(position, column))
 
 
 _CONVERTERS: dict[

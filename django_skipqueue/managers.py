@@ -38,6 +38,7 @@ from django.db.models.functions import Coalesce, Greatest, JSONObject, Least, No
 
 from django_skipqueue import sql
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.connections import bounded
 from django_skipqueue.exceptions import DuplicateJobError, InvalidJobError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.loading import fetch_jobs, loaded_jobs
@@ -169,16 +170,25 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state=JobState.PENDING, run_at__gt=Now())
 
     def expired(self) -> JobQuerySet:
-        """Running jobs whose lease has run out and which the reaper has not yet taken back."""
-        return self.filter(state=JobState.RUNNING, leased_until__lt=Now())
+        """Running jobs whose lease has run out and which the reaper has not yet taken back.
 
-    def reapable(self) -> tuple[JobQuerySet, JobQuerySet]:
+        A running row with no lease at all (written by hand or by another client) counts
+        as expired: no attempt can hold it, since the fence needs a live lease.
+        """
+        return self.filter(
+            Q(leased_until__lt=Now()) | Q(leased_until__isnull=True), state=JobState.RUNNING
+        )
+
+    def reapable(self) -> tuple[JobQuerySet, JobQuerySet, JobQuerySet]:
         """The expired jobs of this set the reaper sends back to pending (an attempt is
-        left) and those it ends failed (none is left)."""
-        expired = self.expired().filter(cancel_requested_at__isnull=True)
+        left), those it ends failed (none is left) and those it ends cancelled (an
+        operator asked them to stop). Only expired running jobs are in any of them."""
+        expired = self.expired()
+        uncancelled = expired.filter(cancel_requested_at__isnull=True)
         return (
-            expired.filter(attempts__lt=F("max_attempts")),
-            expired.filter(attempts__gte=F("max_attempts")),
+            uncancelled.filter(attempts__lt=F("max_attempts")),
+            uncancelled.filter(attempts__gte=F("max_attempts")),
+            expired.filter(cancel_requested_at__isnull=False),
         )
 
     def repeatedly_expired(self, threshold: int) -> JobQuerySet:
@@ -282,9 +292,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             # One statement, its own transaction in autocommit (no BEGIN and COMMIT
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
             # inside the caller's atomic(), a savepoint of the caller's transaction.
+            unloadable: list[tuple[int, str]] = []
             with _savepoint_if_in_transaction(self.db), connections[self.db].cursor() as cursor:
                 cursor.execute(statement, params)
-                claimed = fetch_jobs(self.model, cursor, self.db)
+                claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+            self._fail_unloadable(unloadable)
         except DatabaseError as error:
             if is_transient(error):
                 raise
@@ -292,6 +304,17 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             claimed = self._claim_row_by_row(names, limit, worker, lease)
         sort_in_claim_order(claimed)
         return claimed
+
+    def _fail_unloadable(self, unloadable: list[tuple[int, str]]) -> None:
+        """Claimed rows that Python cannot load (`fetch_jobs`) end failed, each with its
+        reason: they could never run, and the rest of their batch runs as usual."""
+        for job_id, reason in unloadable:
+            self._quarantine(
+                job_id,
+                JobState.RUNNING,
+                f"the job's row holds a value Python cannot load ({reason}); it was "
+                f"written by another client",
+            )
 
     def claim_statement(
         self,
@@ -344,7 +367,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         row is claimed as usual. One transaction, committed before returning.
         """
         claimed: list[Job] = []
-        with transaction.atomic(using=self.db):
+        with bounded(self.db):
             ids = list(self.claimable(queues).values_list("id", flat=True)[:limit])
             for job_id in ids:
                 try:
@@ -352,13 +375,56 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                         statement, params = self.claim_statement(
                             queues, worker=worker, lease=lease, only=job_id
                         )
-                        with connections[self.db].cursor() as cursor:
-                            cursor.execute(statement, params)
-                            claimed.extend(fetch_jobs(self.model, cursor, self.db))
+                        claimed.extend(self._run_claim(statement, params))
                 except DatabaseError as error:
                     if is_transient(error):
                         raise
                     self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
+        return claimed
+
+    def _run_claim(self, statement: str, params: list[Any]) -> list[Job]:
+        """Run a claiming statement and load what it claimed, failing the rows Python
+        cannot load (`_fail_unloadable`)."""
+        unloadable: list[tuple[int, str]] = []
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(statement, params)
+            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        self._fail_unloadable(unloadable)
+        return claimed
+
+    def _claim_these(
+        self,
+        queues: Sequence[str],
+        ids: list[int],
+        worker: WorkerProcess | None,
+        lease: timedelta | None,
+    ) -> list[Job]:
+        """Claim rows this transaction has locked (`claim_limited`), in a savepoint; if
+        the statement fails other than by the connection (one row's attempt counter at
+        its maximum, a project's trigger), each row alone, and a row whose claim still
+        fails ends failed with the database's error. One row cannot stop the others."""
+        try:
+            with transaction.atomic(using=self.db):
+                statement, params = self.claim_statement(
+                    queues, worker=worker, lease=lease, ids=ids
+                )
+                return self._run_claim(statement, params)
+        except DatabaseError as error:
+            if is_transient(error):
+                raise
+            logger.error("limited claim failed, claiming row by row: %s", error)
+        claimed: list[Job] = []
+        for job_id in ids:
+            try:
+                with transaction.atomic(using=self.db):
+                    statement, params = self.claim_statement(
+                        queues, worker=worker, lease=lease, ids=[job_id]
+                    )
+                    claimed.extend(self._run_claim(statement, params))
+            except DatabaseError as error:
+                if is_transient(error):
+                    raise
+                self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
         return claimed
 
     def keyed_due(self, queues: Sequence[str]) -> bool:
@@ -400,12 +466,17 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         limited = sorted(name for name in queues if name in limits)
         keyed_in = [name for name in queues if name not in limits]
         waits: list[float] = []
-        with transaction.atomic(using=self.db):
+        with bounded(self.db):
             allowed: dict[str, float] = {}
             buckets: dict[str, tuple[float, datetime]] = {}
             for name in limited:
                 queue_limit = limits[name]
-                row, now = queue_rows.locked(name)
+                found = queue_rows.locked(name)
+                if found is None:  # another worker is deciding this queue's claim now
+                    allowed[name] = 0
+                    waits.append(SLOT_RETRY_SECONDS)
+                    continue
+                row, now = found
                 room = math.inf
                 if queue_limit.concurrency is not None:
                     running = self.filter(
@@ -451,14 +522,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     allowed[queue_name] -= 1
                     taken[queue_name] = taken.get(queue_name, 0) + 1
                 chosen.append(job_id)
-            claimed: list[Job] = []
-            if chosen:
-                statement, params = self.claim_statement(
-                    queues, worker=worker, lease=lease, ids=chosen
-                )
-                with connections[self.db].cursor() as cursor:
-                    cursor.execute(statement, params)
-                    claimed = fetch_jobs(self.model, cursor, self.db)
+            claimed = self._claim_these(queues, chosen, worker, lease) if chosen else []
             for name, (tokens, now) in buckets.items():
                 queue_rows.filter(name=name).update(
                     rate_tokens=tokens - taken.get(name, 0), rate_refilled_at=now
@@ -913,17 +977,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         try:
             with _savepoint_if_in_transaction(self.db):
-                result = self._reap(self.all())
+                result = self._reap(self.expired())
         except DatabaseError as error:
             if is_transient(error):
                 raise
             logger.error("reap failed, reaping row by row: %s", error)
             result = self._reap_row_by_row()
         if result.total:
-            logger.warning("leases expired requeued=%d failed=%d", result.requeued, result.failed)
+            logger.warning(
+                "leases expired requeued=%d failed=%d cancelled=%d",
+                result.requeued,
+                result.failed,
+                result.cancelled,
+            )
         return result
 
-    def _reap(self, expired: JobQuerySet) -> ReapResult:
+    def _reap(self, jobs: JobQuerySet) -> ReapResult:
+        """Reap the expired jobs among `jobs`: each UPDATE's WHERE is `reapable()`'s,
+        so a job of the set that is not running with an expired lease is never written."""
         cap = get_settings().ERROR_HISTORY_LENGTH
         written = {
             "leased_until": None,
@@ -931,9 +1002,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "errors": _AppendCapped(F("errors"), LEASE_EXPIRED.entry(), cap),
             "last_error": LEASE_EXPIRED.summary(),
         }
-        to_pending, to_failed = expired.reapable()
-        cancelled = expired.filter(cancel_requested_at__isnull=False).update(
-            state=JobState.CANCELLED, finished_at=Now(), leased_until=None
+        to_pending, to_failed, to_cancelled = jobs.reapable()
+        cancelled = to_cancelled.update(
+            state=JobState.CANCELLED,
+            finished_at=Now(),
+            leased_until=None,
+            expirations=F("expirations") + 1,
         )
         requeued = to_pending.update(state=JobState.PENDING, run_at=Now(), **written)
         failed = to_failed.update(state=JobState.FAILED, finished_at=Now(), **written)
@@ -944,18 +1018,19 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
         A row that cannot be reaped ends failed with the database's error instead.
         """
-        requeued = failed = 0
+        requeued = failed = cancelled = 0
         for job_id in self.expired().values_list("id", flat=True)[:batch_size]:
             try:
                 with transaction.atomic(using=self.db):
                     one = self._reap(self.filter(id=job_id))
                 requeued, failed = requeued + one.requeued, failed + one.failed
+                cancelled += one.cancelled
             except DatabaseError as error:
                 if is_transient(error):
                     raise
                 self._quarantine(job_id, JobState.RUNNING, f"the reap failed: {error}")
                 failed += 1
-        return ReapResult(requeued=requeued, failed=failed)
+        return ReapResult(requeued=requeued, failed=failed, cancelled=cancelled)
 
     # -- operator actions (the admin's), each guarded and done in bounded batches ------
 
@@ -1183,7 +1258,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
         a NOTIFY at once, or within a second by polling. Jobs already running finish.
         Returns how many queues were running. Kept across restarts (it is a row)."""
         names = [validate_queue_name(name) for name in dict.fromkeys(names)]
-        with transaction.atomic(using=self.db):
+        with bounded(self.db):
             self.bulk_create([self.model(name=name) for name in names], ignore_conflicts=True)
             changed = self.filter(name__in=names, paused_at__isnull=True).update(
                 paused_at=Now(), paused_by=by[:150]
@@ -1193,7 +1268,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
 
     def resume(self, names: Iterable[str]) -> int:
         """Let workers claim from these queues again; returns how many were paused."""
-        with transaction.atomic(using=self.db):
+        with bounded(self.db):
             changed = self.filter(name__in=list(names), paused_at__isnull=False).update(
                 paused_at=None, paused_by=""
             )
@@ -1204,12 +1279,25 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
         """Which of these queues are paused (one query on the small queue table)."""
         return set(self.paused().filter(name__in=list(names)).values_list("name", flat=True))
 
-    def locked(self, name: str) -> tuple[Queue, datetime]:
-        """The queue's row, created if missing and locked FOR UPDATE (the caller is in a
-        transaction), with the database's now: what serializes a limited queue's claims."""
-        self.bulk_create([self.model(name=name)], ignore_conflicts=True)
-        row = self.select_for_update().annotate(db_now=Now()).get(name=name)
-        return row, row.db_now
+    def locked(self, name: str) -> tuple[Queue, datetime] | None:
+        """The queue's row, created if missing and locked FOR UPDATE SKIP LOCKED (the
+        caller is in a transaction), with the database's now: what serializes a limited
+        queue's claims. None while another transaction holds it: that queue is skipped
+        for this claim and tried again soon, so a worker frozen inside its claim never
+        makes the others wait (and the server ends its transaction, `bounded`)."""
+        for _ in range(2):
+            row = (
+                self.select_for_update(skip_locked=True)
+                .annotate(db_now=Now())
+                .filter(name=name)
+                .first()
+            )
+            if row is not None:
+                return row, row.db_now
+            if self.filter(name=name).exists():
+                return None  # there, and locked by another claim
+            self.bulk_create([self.model(name=name)], ignore_conflicts=True)
+        return None
 
 
 def _notify_control(alias: str) -> None:

@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
+from django_skipqueue.connections import bounded
 from django_skipqueue.faults import is_transient
 from django_skipqueue.managers import ReapResult
 from django_skipqueue.models import Job, JobState, WorkerProcess
@@ -37,6 +38,7 @@ class HousekeepingResult:
 
     requeued: int = 0
     failed: int = 0
+    cancelled: int = 0  # expired with a cancel request: ended cancelled, not retried
     pruned_done: int = 0
     pruned_failed: int = 0
     pruned_workers: int = 0
@@ -58,15 +60,24 @@ class Reaper:
         """
         jobs = Job.objects.db_manager(self.database)
         if dry_run:
-            requeued, failed = jobs.reapable()
-            return HousekeepingResult(requeued=requeued.count(), failed=failed.count())
-        with transaction.atomic(using=self.database):
+            requeued, failed, cancelled = jobs.reapable()
+            return HousekeepingResult(
+                requeued=requeued.count(), failed=failed.count(), cancelled=cancelled.count()
+            )
+        with bounded(self.database):
             if not self._locked():
                 return HousekeepingResult(locked_out=True)
             result: ReapResult = jobs.reap()
         if result.total:
-            signals.job_reaped.send(sender=Job, requeued=result.requeued, failed=result.failed)
-        return HousekeepingResult(requeued=result.requeued, failed=result.failed)
+            signals.job_reaped.send(
+                sender=Job,
+                requeued=result.requeued,
+                failed=result.failed,
+                cancelled=result.cancelled,
+            )
+        return HousekeepingResult(
+            requeued=result.requeued, failed=result.failed, cancelled=result.cancelled
+        )
 
     def prune(
         self,
@@ -101,7 +112,7 @@ class Reaper:
         deleted = 0
         refused: list[int] = []  # rows whose DELETE fails: skipped for this pass
         while True:
-            with transaction.atomic(using=self.database):
+            with bounded(self.database):
                 # Lock the batch, skipping rows another pruner holds: batches never
                 # overlap, so two pruners never wait on each other (without it, two
                 # DELETEs of overlapping batches deadlocked once in T43).

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from django_skipqueue.broker import (
@@ -39,7 +39,7 @@ from django_skipqueue.broker import (
     declare,
 )
 from django_skipqueue.conf import get_settings
-from django_skipqueue.connections import Backoff, discard_connection
+from django_skipqueue.connections import Backoff, bounded, discard_connection
 from django_skipqueue.models import Job
 from django_skipqueue.notifier import Notifier
 from django_skipqueue.states import CLAIM_ORDER, JobState
@@ -104,7 +104,7 @@ class Relay:
         marked), or failed in the table when their arguments cannot travel."""
         publisher = self._publisher()
         jobs = Job.objects.db_manager(self.database)
-        with transaction.atomic(using=self.database):
+        with bounded(self.database):
             batch = list(
                 jobs.filter(
                     queue_name__in=self.config.queues,

@@ -5,7 +5,7 @@
 - `sync()`: copies them into the schedule table when a worker starts, and deletes the
   rows of schedules that are no longer in the code (so they stop firing, and nothing is
   left for an operator to clean).
-- `tick()`: one short transaction that enqueues what is due, on the database clock.
+- `tick()`: enqueues what is due, on the database clock, a short transaction per schedule.
 - `Scheduler`: a worker's thread that ticks at each occurrence.
 
 Each occurrence becomes exactly one job however many workers tick at once: the job
@@ -26,13 +26,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import DatabaseError, connections
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from django_skipqueue.base import bind_schedules
 from django_skipqueue.conf import check_entry, get_settings
-from django_skipqueue.connections import Backoff, discard_connection
+from django_skipqueue.connections import Backoff, bounded, discard_connection
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.models import Job, Schedule
@@ -114,7 +114,7 @@ def sync(schedules: Mapping[str, Cron], *, database: str) -> None:
     """
     rows = Schedule.objects.using(database)
     zone = settings.TIME_ZONE or "UTC"
-    with transaction.atomic(using=database):
+    with bounded(database):
         existing = {row.name: row for row in rows.select_for_update()}
         fresh = []
         for name, cron in schedules.items():
@@ -197,54 +197,98 @@ def due_occurrences(
 
 
 def tick(schedules: Mapping[str, Cron], *, database: str) -> TickResult:
-    """Enqueue the due occurrences of `schedules`: one transaction, on the database clock.
+    """Enqueue the due occurrences of `schedules`, on the database clock.
 
-    Locks the active (not paused) schedule rows it can (FOR NO KEY UPDATE SKIP LOCKED),
-    inserts one job per due occurrence (ON CONFLICT DO NOTHING on the occurrence
-    constraint) and moves each row's `last_occurrence_at` forward. A schedule without a
-    row (not synced yet, or removed from the code by a newer worker) does not fire.
+    First one read of the active (not paused) schedule rows, without locks, to find
+    those with an occurrence due. Then each of those in a short transaction of its own
+    (`bounded`): its row locked FOR NO KEY UPDATE SKIP LOCKED (a row another worker is
+    ticking is left to it), one job inserted per due occurrence (ON CONFLICT DO NOTHING
+    on the occurrence constraint), and its `last_occurrence_at` moved forward. So one
+    worker frozen inside a tick holds back one schedule, for the few seconds until the
+    server ends its transaction, never the others; and a schedule whose tick fails is
+    logged and skipped while the others fire. A schedule without a row (not synced
+    yet, or removed from the code by a newer worker) does not fire.
     """
     if not schedules:
         return TickResult()
     zone_default = settings.TIME_ZONE or "UTC"
     enqueued = missed_count = 0
+    found = _active_rows(list(schedules), database)
+    now = found[0][3] if found else _database_now(database)
+    for name, last_at, created_at, _ in found:
+        cron = schedules[name]
+        try:
+            zone = cron.zone(zone_default)
+            fire, last, _ = due_occurrences(cron, last_at or created_at, now, zone)
+            if not fire and (last is None or last == last_at):
+                continue  # nothing new since the row's last occurrence
+            fired, missed = _tick_one(cron, database, zone)
+        except Exception as error:
+            if is_transient(error):
+                raise
+            logger.exception("schedule failed name=%s; the other schedules go on", name)
+            continue
+        enqueued += fired
+        missed_count += missed
+    return TickResult(enqueued=enqueued, missed=missed_count, next_in=_next_in(schedules, now))
+
+
+def _active_rows(names: list[str], database: str) -> list[tuple[Any, ...]]:
+    """(name, last_occurrence_at, created_at, now) of the active schedule rows among
+    `names`; if one row cannot be loaded (a timestamp another client wrote that Python
+    cannot hold), each alone, and the ones that fail are logged and left out."""
+    rows = Schedule.objects.using(database).active()
+    fields = ("name", "last_occurrence_at", "created_at", "now")
+    try:
+        return list(rows.filter(name__in=names).annotate(now=Now()).values_list(*fields))
+    except DatabaseError as error:
+        if is_transient(error):
+            raise
+    found = []
+    for name in names:
+        try:
+            found.extend(rows.filter(name=name).annotate(now=Now()).values_list(*fields))
+        except DatabaseError as error:
+            if is_transient(error):
+                raise
+            logger.error("schedule failed name=%s: its row cannot be read: %s", name, error)
+    return found
+
+
+def _tick_one(cron: Cron, database: str, zone: Any) -> tuple[int, int]:
+    """One schedule's due occurrences, in a transaction of its own: (jobs, missed 0/1)."""
     rows = Schedule.objects.using(database)
-    with transaction.atomic(using=database):
-        locked = list(
-            rows.filter(name__in=list(schedules))
+    with bounded(database):
+        locked = (
+            rows.filter(name=cron.name)
             .active()
             .select_for_update(skip_locked=True, no_key=True)
             .annotate(now=Now())
-            .values_list("name", "last_occurrence_at", "created_at", "now")
+            .values_list("last_occurrence_at", "created_at", "now")
+            .first()
         )
-        now = locked[0][3] if locked else _database_now(database)
-        jobs: list[Job] = []
-        advanced: dict[str, datetime] = {}
-        for name, last_at, created_at, _ in locked:
-            cron = schedules[name]
-            zone = cron.zone(zone_default)
-            fire, last, missed = due_occurrences(cron, last_at or created_at, now, zone)
-            if last is None:
-                continue
-            jobs.extend(_jobs_for(cron, fire))
-            advanced[name] = last
-            if missed:
-                missed_count += 1
-                logger.warning(
-                    "schedule missed occurrences name=%s policy=%s enqueued=%d",
-                    name,
-                    cron.missed,
-                    len(fire),
-                )
+        if locked is None:
+            return 0, 0  # paused meanwhile, gone, or another worker is ticking it
+        last_at, created_at, now = locked
+        fire, last, missed = due_occurrences(cron, last_at or created_at, now, zone)
+        if last is None:
+            return 0, 0
+        jobs = _jobs_for(cron, fire)
         if jobs:
-            enqueued = len(Job.objects.using(database).bulk_create(jobs, ignore_conflicts=True))
-        for name, last in advanced.items():
-            rows.filter(name=name).update(
-                last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), last), last)
-            )
+            Job.objects.using(database).bulk_create(jobs, ignore_conflicts=True)
+        rows.filter(name=cron.name).update(
+            last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), last), last)
+        )
+    if missed:
+        logger.warning(
+            "schedule missed occurrences name=%s policy=%s enqueued=%d",
+            cron.name,
+            cron.missed,
+            len(fire),
+        )
     if jobs:
-        logger.debug("schedules ticked occurrences=%d", len(jobs))
-    return TickResult(enqueued=enqueued, missed=missed_count, next_in=_next_in(schedules, now))
+        logger.debug("schedule ticked name=%s occurrences=%d", cron.name, len(jobs))
+    return len(jobs), int(missed)
 
 
 def _jobs_for(cron: Cron, instants: Iterable[datetime]) -> list[Job]:

@@ -85,6 +85,13 @@ class Cron:
                 f"five fields (minute hour day-of-month month day-of-week), six with "
                 f"seconds last, or an alias such as @daily"
             )
+        try:  # an expression that is valid but never matches (Feb 31) cannot run
+            next(self._matches(datetime(2000, 1, 1)))
+        except ValueError:  # croniter's CroniterBadDateError
+            raise ConfigurationError(
+                f"schedule {self.label}: {self.expression!r} never matches a date (no "
+                f"such day in those months); fix the day of month or the month"
+            ) from None
         if self.name is not None and not (
             isinstance(self.name, str) and 0 < len(self.name) <= SCHEDULE_NAME_MAX_LENGTH
         ):

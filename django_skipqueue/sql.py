@@ -283,7 +283,7 @@ UPDATE skipqueue_job AS job
 SET state = outcome.state,
     result = outcome.result,
     last_error = outcome.error,
-    attempts = LEAST(job.max_attempts, GREATEST(job.attempts, outcome.attempt)),
+    attempts = GREATEST(job.attempts, LEAST(job.max_attempts, outcome.attempt)),
     leased_until = NULL,
     finished_at = statement_timestamp()
 FROM unnest(%s::bigint[], %s::text[], %s::jsonb[], %s::text[], %s::int[])

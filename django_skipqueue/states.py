@@ -44,6 +44,32 @@ class JobState(models.TextChoices):
 
 
 FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+#: Every change of a job's state the protocol makes, (from, to), with the verbs that make
+#: it: the state machine in one table (docs/explanation/protocol.md draws it). Anything
+#: else is a bug: the test database's guard (tests/testapp, migration 0005) records any
+#: other change, any write that keeps a finished job finished but changes it, and any
+#: fall of `attempts`, and the suite fails on each. A feature that writes `state` adds
+#: its changes here. Rows are inserted pending (enqueue, schedules) and deleted only
+#: when finished (pruning) or relayed without results (the relay).
+TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("pending", "pending"): ("enqueue_many (unique, replace)",),
+    ("pending", "running"): ("claim", "claim_limited"),
+    ("pending", "cancelled"): ("cancel",),
+    ("pending", "failed"): ("claim (a row that cannot be claimed or loaded)", "relay (unfit)"),
+    ("pending", "relayed"): ("relay (a queue with RESULTS)",),
+    ("running", "running"): ("renew", "extend_lease", "cancel (the request)"),
+    ("running", "done"): ("ack", "ack_many"),
+    ("running", "pending"): ("fail (retried)", "release", "reap", "requeue (operator)"),
+    ("running", "failed"): ("fail", "reap", "claim (a row that cannot be loaded)"),
+    ("running", "cancelled"): ("end_cancelled", "fail", "release", "reap"),
+    ("relayed", "done"): ("the consumer's write-back",),
+    ("relayed", "failed"): ("the consumer's write-back",),
+    ("failed", "pending"): ("retry_now (operator)",),
+    ("cancelled", "pending"): ("retry_now (operator)",),
+}
+#: The only changes that take a job out of a finished state: an operator's explicit act.
+OPERATOR_TRANSITIONS = frozenset({("failed", "pending"), ("cancelled", "pending")})
+
 #: The states in which a job holds its unique key (see Job's skipqueue_job_unique_key).
 UNFINISHED_STATES = (JobState.PENDING, JobState.RUNNING)
 #: Longest unique key (the column's length).

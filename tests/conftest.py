@@ -29,6 +29,31 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
 
 
+_DATABASE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server"}
+
+
+@pytest.fixture(autouse=True)
+def _state_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that uses the database: no change of a job that the protocol
+    never makes (tests/testapp migration 0005; django_skipqueue.states.TRANSITIONS)."""
+    uses_database = request.node.get_closest_marker("django_db") is not None or bool(
+        _DATABASE_FIXTURES & set(request.fixturenames)
+    )
+    if not uses_database:
+        yield
+        return
+    request.getfixturevalue("_django_db_helper")  # so that this is torn down before it
+    yield
+    from tests import guard
+
+    if connection.closed_in_transaction:  # the test's transaction is gone, and its writes
+        return
+    found = guard.violations()
+    if found:
+        guard.clear()
+        pytest.fail("state guard: " + "\n".join(found), pytrace=False)
+
+
 @pytest.fixture
 def worker_process(db: None) -> WorkerProcess:
     return WorkerProcess.objects.create(hostname="test", pid=1, queues=["default"])

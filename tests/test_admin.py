@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from django_skipqueue.models import Job, JobState, WorkerProcess
 from tests.factories import JobFactory
+from tests.guard import setting_up
 
 pytestmark = pytest.mark.django_db
 
@@ -360,7 +361,8 @@ def test_the_timeline_is_in_order_and_in_one_format(superuser_client):
             {"attempt": 1, "at": "2026-11-30T10:01:00+00:00", "type": "E1", "message": "m"},
         ],
     )
-    Job.objects.filter(id=job.id).update(created_at="2026-11-30T10:00:00+00:00")
+    with setting_up():
+        Job.objects.filter(id=job.id).update(created_at="2026-11-30T10:00:00+00:00")
     html = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id])).content
     timeline = html.decode().split('class="skipqueue-timeline">')[1].split("</ol>")[0]
     stamps = [item.split("<code>")[1].split("</code>")[0] for item in timeline.split("<li>")[1:]]

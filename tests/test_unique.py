@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 from django_skipqueue import DuplicateJobError
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.models import Job, JobState
+from tests.guard import setting_up
 from tests.processes import run_in_threads, start_python
 from tests.testapp.tasks import add, send_invoice, sync_account
 
@@ -83,11 +84,13 @@ def test_enqueue_many_returns_the_holder_for_each_call() -> None:
 
 def test_retrying_a_failed_job_skips_it_while_its_key_is_held(worker_process) -> None:
     failed = add.using(unique_key="k").enqueue(1, 1)
-    Job.objects.filter(id=failed.id).update(state=JobState.FAILED, finished_at=Now())
+    with setting_up():
+        Job.objects.filter(id=failed.id).update(state=JobState.FAILED, finished_at=Now())
     holder = add.using(unique_key="k").enqueue(1, 1)
     assert holder.id != failed.id
     assert Job.objects.retry_now([failed.id]) == 0
-    Job.objects.filter(id=holder.id).update(state=JobState.DONE, finished_at=Now())
+    with setting_up():
+        Job.objects.filter(id=holder.id).update(state=JobState.DONE, finished_at=Now())
     assert Job.objects.retry_now([failed.id]) == 1
 
 

@@ -65,3 +65,18 @@ class Span(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} ran {self.started_at} to {self.ended_at}"
+
+
+class StateViolation(models.Model):
+    """A change of a job that the protocol never makes, recorded by the state guard
+    (migration 0005, from django_skipqueue.states.TRANSITIONS). Every test fails on one."""
+
+    job_id = models.BigIntegerField()
+    old_state = models.CharField(max_length=16)
+    new_state = models.CharField(max_length=16)
+    problem = models.CharField(max_length=100)
+    statement = models.TextField()
+    at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.old_state} -> {self.new_state}: {self.problem}"

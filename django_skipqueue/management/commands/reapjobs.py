@@ -106,6 +106,7 @@ class Command(BaseCommand):
         return HousekeepingResult(
             requeued=reaped.requeued,
             failed=reaped.failed,
+            cancelled=reaped.cancelled,
             locked_out=reaped.locked_out,
             pruned_done=pruned.pruned_done,
             pruned_failed=pruned.pruned_failed,
@@ -117,7 +118,8 @@ class Command(BaseCommand):
         if result.locked_out:
             self.stdout.write(self.style.WARNING("another housekeeper is reaping; skipped"))
         line = (
-            f"{verb}reap: {result.requeued} back to pending, {result.failed} failed; "
+            f"{verb}reap: {result.requeued} back to pending, {result.failed} failed, "
+            f"{result.cancelled} cancelled; "
             f"{verb}prune: {result.pruned_done} done, {result.pruned_failed} failed, "
             f"{result.pruned_workers} dead workers"
         )

@@ -1,0 +1,202 @@
+"""A frozen worker and a poison row stop nobody (docs/explanation/failure-model.md, F-cases).
+
+A worker can be stopped anywhere, inside one of its transactions too (SIGSTOP, a paused
+VM, a long GC): each lock it takes is taken here by a real child process, which is then
+SIGSTOPped, and the others must go on within seconds. A row another client wrote with a
+value Python cannot load, or one whose claim fails, fails alone with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+
+from django_skipqueue import Cron
+from django_skipqueue.base import bind_schedules
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.limits import QueueLimit
+from django_skipqueue.models import Job, Queue, Schedule
+from django_skipqueue.scheduler import sync, tick
+from tests.processes import start_python, wait_until
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+#: The frozen child's own bound: the server ends its idle transaction after this.
+IDLE_SECONDS = 1.0
+
+
+@pytest.fixture
+def frozen() -> Iterator:
+    """frozen(code): run `code` in a child inside `bounded()`, then SIGSTOP it once it
+    prints "held"; the child is killed at teardown."""
+    children = []
+
+    def start(code: str):
+        settings = json.dumps({"IDLE_IN_TRANSACTION_SECONDS": IDLE_SECONDS})
+        child = start_python(
+            "import time\n"
+            "from django_skipqueue.connections import bounded\n"
+            "with bounded('default'):\n"
+            + "".join(f"    {line}\n" for line in code.strip().splitlines())
+            + "    print('held', flush=True)\n"
+            "    time.sleep(120)\n",
+            SKIPQUEUE_TEST_SETTINGS=settings,
+        )
+        children.append(child)
+        assert child.stdout.readline().strip() == "held", child.stderr.read()
+        child.send_signal(signal.SIGSTOP)
+        return child
+
+    yield start
+    for child in children:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+        child.communicate(timeout=10)  # waits, and closes its pipes
+
+
+def test_a_worker_frozen_inside_a_limited_claim_stops_no_other_claim(frozen):
+    tasks.add.enqueue_many([((1, 2), {})] * 3)
+    tasks.add.using(queue_name="other").enqueue(1, 2)
+    limits = {"default": QueueLimit(concurrency=5)}
+    Queue.objects.bulk_create([Queue(name="default")])
+    frozen("from django_skipqueue.models import Queue\nQueue.objects.locked('default')")
+
+    started = time.monotonic()
+    claimed, retry_in = Job.objects.claim_limited(queues=["default"], limits=limits, limit=5)
+    assert time.monotonic() - started < 1.0  # skipped, not waited for
+    assert claimed == [] and retry_in is not None
+    # The unlimited queue is claimed at once.
+    assert [job.queue_name for job in Job.objects.claim(queues=["other"], limit=5)] == ["other"]
+
+    # The server ends the frozen transaction; the limited queue is claimed again.
+    def claims() -> bool:
+        got, _ = Job.objects.claim_limited(queues=["default"], limits=limits, limit=5)
+        return len(got) == 3
+
+    wait_until(claims, timeout=IDLE_SECONDS + 5, interval=0.1)
+
+
+def test_a_worker_frozen_inside_a_tick_holds_back_one_schedule_for_seconds(frozen):
+    defined = {
+        cron.name: cron
+        for cron in (
+            bind_schedules(tasks.add, Cron(expression="* * * * * *", name=name, args=[1, 2]))[0]
+            for name in ("frozen", "free")
+        )
+    }
+    sync(defined, database="default")
+    Schedule.objects.update(last_occurrence_at=Now() - timedelta(seconds=3))
+    frozen(
+        "from django_skipqueue.models import Schedule\n"
+        "list(Schedule.objects.filter(name='frozen').select_for_update())"
+    )
+
+    tick(defined, database="default")
+    assert Job.objects.filter(schedule="free").exists()
+    assert not Job.objects.filter(schedule="frozen").exists()
+
+    def fired() -> bool:
+        tick(defined, database="default")
+        return Job.objects.filter(schedule="frozen").exists()
+
+    wait_until(fired, timeout=IDLE_SECONDS + 5, interval=0.1)
+
+
+def test_the_server_ends_a_frozen_transaction_of_ours_and_frees_its_rows(frozen):
+    job = tasks.add.enqueue(1, 2)
+    frozen(f"from django_skipqueue.models import Job\nJob.objects.filter(id={job.id}).update()")
+    frozen(
+        f"from django_skipqueue.models import Job\n"
+        f"list(Job.objects.filter(id={job.id}).select_for_update())"
+    )  # waits at most LOCK_TIMEOUT_SECONDS behind the first, then is ended too
+
+    def cancel_goes_through() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+            try:
+                return Job.objects.cancel([job.id]) == 1
+            except Exception:  # noqa: BLE001  (the lock is still held)
+                return False
+            finally:
+                cursor.execute("RESET lock_timeout")
+
+    wait_until(cancel_goes_through, timeout=IDLE_SECONDS + 8, interval=0.2)
+
+
+# -- poison rows ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("column", ["run_at", "created_at", "scheduled_for"])
+def test_a_row_with_a_timestamp_python_cannot_load_fails_alone(column):
+    innocent = [job.id for job in tasks.add.enqueue_many([((1, 2), {})] * 20)]
+    poison = tasks.add.enqueue(3, 4).id
+    value = "-infinity" if column == "run_at" else "infinity"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE skipqueue_job SET {column} = %s, priority = 10 WHERE id = %s",
+            [value, poison],
+        )
+
+    claimed = Job.objects.claim(queues=["default"], limit=30)
+
+    assert sorted(job.id for job in claimed) == innocent
+    state, error = Job.objects.filter(id=poison).values_list("state", "last_error").get()
+    assert state == "failed"
+    assert "cannot load" in error and "another client" in error
+
+
+def test_a_keyed_row_whose_claim_fails_fails_alone_under_limits():
+    calls = [((), {"account": n}) for n in range(3)]
+    ids = [job.id for job in tasks.per_account.enqueue_many(calls)]
+    with connection.cursor() as cursor:  # attempts + 1 overflows int4 in the claim
+        most = 2**31 - 1
+        cursor.execute(
+            "UPDATE skipqueue_job SET attempts = %s, max_attempts = %s WHERE id = %s",
+            [most, most, ids[0]],
+        )
+
+    claimed, _ = Job.objects.claim_limited(
+        queues=["default"], limits={"default": QueueLimit(concurrency=5)}, limit=5
+    )
+
+    assert sorted(job.id for job in claimed) == ids[1:]
+    state, error = Job.objects.filter(id=ids[0]).values_list("state", "last_error").get()
+    assert state == "failed" and "the claim failed" in error
+
+
+# -- schedules that can never run ---------------------------------------------------
+
+
+def test_a_cron_expression_that_never_matches_is_refused_at_definition():
+    with pytest.raises(ConfigurationError, match="never matches"):
+        Cron(expression="0 0 31 2 *")
+    Cron(expression="0 0 29 2 *")  # rare, but it comes
+
+
+def test_a_schedule_whose_tick_fails_does_not_stop_the_others(caplog):
+    defined = {
+        cron.name: cron
+        for cron in (
+            bind_schedules(tasks.add, Cron(expression="* * * * * *", name=name, args=[1, 2]))[0]
+            for name in ("broken", "fine")
+        )
+    }
+    sync(defined, database="default")
+    Schedule.objects.update(last_occurrence_at=Now() - timedelta(seconds=3))
+    with connection.cursor() as cursor:  # a row another client broke
+        cursor.execute(
+            "UPDATE skipqueue_schedule SET last_occurrence_at = 'infinity' WHERE name = 'broken'"
+        )
+
+    tick(defined, database="default")
+
+    assert Job.objects.filter(schedule="fine").exists()
+    assert "schedule failed name=broken" in caplog.text
