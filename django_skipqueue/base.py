@@ -52,6 +52,14 @@ UniqueKey: TypeAlias = "str | Sequence[str] | Callable[..., str]"
 ON_CONFLICT_CHOICES = ("existing", "replace", "raise")
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
 def _validate_priority(priority: object) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidJobError(f"priority must be an integer, got {priority!r}")
@@ -338,6 +346,11 @@ class Task(Generic[P, R]):
             raise InvalidJobError(
                 f"the {what} of {self.name} must be a non-empty string, got {key!r}"
             )
+        if "\x00" in key or not _encodable(key):
+            raise InvalidJobError(
+                f"the {what} of {self.name} holds a NUL character or a lone surrogate, "
+                f"which PostgreSQL cannot store in text: {key!r}"
+            )
         if len(key) > UNIQUE_KEY_MAX_LENGTH:
             raise InvalidJobError(
                 f"the {what} of {self.name} is {len(key)} characters; at most "
@@ -377,11 +390,11 @@ class Task(Generic[P, R]):
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.func)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function here and now, as if it were not a task."""
         return self.func(*args, **kwargs)
 
-    def call(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def call(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function here and now (django.tasks' name for it)."""
         return self.func(*args, **kwargs)
 
@@ -465,7 +478,7 @@ class Task(Generic[P, R]):
                 f"{self.name}{shown} cannot be called with these arguments: {error}"
             ) from None
 
-    def build(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+    def build(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
         """An unsaved, checked Job for this call. Raises InvalidJobError before any SQL."""
         return self._jobs().build(self, args, kwargs)
 
@@ -504,7 +517,7 @@ class Task(Generic[P, R]):
                     f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
                 )
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+    def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
         """INSERT a pending job in the caller's transaction and return it.
 
         Nothing is written if the arguments do not survive JSON; the job exists if and

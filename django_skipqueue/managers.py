@@ -711,7 +711,20 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for some in _batches(iter(calls), batch_size):
             checked = self._checked(task, some)
             keys = [task.key_for(args, kwargs) for args, kwargs, _, _ in checked]
-            ids.extend(self._insert_unique(task, checked, keys))
+            # One call per key, as if the batch's calls were made one after another: the
+            # first for "existing", the last for "replace", and "raise" on a repeat.
+            chosen: dict[str, int] = {}
+            for position, key in enumerate(keys):
+                if key in chosen and task.on_conflict == "raise":
+                    raise DuplicateJobError(task.name, key, None)
+                if key not in chosen or task.on_conflict == "replace":
+                    chosen[key] = position
+            # The keys in one order, whoever inserts them: two transactions enqueuing the
+            # same keys in opposite orders would otherwise deadlock on the key's index.
+            order = sorted(chosen)
+            holders = self._insert_unique(task, [checked[chosen[key]] for key in order], order)
+            held = dict(zip(order, holders, strict=True))
+            ids.extend(held[key] for key in keys)
         if ids_only:
             return ids
         found = self.in_bulk(ids)

@@ -133,3 +133,57 @@ def test_threads_and_processes_enqueuing_one_key_leave_one_job() -> None:
     job = Job.objects.get(task=send_invoice.name)
     assert set(seen) == {job.id}
     assert [eval(out.strip()) for out, _ in outputs] == [[job.id], [job.id]]  # noqa: S307
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_two_transactions_enqueuing_the_same_keys_in_opposite_orders_never_deadlock() -> None:
+    calls = [((n,), {}) for n in range(4000)]
+    start, errors, ids = threading.Barrier(2), [], []
+
+    def enqueue(order: list) -> None:
+        from django.db import connection
+
+        try:
+            start.wait(timeout=10)
+            with transaction.atomic():
+                ids.append(sorted(send_invoice.enqueue_many(order, ids_only=True)))
+        except Exception as error:  # noqa: BLE001  (a deadlock is what we look for)
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=enqueue, args=(order,)) for order in (calls, calls[::-1])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert ids[0] == ids[1]  # the second met the first's jobs
+    assert Job.objects.count() == 4000
+
+
+def test_a_nul_or_a_lone_surrogate_in_a_key_is_refused_and_the_transaction_goes_on() -> None:
+    with transaction.atomic():
+        for key in ("a\x00b", "a\ud800b"):
+            with pytest.raises(InvalidJobError, match="NUL character or a lone surrogate"):
+                add.using(unique_key=key).enqueue(1, 1)
+            with pytest.raises(InvalidJobError, match="NUL character or a lone surrogate"):
+                add.using(concurrency_key=lambda a, b, key=key: key).enqueue(1, 1)
+        add.enqueue(1, 1)  # the caller's transaction is still usable
+    assert Job.objects.count() == 1
+
+
+def test_one_batch_behaves_as_its_calls_made_one_after_another() -> None:
+    replaced = add.using(unique_key="k", on_conflict="replace")
+    jobs = replaced.enqueue_many([((1, 1), {}), ((2, 2), {}), ((3, 3), {})])
+    assert len({job.id for job in jobs}) == 1
+    assert Job.objects.get().args == [3, 3]  # the last call's, as sequential calls leave
+    with pytest.raises(DuplicateJobError):
+        add.using(unique_key="r", on_conflict="raise").enqueue_many([((1, 1), {}), ((2, 2), {})])
+    assert not Job.objects.filter(unique_key="r").exists()
+
+
+def test_a_keyword_named_self_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidJobError, match="self"):
+        add.enqueue(1, 2, self=3)
