@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 import time
 import traceback
@@ -158,7 +159,8 @@ def execute(
     try:
         task = registry.get(job.task)
         try:
-            value = _call(task, job, database, cancel)
+            with SessionWatch(database):
+                value = _call(task, job, database, cancel)
         finally:
             _roll_back_left_open(database, depth)
         result = normalize(value, "the return value")
@@ -368,7 +370,8 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
     try:
         task = registry.get(job.task)
         try:
-            value = _call(task, job, database, CancelFlag(), brokered=True)
+            with SessionWatch(database):
+                value = _call(task, job, database, CancelFlag(), brokered=True)
         finally:
             _roll_back_left_open(database, depth)
         result = normalize(value, "the return value")
@@ -445,6 +448,53 @@ def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
         result = django_task.get_backend().result_from_job(job)  # the job's own options
         args.insert(0, DjangoTaskContext(task_result=result))
     return django_task.call(*args, **job.kwargs)
+
+
+#: Statements that change a session for its life, not one transaction's: a task that
+#: runs one leaves its thread's connection changed for every later job (a search_path
+#: under which our tables are not found, a statement_timeout, a role).
+_SESSION_CHANGES = re.compile(
+    r"\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b)"
+    r"|.*\bset_config\s*\(.*\bfalse\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+class SessionWatch:
+    """Around a task's call: if the task changed its connection's session state (SET,
+    RESET, `set_config(..., false)`: `_SESSION_CHANGES`), the connection is closed
+    after the call, so that our fenced write and the next job run on a fresh session
+    (behind a transaction pooler too: the server connection is not kept). Seen through
+    Django's execute wrappers, so it costs one regular expression per statement of the
+    task. A task that reaches the raw psycopg connection is not seen; `persist`
+    reconnects once when our own write fails after such a task."""
+
+    __slots__ = ("_connection", "changed")
+
+    def __init__(self, database: str) -> None:
+        self._connection = connections[database]
+        self.changed = False
+
+    def __enter__(self) -> SessionWatch:
+        self._connection.execute_wrappers.append(self._watch)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._connection.execute_wrappers.remove(self._watch)
+        except ValueError:  # the task replaced the list
+            pass
+        if self.changed and not self._connection.in_atomic_block:
+            logger.warning(
+                "the task changed its database session (SET); the connection is closed "
+                "so that later jobs do not inherit it"
+            )
+            discard(self._connection)
+
+    def _watch(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if isinstance(sql, str) and _SESSION_CHANGES.match(sql):
+            self.changed = True
+        return execute(sql, params, many, context)
 
 
 def _roll_back_left_open(database: str, depth: int) -> None:
@@ -584,12 +634,21 @@ def persist(write: Callable[[], T], *, give_up_after: float, what: str, database
     """
     give_up = time.monotonic() + give_up_after
     delay = 0.05
+    fresh = False  # tried once on a new connection after an error that is not passing
     while True:
         try:
             return Answer(write())
         except DatabaseError as error:
             if not is_transient(error):
-                raise
+                if fresh or connections[database].in_atomic_block:
+                    raise
+                # A task may have left its session changed behind our back (a SET on
+                # the raw connection): the same write on a new session tells a broken
+                # session from a refused row. The fence makes the repeat harmless.
+                logger.warning("job outcome write failed %s, on a new connection: %s", what, error)
+                discard(connections[database])
+                fresh = True
+                continue
             discard(connections[database])
             if time.monotonic() + delay > give_up:
                 logger.error("job outcome not written %s: %s; left to the reaper", what, error)

@@ -166,3 +166,62 @@ def test_s15_runworker_warns_when_debug_is_on(settings, caplog):
     settings.DEBUG = True
     run("runworker", "--burst", "--no-listen")
     assert "DEBUG=True: every query is kept in memory" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_up_check_that_times_out_is_skipped_not_fatal():
+    from django_skipqueue.management.commands.runworker import start_up_warnings
+    from tests.processes import start_python
+
+    holder = start_python(
+        "from django.db import connection, transaction\n"
+        "import time\n"
+        "with transaction.atomic():\n"
+        "    connection.cursor().execute('LOCK TABLE skipqueue_job IN ACCESS EXCLUSIVE MODE')\n"
+        "    print('locked', flush=True)\n"
+        "    time.sleep(30)\n"
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        name = connection.settings_dict["NAME"]
+        with connection.cursor() as cursor:  # for every session, the retries' new ones too
+            cursor.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '50ms'")
+        connection.close()
+        try:
+            warnings = start_up_warnings(["nowhere"], "default", tries=2)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER DATABASE \"{name}\" RESET lock_timeout")
+            connection.close()
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+    assert len(warnings) == 1 and "start-up check of the queues skipped" in warnings[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_sigterm_ends_a_worker_whose_task_left_a_process_running(start_worker, tmp_path):
+    import os
+    import signal
+
+    from tests.processes import wait_until
+    from tests.testapp.tasks import leaks_a_process
+
+    pid_file = tmp_path / "child.pid"
+    leaks_a_process.enqueue(str(pid_file))
+    worker = start_worker("--concurrency", "1")
+    wait_until(lambda: Job.objects.filter(state=JobState.DONE).exists(), timeout=30)
+    child = int(pid_file.read_text())
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+    assert "ending a process a task left running" in worker.output()
+
+    def gone() -> bool:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(gone, timeout=5)

@@ -324,3 +324,20 @@ def test_an_ack_with_no_answer_within_a_lease_is_unknown_not_refused(received, c
     assert "job outcome unknown" in caplog.text and "job lease lost" not in caplog.text
     assert [name for name, _ in received][-1] == "job_outcome_unknown"
     assert Job.objects.get(id=job.id).state == JobState.RUNNING  # the reaper's, now
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_task_that_changes_its_session_does_not_poison_the_jobs_after_it(raw, caplog):
+    from django_skipqueue.worker import Worker
+    from tests.testapp import tasks as more
+
+    more.changes_its_session.enqueue("SET search_path TO pg_catalog", raw=raw)
+    failing = [more.always_fails.using(max_attempts=1).enqueue("own error") for _ in range(5)]
+    Worker(concurrency=1, burst=True, listen=False, reap_interval=0).run()
+
+    for job in failing:
+        job.refresh_from_db()
+        assert job.state == "failed"
+        assert "own error" in job.last_error  # its own error, not a lost lease
+    assert "could not record" not in caplog.text

@@ -297,3 +297,32 @@ def cancellable(context: TaskContext, how: str = "flag", seconds: float = 20.0) 
             context.extend_lease(1.5)
         time.sleep(0.05)
     return "finished"
+
+
+@task
+def changes_its_session(statement: str, raw: bool = False) -> None:
+    """Run a session-level statement (`SET search_path TO pg_catalog`, say), through
+    Django's cursor or, with `raw`, on the psycopg connection behind Django's back."""
+    from django.db import connection
+
+    if raw:
+        connection.ensure_connection()
+        connection.connection.execute(statement)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(statement)
+
+
+def _sleep_long() -> None:
+    time.sleep(60)
+
+
+@task
+def leaks_a_process(pid_file: str) -> None:
+    """Start a non-daemon multiprocessing child that outlives the job, and say its pid."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=_sleep_long, daemon=False)
+    child.start()
+    with open(pid_file, "w") as out:
+        out.write(str(child.pid))

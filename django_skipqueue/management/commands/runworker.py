@@ -7,15 +7,19 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_skipqueue.broker import relay_config
+from django_skipqueue.connections import Backoff, discard_connection
 from django_skipqueue.consumer import Consumer
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.executor import Outcome
+from django_skipqueue.faults import is_transient
 from django_skipqueue.management.arguments import (
     configure_logging,
     megabytes,
@@ -177,7 +181,7 @@ class Command(BaseCommand):
             return
         worker = self.make_worker(options)
         require_migrated(worker.database)
-        for warning in queue_warnings(worker.queues, worker.database):
+        for warning in start_up_warnings(worker.queues, worker.database):
             logger.warning(warning)
         if options["processes"] > 1:
             if threading.current_thread() is not threading.main_thread():
@@ -264,6 +268,7 @@ class Command(BaseCommand):
             f"{stats.released_on_shutdown} released"
         )
         self.stdout.write(self.style.SUCCESS(summary))
+        end_leaked_children()
         if worker.stuck_threads:
             # Threads still inside a task after the grace: their jobs were released;
             # end the process without waiting for them.
@@ -271,6 +276,38 @@ class Command(BaseCommand):
             logging.shutdown()
             os._exit(code)
         return code
+
+
+def start_up_warnings(queues: list[str], database: str, tries: int = 4) -> list[str]:
+    """`queue_warnings`, tried again after a passing error (a statement timeout on a
+    large table, a restarting server) with backoff; advice only, so if the database
+    does not answer in time, or answers with another error, the worker starts without
+    it (saying so) rather than exit."""
+    backoff = Backoff(first=0.2, cap=2.0)
+    for attempt in range(tries):
+        try:
+            return queue_warnings(queues, database)
+        except DatabaseError as error:
+            discard_connection(database)
+            if not is_transient(error) or attempt == tries - 1:
+                return [f"start-up check of the queues skipped: {error}"]
+            time.sleep(backoff.next())
+    return []
+
+
+def end_leaked_children(grace: float = 2.0) -> None:
+    """Kill the multiprocessing children a task started and left running: a non-daemon
+    one would make the interpreter's exit wait for it (SIGTERM would hang, and the child
+    outlive the worker). SIGKILL, not SIGTERM: a forked child inherited this worker's
+    stop handlers, and its SIGTERM would reach this process as a second signal."""
+    import multiprocessing
+
+    leaked = multiprocessing.active_children()
+    for child in leaked:
+        logger.warning("ending a process a task left running pid=%s name=%s", child.pid, child.name)
+        child.kill()
+    for child in leaked:
+        child.join(timeout=grace)
 
 
 class BurstProgress:
