@@ -71,6 +71,10 @@ class JobCancelled(SkipQueueError):  # noqa: N818  (a control-flow signal, like 
         self.job_id = job_id
 
 
+#: The longest delay a Retry keeps (a hundred years), before any setting applies.
+RETRY_DELAY_CEILING_SECONDS = 100 * 365 * 24 * 3600.0
+
+
 class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Retry)
     """Raise from a task to run it again after `delay`, without spending an attempt.
 
@@ -83,5 +87,7 @@ class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Ret
         if not seconds >= 0:  # also rejects NaN
             raise InvalidJobError(f"Retry delay must be zero or positive seconds, got {delay!r}")
         super().__init__(reason or f"retry requested in {seconds:g}s")
-        self.delay = timedelta(seconds=seconds)
+        # Held to what a timedelta can hold; the release clamps it further, to
+        # SKIPQUEUE['MAX_DELAY_SECONDS'].
+        self.delay = timedelta(seconds=min(seconds, RETRY_DELAY_CEILING_SECONDS))
         self.reason = reason

@@ -37,6 +37,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, JSONObject, Least, Now
 
 from django_skipqueue import sql
+from django_skipqueue.broker import relayed_queues
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.connections import bounded
 from django_skipqueue.exceptions import DuplicateJobError, InvalidJobError
@@ -796,7 +797,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         self, task: Task[Any, Any], calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]
     ) -> list[Checked]:
         """Each call bound to the task's signature and encoded, then the volume guards."""
-        limit = get_settings().MAX_PAYLOAD_BYTES
+        settings = get_settings()
+        limit = settings.MAX_PAYLOAD_BYTES
+        keyed = task.unique_key is not None or task.concurrency_key is not None
+        if keyed and settings.RELAY and task.queue_name in relayed_queues():
+            raise InvalidJobError(
+                f"queue {task.queue_name!r} is relayed to RabbitMQ, which keeps no unique or "
+                f"concurrency key: enqueue {task.name} with its key on a queue of the job "
+                f"table, or without the key"
+            )
         checked = []
         for args, kwargs in calls:
             task.check_call(args, kwargs)
@@ -946,6 +955,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         written).
         """
         history = _AppendCapped(F("errors"), error.entry(), get_settings().ERROR_HISTORY_LENGTH)
+        if retry_in is not None:
+            retry_in = clamped_delay(retry_in)
         fenced = self.holding(job_id, attempt)
         written = {"errors": history, "last_error": error.summary(), "leased_until": None}
         uncancelled = fenced.filter(cancel_requested_at__isnull=True)
@@ -971,7 +982,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         released = (
             fenced.filter(cancel_requested_at__isnull=True).update(
                 state=JobState.PENDING,
-                run_at=Now() + Value(delay),
+                run_at=Now() + Value(clamped_delay(delay)),
                 leased_until=None,
                 max_attempts=F("max_attempts") + 1,
                 releases=F("releases") + 1,
@@ -1190,6 +1201,14 @@ def _savepoint_if_in_transaction(alias: str) -> Any:
     if connections[alias].in_atomic_block:
         return transaction.atomic(using=alias)
     return contextlib.nullcontext()
+
+
+def clamped_delay(delay: timedelta) -> timedelta:
+    """A retry's or a release's delay held to 0..MAX_DELAY_SECONDS: a huge one (a policy
+    with a cap of 1e13 seconds) would overflow the database's timestamp, and the write
+    that records the attempt's real error would fail with it."""
+    ceiling = timedelta(seconds=get_settings().MAX_DELAY_SECONDS)
+    return max(min(delay, ceiling), timedelta(0))
 
 
 def _run_at(run_after: datetime | timedelta) -> datetime | Expression:

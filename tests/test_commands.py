@@ -191,7 +191,7 @@ def test_a_start_up_check_that_times_out_is_skipped_not_fatal():
             warnings = start_up_warnings(["nowhere"], "default", tries=2)
         finally:
             with connection.cursor() as cursor:
-                cursor.execute(f"ALTER DATABASE \"{name}\" RESET lock_timeout")
+                cursor.execute(f'ALTER DATABASE "{name}" RESET lock_timeout')
             connection.close()
     finally:
         holder.kill()

@@ -394,3 +394,18 @@ def test_run_jobs_runs_relayed_jobs_in_the_test_process_without_a_broker(setting
     assert execution.job_id == job.id
     job.refresh_from_db()
     assert job.state == JobState.DONE
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("option", ["unique_key", "concurrency_key"])
+def test_a_unique_or_concurrency_key_on_a_relayed_queue_is_refused_at_enqueue(settings, option):
+    from django_skipqueue.exceptions import InvalidJobError
+    from tests.testapp.tasks import add
+
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, **relay_settings("relayed-keys")}
+    keyed = add.using(queue_name="relayed-keys", **{option: "k"})
+    with transaction.atomic():
+        with pytest.raises(InvalidJobError, match="relayed to RabbitMQ"):
+            keyed.enqueue(1, 2)
+        add.using(queue_name="relayed-keys").enqueue(1, 2)  # the transaction goes on
+    assert Job.objects.filter(queue_name="relayed-keys").count() == 1

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 
 import pytest
 
-from django_skipqueue import RetryPolicy
+from django_skipqueue import Retry, RetryPolicy
 
 
 def test_delays_double_from_the_base_until_the_cap():
@@ -35,3 +36,45 @@ def test_a_huge_attempt_number_stays_at_the_cap():
 def test_bad_policies_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RetryPolicy(**kwargs)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "raised",
+    [
+        lambda: Retry(delay=timedelta(days=999999999)),
+        lambda: Retry(1e13),
+    ],
+)
+def test_a_huge_retry_delay_is_clamped_and_written(raised):
+    from django.db.models.functions import Now
+
+    from django_skipqueue.conf import get_settings
+    from django_skipqueue.models import Job
+    from tests.testapp import tasks
+
+    tasks.add.enqueue(1, 2)
+    (claimed,) = Job.objects.claim(queues=["default"], limit=1)
+    assert Job.objects.release(claimed.id, claimed.attempts, delay=raised().delay)
+    ceiling = timedelta(seconds=get_settings().MAX_DELAY_SECONDS)
+    row = Job.objects.annotate(now=Now()).get(id=claimed.id)
+    assert row.state == "pending"
+    assert row.run_at - row.now <= ceiling + timedelta(seconds=5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_huge_policy_delay_keeps_the_real_error():
+    from django_skipqueue.managers import ErrorInfo
+    from django_skipqueue.models import Job
+    from tests.testapp import tasks
+
+    tasks.add.enqueue(1, 2)
+    (claimed,) = Job.objects.claim(queues=["default"], limit=1)
+    state = Job.objects.fail(
+        claimed.id,
+        claimed.attempts,
+        error=ErrorInfo("builtins.RuntimeError", "the real error"),
+        retry_in=RetryPolicy(base=1e13, cap=1e13).delay(1),
+    )
+    assert state == "pending"
+    assert Job.objects.get(id=claimed.id).last_error == "builtins.RuntimeError: the real error"
