@@ -213,12 +213,22 @@ class InFlight:
                 if flight.timeout_at <= now and flight.job.id not in self._acking
             ]
 
-    def abandon(self, job_id: int) -> int | None:
-        """Give up on a timed-out job's thread: no longer held nor renewed. Returns how
-        many threads are now given up on, or None if the job finished meanwhile."""
+    def abandon(self, job_id: int, *, keep_lease: bool = False) -> int | None:
+        """Give up on a timed-out job's thread: a new thread takes its place. Returns how
+        many threads are now given up on, or None if the job finished meanwhile.
+
+        The job is no longer held nor renewed, so the reaper takes it back; unless
+        `keep_lease` (a job under a concurrency limit): then it stays held and renewed
+        until its thread ends, so that its slot stays taken while its code can still
+        run, and its outcome is written as usual then."""
         with self._lock:
-            if self._flights.pop(job_id, None) is None:
+            flight = self._flights.get(job_id)
+            if flight is None:
                 return None
+            if keep_lease:
+                flight.timeout_at = NEVER  # renewed again; never timed out twice
+            else:
+                del self._flights[job_id]
             self._abandoned.add(job_id)
             self._timed_out.add(job_id)
             return len(self._abandoned)

@@ -435,16 +435,26 @@ class Worker:
         Python cannot stop a thread: the old one runs on until the task returns, and its
         outcome is then refused by the fence if the reaper took the job back meanwhile.
         """
-        hung = self.held.abandon(flight.job.id)
+        job = flight.job
+        # A job under a concurrency limit keeps its lease, and so its slot, while its
+        # code can still run: given away, the slot would let a second run start beside
+        # it (docs/explanation/failure-model.md, H15).
+        limited = job.concurrency_key is not None or (
+            job.queue_name in self.flow.limits
+            and self.flow.limits[job.queue_name].concurrency is not None
+        )
+        hung = self.held.abandon(job.id, keep_lease=limited)
         if hung is None:
             return  # finished just now
         self.stats.timed_out += 1
         logger.warning(
-            "job timed out id=%s task=%s attempt=%d: lease no longer renewed; the reaper "
-            "will take it back",
-            flight.job.id,
-            flight.job.task,
+            "job timed out id=%s task=%s attempt=%d: %s",
+            job.id,
+            job.task,
             flight.attempt,
+            "its lease is kept while its thread runs (a concurrency limit holds its slot)"
+            if limited
+            else "lease no longer renewed; the reaper will take it back",
         )
         self._spawn_executor()
         self._wake.set()

@@ -7,6 +7,7 @@ in tests/chaos/test_flow_control.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -471,3 +472,25 @@ def test_a_cancelled_job_that_fails_or_is_released_ends_cancelled_not_retried(wo
     states = dict(Job.objects.values_list("id", "state"))
     assert states == {first.id: "cancelled", second.id: "cancelled"}
     assert Job.objects.get(id=first.id).last_error == "builtins.RuntimeError: boom"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_timed_out_job_keeps_its_slot_while_its_code_runs():
+    from tests.testapp.models import Span
+
+    for _ in range(2):
+        tasks.outlives_its_timeout_per_account.enqueue(account="a", seconds=2.0)
+    worker = Worker(concurrency=2, listen=False, reap_interval=0.2, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        wait_until(lambda: Job.objects.filter(state="done").count() == 2, timeout=30)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+
+    spans = sorted(Span.objects.filter(key="a").values_list("started_at", "ended_at"))
+    assert len(spans) >= 2
+    for (_, first_end), (second_start, _) in itertools.pairwise(spans):
+        assert second_start >= first_end  # never two at once: the limit held

@@ -326,3 +326,16 @@ def leaks_a_process(pid_file: str) -> None:
     child.start()
     with open(pid_file, "w") as out:
         out.write(str(child.pid))
+
+
+@task(
+    takes_context=True,
+    concurrency_key=("account",),
+    concurrency_limit=1,
+    timeout=0.3,
+    lease=1.0,
+    max_attempts=5,
+)
+def outlives_its_timeout_per_account(context: TaskContext, account: str, seconds: float) -> None:
+    """Runs past its timeout under a concurrency limit of 1 per account."""
+    _occupy(context.job_id, seconds, account)
