@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import django
 from django.contrib import admin, messages
@@ -19,7 +19,13 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce, Now
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+)
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -601,7 +607,9 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         queue_act = self.admin_site.admin_view(self.queue_action_view)
         return [
             path("overview/", overview, name="skipqueue_overview"),
-            path("overview/<str:queue>/<str:verb>/", queue_act, name="skipqueue_queue_act"),
+            # The queue's name is POST data, not a path segment: names written by other
+            # clients may hold "/", a newline or anything else (trial finding 11).
+            path("overview/<str:verb>/", queue_act, name="skipqueue_queue_act"),
             path("<int:object_id>/act/<str:verb>/", act, name="skipqueue_job_act"),
             *super().get_urls(),
         ]
@@ -684,19 +692,35 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
     def has_pause_queue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("skipqueue.pause_queue")
 
-    def queue_action_view(self, request: HttpRequest, queue: str, verb: str) -> HttpResponse:
-        """POST from the overview: pause or resume a queue (skipqueue.pause_queue)."""
+    def queue_action_view(self, request: HttpRequest, verb: str) -> HttpResponse:
+        """POST from the overview: pause or resume the queue named by the form's `queue`
+        (skipqueue.pause_queue). Any name that a row may hold is accepted and shown. The
+        name is percent-encoded, so that a browser's line-break normalisation of form
+        values (LF to CRLF) cannot change a name that holds a newline."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if verb not in ("pause", "resume"):
             raise Http404(verb)
         if not self.has_pause_queue_permission(request):
             raise PermissionDenied
-        try:
-            validate_queue_name(queue)
-        except InvalidJobError as error:
-            raise Http404(str(error)) from None
+        queue = unquote(request.POST.get("queue", ""))
+        if not queue or "\x00" in queue:  # PostgreSQL text cannot hold NUL
+            return HttpResponseBadRequest("a queue name is required (and cannot hold NUL)")
         if verb == "pause":
+            try:
+                validate_queue_name(queue)
+            except InvalidJobError as error:
+                # Queue.objects.pause() takes only the names our workers claim from.
+                self.message_user(
+                    request,
+                    _(
+                        "Queue %(q)s cannot be paused: %(why)s; workers of this package "
+                        "never claim from it."
+                    )
+                    % {"q": queue, "why": error},
+                    messages.ERROR,
+                )
+                return redirect("admin:skipqueue_overview")
             changed = Queue.objects.pause([queue], by=request.user.get_username())
         else:
             changed = Queue.objects.resume([queue])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from io import StringIO
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -121,18 +122,18 @@ def test_a_queue_is_paused_from_the_overview_under_its_own_permission(client):
     viewer = staff(client)
     overview = reverse("admin:skipqueue_overview")
     assert 'value="Pause"' not in viewer.get(overview).content.decode()
-    pause = reverse("admin:skipqueue_queue_act", args=["default", "pause"])
-    assert viewer.post(pause).status_code == 403
+    pause = reverse("admin:skipqueue_queue_act", args=["pause"])
+    assert viewer.post(pause, {"queue": "default"}).status_code == 403
     assert not Queue.objects.paused().exists()
     user = User.objects.get(username="staff")
     user.user_permissions.add(Permission.objects.get(codename="pause_queue"))
     client.force_login(user)
     assert client.get(pause).status_code == 405  # POST only
-    client.post(pause)
+    client.post(pause, {"queue": "default"})
     assert Queue.objects.get(name="default").paused_by == "staff"
     page = client.get(overview).content.decode()
     assert ">paused<" in page and 'value="Resume"' in page
-    client.post(reverse("admin:skipqueue_queue_act", args=["default", "resume"]))
+    client.post(reverse("admin:skipqueue_queue_act", args=["resume"]), {"queue": "default"})
     assert not Queue.objects.paused().exists()
 
 
@@ -465,3 +466,67 @@ def test_the_task_and_queue_filters_offer_finished_and_known_values(superuser_cl
     page = superuser_client.get(reverse(CHANGELIST)).content.decode()
     assert "?task=billing.tasks.gone" in page and "?queue=billing" in page  # failed jobs'
     assert f"?task={tasks.add.name}" in page  # registered, though no job has run it
+
+
+# -- trial finding 11: queue names written by other clients -------------------------------
+
+ODD_QUEUE_NAMES = ["a/b", "x/y/z", "with space", "new\nline", "q?#%", "é/ü", "/", "ends/"]
+
+
+@pytest.fixture
+def pauser(client):
+    """A staff user who may view jobs and pause queues."""
+    return staff(client, "pause_queue")
+
+
+def queue_act(client, verb: str, queue: str):
+    """What the overview's button posts: the name percent-encoded."""
+    url = reverse("admin:skipqueue_queue_act", args=[verb])
+    return client.post(url, {"queue": quote(queue, safe="")})
+
+
+def test_the_overview_renders_queues_whose_names_hold_any_characters(pauser):
+    for name in ODD_QUEUE_NAMES[:4]:
+        JobFactory(queue_name=name)  # written by another client: our enqueue refuses these
+    WorkerProcess.objects.create(hostname="h", pid=1, queues=ODD_QUEUE_NAMES[4:])
+    response = pauser.get(reverse("admin:skipqueue_overview"))
+    assert response.status_code == 200
+    assert [row["queue"] for row in response.context["queues"]] == sorted(ODD_QUEUE_NAMES)
+    assert response.content.decode().count('value="Pause"') == len(ODD_QUEUE_NAMES)
+
+
+@pytest.mark.parametrize("name", ODD_QUEUE_NAMES)
+def test_a_paused_queue_whose_name_holds_any_characters_is_resumed_by_its_button(pauser, name):
+    import html
+    import re
+
+    from django_skipqueue.models import Queue
+
+    JobFactory(queue_name=name)
+    Queue.objects.create(name=name, paused_at=Now(), paused_by="other-client")
+    page = pauser.get(reverse("admin:skipqueue_overview")).content.decode()
+    (action, value) = re.findall(
+        r'<form method="post"[^>]* action="([^"]+)">.*?'
+        r'name="queue" value="([^"]*)"',
+        page,
+    )[0]
+    response = pauser.post(html.unescape(action), {"queue": html.unescape(value)})
+    assert response.status_code == 302
+    assert not Queue.objects.paused().exists()
+
+
+def test_pausing_a_queue_whose_name_our_workers_refuse_says_why_and_writes_nothing(pauser):
+    from django_skipqueue.models import Queue
+
+    JobFactory(queue_name="a/b")
+    response = queue_act(pauser, "pause", "a/b")
+    assert response.status_code == 302
+    page = pauser.get(response["Location"]).content.decode()
+    assert "cannot be paused" in page and "a/b" in page
+    assert not Queue.objects.exists()
+
+
+@pytest.mark.parametrize("data", [{}, {"queue": ""}, {"queue": "a%00b"}])
+def test_a_queue_action_without_a_storable_name_is_a_400(pauser, data):
+    response = pauser.post(reverse("admin:skipqueue_queue_act", args=["resume"]), data)
+    assert response.status_code == 400
