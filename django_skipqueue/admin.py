@@ -45,7 +45,7 @@ from django_skipqueue.models import (
     Schedule,
     WorkerProcess,
 )
-from django_skipqueue.redaction import redact
+from django_skipqueue.redaction import redact, redact_key, redact_text
 from django_skipqueue.registry import registry
 from django_skipqueue.scheduler import defined_schedules
 from django_skipqueue.schedules import Cron
@@ -203,7 +203,9 @@ class OwnLookupsOnly:
     Django's default accepts a lookup on any local field, so a view-only user could
     probe a redacted secret in `?kwargs__password__startswith=...` one character at a
     time, or send `?task__regex=(a` for a 500. Anything else is refused with a 400, and
-    so is a query string holding NUL, which PostgreSQL text cannot hold.
+    so is a query string holding NUL, which PostgreSQL text cannot hold; an object id
+    holding NUL finds no object (Django's "does not exist" redirect). Every ModelAdmin of
+    ours takes this mixin.
     """
 
     #: The query-string keys of this admin's list filters.
@@ -219,6 +221,19 @@ class OwnLookupsOnly:
             if any("\x00" in text for text in (key, *values)):
                 raise DisallowedModelAdminLookup(f"the query string has a NUL in {key!r}")
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        if "\x00" in object_id:
+            return None
+        return super().get_object(request, object_id, from_field)  # type: ignore[misc]
+
+
+def arguments_html(args: Any, kwargs: Any) -> str:
+    """A job's or a schedule's arguments as every page of ours shows them: redacted."""
+    data = redact({"args": args, "kwargs": kwargs})
+    return format_html("<pre>{}</pre>", json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
 def attempts_text(job: Job) -> str:
@@ -332,7 +347,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "started_at",
         "finished_at",
         "worker_status",
-        "unique_key",
+        "shown_unique_key",
         "schedule_link",
         "scheduled_for",
         "pretty_args",
@@ -356,7 +371,7 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                 ]
             },
         ),
-        (_("Origin"), {"fields": ["unique_key", "schedule_link", "scheduled_for"]}),
+        (_("Origin"), {"fields": ["shown_unique_key", "schedule_link", "scheduled_for"]}),
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
@@ -398,18 +413,19 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         what the job is and why it is in trouble, in one cell."""
         module, _dot, name = job.task.rpartition(".")
         error = ""
-        if job.last_error:
+        if job.last_error:  # masked again: another client may have written it
+            last_error = redact_text(job.last_error[:2000])
             error = format_html(
                 '<br><small class="skipqueue-error" title="{}" style="{}color:#b91c1c">{}</small>',
-                job.last_error[:2000],
+                last_error,
                 CUT,
-                job.last_error.splitlines()[0][:300],
+                (last_error.splitlines() or [""])[0][:300],
             )
         origin = ""
         if job.schedule:
             origin = format_html(" · ⏱ {}", job.schedule)
         elif job.unique_key:
-            origin = format_html(" · key {}", job.unique_key[:60])
+            origin = format_html(" · key {}", redact_key(job.unique_key)[:60])
         return format_html(
             '<span title="{}" style="{}"><b>{}</b></span><br><small style="{}">{} · {}{}</small>{}',
             job.task,
@@ -490,8 +506,12 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, job: Job) -> str:
-        data = redact({"args": job.args, "kwargs": job.kwargs})
-        return format_html("<pre>{}</pre>", json.dumps(data, indent=2, ensure_ascii=False))
+        return arguments_html(job.args, job.kwargs)
+
+    @admin.display(description=_("unique key"))
+    def shown_unique_key(self, job: Job) -> str:
+        """Masked where it may be a token (a reset link's, say): see redaction.redact_key."""
+        return redact_key(job.unique_key) if job.unique_key else "-"
 
     @admin.display(description=_("return value"))
     def pretty_result(self, job: Job) -> str:
@@ -544,8 +564,8 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
                     e.get("attempt"),
                     _when(_parse_time(e.get("at"))) if _parse_time(e.get("at")) else e.get("at"),
                     e.get("type"),
-                    e.get("message"),
-                    e.get("traceback"),
+                    redact(e.get("message")),  # masked again: another client may have
+                    redact(e.get("traceback")),  # written it, or an older rule missed it
                 )
                 for e in reversed(_entries(job.errors))
             ),
@@ -780,8 +800,15 @@ def throughput_chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
 
 
 @admin.register(QueueOverview)
-class QueueOverviewAdmin(admin.ModelAdmin):
-    """The admin index's "Queue overview" entry: it opens the overview page."""
+class QueueOverviewAdmin(OwnLookupsOnly, admin.ModelAdmin):
+    """The admin index's "Queue overview" entry: it opens the overview page. Its one URL
+    is that redirect: the model is a proxy of Job, and Django's own change page for it
+    would show a job's fields unredacted."""
+
+    def get_urls(self) -> list[Any]:
+        entry = self.admin_site.admin_view(self.changelist_view)
+        info = self.opts.app_label, self.opts.model_name
+        return [path("", entry, name="%s_%s_changelist" % info)]  # noqa: UP031
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("skipqueue.view_job")
@@ -873,13 +900,14 @@ class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(OwnLookupsOnly, admin.ModelAdmin):
     """The periodic schedules, read-only (their definitions live in code), with their
     next occurrence and the jobs of their latest ones. Pausing takes its own permission
     (skipqueue.pause_schedule)."""
 
     list_display = ["name", "task", "expression", "timezone", "status", "last_run", "next_run"]
     list_filter = [("paused_at", admin.EmptyFieldListFilter)]
+    allowed_lookups = frozenset({"paused_at__isempty"})
     search_fields = ["name", "task"]
     actions = ["pause", "resume"]
     readonly_fields = [
@@ -950,8 +978,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, schedule: Schedule) -> str:
-        shown = {"args": schedule.args, "kwargs": redact(schedule.kwargs)}
-        return format_html("<pre>{}</pre>", json.dumps(shown, indent=2, default=str))
+        return arguments_html(schedule.args, schedule.kwargs)
 
     @admin.display(description=_("latest jobs"))
     def recent_jobs(self, schedule: Schedule) -> str:

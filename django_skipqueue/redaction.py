@@ -116,3 +116,24 @@ def _redact_text(text: str, keys: tuple[str, ...]) -> str:
             continue
         text = pattern.sub(lambda match, r=replace: r(match, keys), text)  # type: ignore[misc]
     return text
+
+
+#: A unique key's runs between separators, and what in a run may be a token: a part
+#: (between `-` and `_`) of 8 or more characters that mixes letters and digits, or of 16
+#: or more of any kind (a reset token, a session id, a digest, a UUID, a card number).
+_KEY_RUN = re.compile(r"[^\s:/|,;.=@]+")
+_TOKEN_PART = re.compile(
+    r"(?=[^-_]*[A-Za-z])(?=[^-_]*[0-9])[^-_]{8,}|[^-_]{16,}",
+)
+
+
+def redact_key(key: str, keys: Iterable[str] | None = None) -> str:
+    """A unique key as the admin shows it: `redact_text`, then each run that may hold a
+    token masked whole. Words, short numbers and dates are kept, so `invoice_id=5`
+    and `order-42:2024-06-01` read as written; `reset:user:42:Zt9xQ2vLp8` shows
+    `reset:user:42:***`."""
+    text = _redact_text(key, _keys(keys))
+    return _KEY_RUN.sub(
+        lambda run: MASK if _TOKEN_PART.search(f"-{run[0]}-") and run[0] != MASK else run[0],
+        text,
+    )

@@ -530,3 +530,96 @@ def test_pausing_a_queue_whose_name_our_workers_refuse_says_why_and_writes_nothi
 def test_a_queue_action_without_a_storable_name_is_a_400(pauser, data):
     response = pauser.post(reverse("admin:skipqueue_queue_act", args=["resume"]), data)
     assert response.status_code == 400
+
+
+# -- trial finding 16: every admin of ours offers its own lookups only, and masks ----------
+
+
+def our_admins():
+    from django.contrib import admin
+
+    return {
+        model._meta.model_name: model_admin
+        for model, model_admin in admin.site._registry.items()
+        if model._meta.app_label == "skipqueue"
+    }
+
+
+@pytest.mark.parametrize("name", sorted(our_admins()))
+def test_every_admin_of_ours_refuses_a_lookup_it_does_not_offer(name):
+    model_admin = our_admins()[name]
+    for lookup in ("id__gt", "kwargs__password__startswith", "task__regex", "pk"):
+        assert not model_admin.lookup_allowed(lookup, "x", None), (name, lookup)
+
+
+@pytest.mark.parametrize(
+    "changelist",
+    [
+        "admin:skipqueue_job_changelist",
+        "admin:skipqueue_workerprocess_changelist",
+        "admin:skipqueue_schedule_changelist",
+    ],
+)
+def test_every_filter_link_of_every_list_is_a_lookup_its_admin_allows(superuser_client, changelist):
+    import re
+
+    JobFactory(failed=True)
+    WorkerProcess.objects.create(hostname="h", pid=1, queues=["default"])
+    page = superuser_client.get(reverse(changelist)).content.decode()
+    links = {link.replace("&amp;", "&") for link in re.findall(r'href="\?([^"]+)"', page)}
+    assert links
+    for link in links:
+        assert superuser_client.get(reverse(changelist) + "?" + link).status_code == 200, link
+
+
+def test_the_overview_entry_has_no_page_of_its_own_for_a_job(client):
+    job = JobFactory(kwargs={"password": "hunter2"}, unique_key="reset-8f14e45fceea167a5a36")
+    viewer = staff(client)
+    viewer.raise_request_exception = False
+    for view in ("change", "history", "delete"):
+        entry = reverse("admin:skipqueue_queueoverview_changelist")
+        response = viewer.get(f"{entry}{job.id}/{view}/")
+        assert response.status_code == 404, view
+        assert b"hunter2" not in response.content
+
+
+# A reset token, a session id, a hex digest, a UUID, a key=value secret.
+SECRET_KEYS = [
+    ("reset:user:42:Zt9xQ2vLp8", "Zt9xQ2vLp8"),
+    ("session_3f2a9c1b7e6d5a4f", "3f2a9c1b7e6d5a4f"),
+    ("invite:550e8400-e29b-41d4-a716-446655440000", "446655440000"),
+    ("token=tok_visa_4242", "tok_visa_4242"),
+]
+
+
+@pytest.mark.parametrize(("key", "secret"), SECRET_KEYS)
+def test_a_unique_key_that_may_be_a_token_is_masked_on_the_list_and_the_page(
+    superuser_client, key, secret
+):
+    job = JobFactory(unique_key=key)
+    listed = superuser_client.get(reverse(CHANGELIST)).content.decode()
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    assert secret not in listed and secret not in page.content.decode()
+    assert "***" in listed and "***" in page.content.decode()
+
+
+@pytest.mark.parametrize("key", ["invoice_id=5", "order-42:2024-06-01", "nightly-report"])
+def test_a_unique_key_that_is_plainly_not_a_secret_is_shown_as_written(superuser_client, key):
+    job = JobFactory(unique_key=key)
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    assert key in page.content.decode()
+
+
+def test_errors_written_by_another_client_are_masked_on_the_list_and_the_page(superuser_client):
+    leak = "ConnectionError: postgres://app:pw-leaked@db/x Authorization: Bearer tok-leaked"
+    entry = {"attempt": 1, "at": "2030-01-01T00:00:00+00:00", "type": "E"}
+    job = JobFactory(
+        failed=True,
+        last_error=leak,
+        errors=[entry | {"message": leak, "traceback": "Traceback\n" + leak}],
+    )
+    listed = superuser_client.get(reverse(CHANGELIST)).content.decode()
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[job.id]))
+    for text in (listed, page.content.decode()):
+        assert "pw-leaked" not in text and "tok-leaked" not in text
+        assert "postgres://app:***@db/x" in text

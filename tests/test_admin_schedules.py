@@ -137,3 +137,102 @@ def test_a_schedule_gone_from_the_code_is_listed_as_such_until_a_worker_deletes_
     call_command("schedules", "--json", stdout=out)  # this code has no schedules
     states = {row["name"]: row["state"] for row in json.loads(out.getvalue())["schedules"]}
     assert states == {"every-second": "removed from code", "nightly": "removed from code"}
+
+
+# -- trial finding 16: the schedule admin offers its own filters only, and masks -----------
+
+SECRETS = {
+    "args": ["postgres://u:pw-in-url@h/db", "Authorization: Bearer tok-in-header"],
+    "kwargs": {"password": "hunter2", "note": "keep me"},
+}
+
+
+@pytest.fixture
+def viewer(client):
+    """A view-only staff user: the attacker of the trial."""
+    return staff_with(client, "view_schedule")
+
+
+@pytest.fixture
+def secretive():
+    return Schedule.objects.create(
+        name="secretive",
+        task=add.name,
+        expression="* * * * *",
+        timezone="UTC",
+        queue_name="default",
+        **SECRETS,
+    )
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "kwargs__password__startswith=h",
+        "kwargs__password=hunter2",
+        "args__0__startswith=p",
+        "task__regex=(a",
+        "name__regex=(a",
+        "expression__contains=*",
+        "paused_by=x",
+    ],
+)
+def test_a_lookup_the_schedule_list_does_not_offer_is_refused_with_a_400(viewer, secretive, query):
+    response = viewer.get(reverse(CHANGELIST) + "?" + query)
+    assert response.status_code == 400
+    assert b"hunter2" not in response.content
+
+
+def test_a_masked_schedule_argument_cannot_be_probed_one_character_at_a_time(viewer, secretive):
+    answers = {
+        viewer.get(reverse(CHANGELIST) + f"?kwargs__password__startswith={c}").status_code
+        for c in "abcdefghijklmnopqrstuvwxyz"
+    }
+    assert answers == {400}
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "q=%00",
+        "q=a%00b",
+        "name=a%00b",
+        "paused_at__isempty=%00",
+        "paused_at__isempty=7",
+        "o=99",
+        "p=abc",
+        "_to_field=kwargs",
+    ],
+)
+def test_a_bad_query_string_on_the_schedule_list_is_a_400_or_a_page_never_a_500(
+    viewer, secretive, query
+):
+    viewer.raise_request_exception = False
+    response = viewer.get(reverse(CHANGELIST) + "?" + query)
+    assert response.status_code in (200, 302, 400), response.status_code
+
+
+@pytest.mark.parametrize("view", ["change", "history", "delete"])
+def test_a_schedule_name_holding_nul_in_the_url_is_not_a_500(viewer, view):
+    viewer.raise_request_exception = False
+    response = viewer.get(reverse(f"admin:skipqueue_schedule_{view}", args=["a\x00b"]))
+    assert response.status_code in (302, 403, 404), response.status_code
+
+
+def test_a_schedules_page_masks_its_arguments_as_a_jobs_page_does(viewer, secretive):
+    page = viewer.get(reverse("admin:skipqueue_schedule_change", args=["secretive"]))
+    text = page.content.decode()
+    assert page.status_code == 200
+    for secret in ("pw-in-url", "tok-in-header", "hunter2"):
+        assert secret not in text
+    assert "keep me" in text and "postgres://u:***@h/db" in text
+
+
+def test_a_schedule_and_a_job_with_the_same_arguments_show_the_same_text(secretive):
+    from django.contrib import admin
+
+    from tests.factories import JobFactory
+
+    job = JobFactory(**SECRETS)
+    shown_by_job = admin.site._registry[Job].pretty_args(job)
+    assert admin.site._registry[Schedule].pretty_args(secretive) == shown_by_job

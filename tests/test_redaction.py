@@ -98,3 +98,21 @@ def test_secret_key_names_in_data_are_masked_whatever_their_spelling(key):
 )
 def test_text_without_a_secret_is_left_as_it_is(text):
     assert redact_text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [
+        ("invoice_id=5", "invoice_id=5"),
+        ("order-42:2024-06-01", "order-42:2024-06-01"),
+        ("recalculate-all-invoices", "recalculate-all-invoices"),
+        ("reset:user:42:Zt9xQ2vLp8", "reset:user:42:***"),
+        ("invite:550e8400-e29b-41d4-a716-446655440000", "invite:***"),
+        ("card:4242424242424242", "card:***"),
+        ("token=short", "token=***"),
+    ],
+)
+def test_a_unique_key_keeps_words_numbers_and_dates_and_masks_what_may_be_a_token(key, shown):
+    from django_skipqueue.redaction import redact_key
+
+    assert redact_key(key) == shown
