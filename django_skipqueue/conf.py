@@ -169,18 +169,27 @@ class SkipQueueSettings:
     RELAY: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
-    #: Keys whose values are masked in stored errors and the admin (substring, any case,
-    #: punctuation ignored: "api_key" also masks "apiKey" and "X-Api-Key").
+    #: Keys whose values are masked in stored errors and the admin (any case, punctuation
+    #: ignored; a substring, "api_key" also masks "apiKey" and "X-Api-Key", except that
+    #: a name of at most 4 characters must be a whole word: "pass" masks "db_pass", not
+    #: "passenger"). See redaction.py.
     REDACT_KEYS: tuple[str, ...] = (
         "password",
         "passwd",
+        "passphrase",
+        "pass",
+        "pwd",
         "token",
         "secret",
         "authorization",
+        "auth",
         "api_key",
         "private_key",
         "credential",
         "cookie",
+        "sessionid",
+        "sessid",
+        "signature",
     )
 
     def problems(self) -> list[tuple[str, str]]:

@@ -4,8 +4,12 @@ Tasks should receive ids, not secrets; this is the safety net. It is table-drive
 `TEXT_RULES` lists each form of secret found in text, applied in order, and a test
 runs every rule against a corpus of real-world forms (tests/test_redaction.py).
 
-Key names are compared without regard to case or punctuation, as substrings:
-"api_key" also hides "stripe_api_key", "apiKey", "x-api-key" and "X-API-Key".
+Key names are compared without regard to case or punctuation. A name of five
+characters or more matches as a substring: "api_key" also hides "stripe_api_key",
+"apiKey", "x-api-key" and "X-API-Key". A shorter one ("pass", "pwd", "auth") matches
+only a whole word of the key (words split at punctuation, digits and camelCase), so
+"pass" hides "db_pass" and "userPass" but not "passenger", "compass" or "bypass", and
+"auth" hides "x-auth" but not "author".
 """
 
 from __future__ import annotations
@@ -18,58 +22,39 @@ from django_skipqueue.conf import get_settings
 
 MASK = "***"
 
+#: Names of at most this many characters match whole words only (see the docstring).
+WORD_MATCH_MAX_LENGTH = 4
+
 #: HTTP authentication schemes whose credentials follow them after a space.
 AUTH_SCHEMES = ("Bearer", "Basic", "Digest", "Token", "Negotiate", "ApiKey")
 _SCHEME = rf"(?:(?:{'|'.join(AUTH_SCHEMES)})\s+)"
 
-#: A value after `key=` or `key:`: quoted (escaped quotes and all) or up to a delimiter.
-_VALUE = r"""(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,;&)}\]]+)"""
+#: URL query parameters that hold a secret though their names say little: Google's
+#: `key=`, a signed URL's `sig=`, an OAuth callback's `code=`.
+URL_SECRET_PARAMS = ("key", "sig", "code")
+
+#: A value after `key=` or `key:`: quoted (escaped quotes and all, and JSON inside a
+#: JSON string, whose quotes are escaped), a bracketed group (`auth=('u', 'pw')`), or
+#: else its first character: an unquoted value runs up to a delimiter (_BARE), found
+#: only when it is masked, so that scanning a long value again costs nothing.
+_VALUE = (
+    r'"(?:[^"\\]|\\.)*"'
+    r"|'(?:[^'\\]|\\.)*'"
+    r'|\\"(?:[^"\\]|\\[^"])*\\"'
+    r"|\([^()]{0,300}\)|\[[^\[\]]{0,300}\]|\{[^{}]{0,300}\}"
+    r"|[^\s,;&)}\]]"
+)
+_BARE = re.compile(r"[^\s,;&)}\]]*")
+#: A key's name, bare or quoted (`password`, `"password"`, `\"password\"`), never
+#: the tail of a longer name (which would make a long word cost its length squared).
+_NAME = r"""(?<![A-Za-z0-9_.-])(?P<quote>\\?["']|)(?P<name>[A-Za-z0-9_.-]+)(?P=quote)"""
 
 _KEY_VALUE = re.compile(
-    rf"""(?P<prefix>(?P<quote>["']?)(?P<name>[A-Za-z0-9_.-]+)(?P=quote)\s*[:=]\s*{_SCHEME}?)"""
-    rf"""(?P<value>{_VALUE})""",
-    re.IGNORECASE,
+    rf"(?P<prefix>{_NAME}\s*(?:=>|[:=])\s*{_SCHEME}?)(?P<value>{_VALUE})", re.IGNORECASE
 )
 
-
-def _url_password(match: re.Match[str], keys: tuple[str, ...]) -> str:
-    return f"{match['head']}{MASK}@"
-
-
-def _scheme_credentials(match: re.Match[str], keys: tuple[str, ...]) -> str:
-    return f"{match['scheme']}{MASK}"
-
-
-def _key_value(match: re.Match[str], keys: tuple[str, ...]) -> str:
-    if is_secret(match["name"], keys):
-        return f"{match['prefix']}{MASK}"
-    value = match["value"]  # not a secret itself, but a quoted value may hold one
-    if len(value) >= 2 and value[0] in "\"'":
-        value = value[0] + _redact_text(value[1:-1], keys) + value[-1]
-    return match["prefix"] + value
-
-
-Rule = tuple[str, re.Pattern[str], Callable[[re.Match[str], tuple[str, ...]], str]]
-
-#: (what it masks, pattern, replacement), applied in this order.
-TEXT_RULES: list[Rule] = [
-    (
-        "the password of a URL, with or without a user name (redis://:secret@host)",
-        re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s/]+@", re.IGNORECASE),
-        _url_password,
-    ),
-    (
-        '`key=value`, `key: value`, `"key": "value"` where the key looks secret; '
-        "after `Authorization:`, the credentials that follow the scheme",
-        _KEY_VALUE,
-        _key_value,
-    ),
-    (
-        "credentials after an authentication scheme anywhere (`Bearer <token>`)",
-        re.compile(rf"(?P<scheme>\b(?:{'|'.join(AUTH_SCHEMES)})\s+)(?!\*\*\*)[^\s,;\"']+"),
-        _scheme_credentials,
-    ),
-]
+#: The words of a key name: `userPass` -> user, Pass; `X-API-Key` -> X, API, Key.
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 def _normal(name: str) -> str:
@@ -82,13 +67,137 @@ def _keys(keys: Iterable[str] | None) -> tuple[str, ...]:
 
 
 def is_secret(key: str, keys: Iterable[str]) -> bool:
-    """True if `key` holds one of `keys` (both compared without case or punctuation)."""
+    """True if `key` holds one of `keys` (both compared without case or punctuation; a
+    name of at most WORD_MATCH_MAX_LENGTH characters must be a whole word of `key`)."""
     name = _normal(key)
-    return any(secret in name for secret in keys)
+    words: set[str] | None = None
+    for secret in keys:
+        if len(secret) > WORD_MATCH_MAX_LENGTH:
+            if secret in name:
+                return True
+            continue
+        if words is None:
+            words = {word.lower() for word in _WORD.findall(key)}
+        if secret in words:
+            return True
+    return False
+
+
+#: A replacement: the text for a match and where to go on from, or None for "not a
+#: secret: keep the prefix and look into the value again" (it may hold `key=value` or
+#: a URL of its own).
+Replace = Callable[[re.Match[str], tuple[str, ...]], "tuple[str, int] | None"]
+
+
+def _pem(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
+    return f"{match['begin']}{MASK}{match['end'] or ''}", match.end()
+
+
+def _url_password(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
+    return f"{match['head']}{MASK}@", match.end()
+
+
+def _query_value(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int] | None:
+    name = match["name"]
+    if name.lower() in URL_SECRET_PARAMS or is_secret(name, keys):
+        return f"{match['prefix']}{MASK}", match.end()
+    return None
+
+
+def _key_value(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int] | None:
+    value = match["value"]
+    if is_secret(match["name"], keys):
+        end = match.end()
+        if len(value) == 1:  # unquoted: masked up to its delimiter
+            bare = _BARE.match(match.string, match.start("value"))
+            end = bare.end() if bare else end
+        return f"{match['prefix']}{MASK}", end
+    if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:
+        # Not a secret itself, but a quoted value may hold one.
+        inner = _redact_text(value[1:-1], keys)
+        return match["prefix"] + value[0] + inner + value[-1], match.end()
+    return None
+
+
+def _scheme_credentials(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
+    return f"{match['scheme']}{MASK}", match.end()
+
+
+def _whole(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
+    return MASK, match.end()
+
+
+Rule = tuple[str, re.Pattern[str], Replace]
+
+#: (what it masks, pattern, replacement), applied in this order.
+TEXT_RULES: list[Rule] = [
+    (
+        "a PEM private key (PKCS#8, RSA, EC, DSA, OPENSSH, ENCRYPTED), to its END line or, "
+        "cut short, to the end of its base64",
+        re.compile(
+            r"(?P<begin>-----BEGIN (?P<kind>[A-Z0-9 ]{0,20})PRIVATE KEY-----)"
+            r"(?:(?s:.{0,10000}?)(?P<end>-----END (?P=kind)PRIVATE KEY-----)"
+            r"|(?:(?:\s|\\[nr])*[A-Za-z0-9+/=]{16,})*)"
+        ),
+        _pem,
+    ),
+    (
+        "the password of a URL, with or without a user name (redis://:secret@host), up to "
+        "its last `@` (postgres://user:p@ss@host hides `p@ss`)",
+        re.compile(
+            r"(?P<head>(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://[^:/@\s]*:)"  # a scheme's start
+            r"""[^\s/?#'"]+@""",
+            re.IGNORECASE,
+        ),
+        _url_password,
+    ),
+    (
+        "a URL's query parameter that looks secret (`?api_key=`, `&access_token=`, "
+        "`?sig=`, `?key=`)",
+        re.compile(r"""(?P<prefix>[?&](?P<name>[A-Za-z0-9_.%\[\]-]+)=)(?P<value>[^&#\s'"<>]+)"""),
+        _query_value,
+    ),
+    (
+        '`key=value`, `key: value`, `key => value`, `"key": "value"` where the key looks '
+        "secret; after `Authorization:`, the credentials that follow the scheme",
+        _KEY_VALUE,
+        _key_value,
+    ),
+    (
+        "a pair whose first item names a secret: `(password, x)`, `('password', 'x')`, "
+        '`["password", "x"]`',
+        re.compile(rf"(?P<prefix>[(\[]\s*{_NAME}\s*,\s*{_SCHEME}?)(?P<value>{_VALUE})"),
+        _key_value,
+    ),
+    (
+        "a command line's `--password hunter2`",
+        re.compile(
+            r"(?P<prefix>(?<![\w-])--(?P<name>[A-Za-z][A-Za-z0-9_-]*)[ \t]+)"
+            r"(?P<value>[^\s-]\S*)"
+        ),
+        _key_value,
+    ),
+    (
+        "credentials after an authentication scheme anywhere (`Bearer <token>`)",
+        re.compile(rf"(?P<scheme>\b(?:{'|'.join(AUTH_SCHEMES)})\s+)(?!\*\*\*)[^\s,;\"']+"),
+        _scheme_credentials,
+    ),
+    (
+        "tokens whose format gives them away without a key name: Stripe secret keys, "
+        "GitHub and Slack tokens, AWS access key ids, JWTs",
+        re.compile(
+            r"\b(?:[sr]k_(?:live|test)_[0-9A-Za-z]{10,}|gh[pousr]_[0-9A-Za-z]{30,}"
+            r"|github_pat_[0-9A-Za-z_]{30,}|xox[abposr]-[0-9A-Za-z-]{10,}|AKIA[0-9A-Z]{16}"
+            r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
+        ),
+        _whole,
+    ),
+]
 
 
 def redact(value: Any, keys: Iterable[str] | None = None) -> Any:
-    """`value` with the values of secret-looking keys replaced by '***', recursively."""
+    """`value` with the values of secret-looking keys replaced by '***', recursively;
+    also the second item of a pair whose first names a secret (`["password", "x"]`)."""
     return _redact(value, _keys(keys))
 
 
@@ -99,6 +208,8 @@ def _redact(value: Any, keys: tuple[str, ...]) -> Any:
             for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
+        if len(value) == 2 and isinstance(value[0], str) and is_secret(value[0], keys):
+            return [value[0], MASK]
         return [_redact(item, keys) for item in value]
     if isinstance(value, str):
         return _redact_text(value, keys)
@@ -112,10 +223,25 @@ def redact_text(text: str, keys: Iterable[str] | None = None) -> str:
 
 def _redact_text(text: str, keys: tuple[str, ...]) -> str:
     for _, pattern, replace in TEXT_RULES:
-        if pattern is _KEY_VALUE and not keys:
-            continue
-        text = pattern.sub(lambda match, r=replace: r(match, keys), text)  # type: ignore[misc]
+        text = _apply(pattern, replace, text, keys)
     return text
+
+
+def _apply(pattern: re.Pattern[str], replace: Replace, text: str, keys: tuple[str, ...]) -> str:
+    """`pattern.sub`, except that a match `replace` leaves (None) is scanned again from
+    its value, so `url: https://h/?token=x` or `charge:token=x` still mask the token."""
+    out, position = [], 0
+    while (match := pattern.search(text, position)) is not None:
+        out.append(text[position : match.start()])
+        replaced = replace(match, keys)
+        if replaced is not None:
+            out.append(replaced[0])
+            position = max(replaced[1], match.start() + 1)
+        else:
+            position = max(match.start("value"), match.start() + 1)
+            out.append(text[match.start() : position])
+    out.append(text[position:])
+    return "".join(out)
 
 
 #: A unique key's runs between separators, and what in a run may be a token: a part
