@@ -623,3 +623,99 @@ def test_errors_written_by_another_client_are_masked_on_the_list_and_the_page(su
     for text in (listed, page.content.decode()):
         assert "pw-leaked" not in text and "tok-leaked" not in text
         assert "postgres://app:***@db/x" in text
+
+
+# -- trial finding 19: a select-all action is bounded per request -------------------------
+
+
+def act_on_all(client, action: str, url: str = ""):
+    """The changelist's "Select all N" and then the action, as a browser posts them."""
+    return client.post(
+        url or reverse(CHANGELIST),
+        {"action": action, "select_across": "1", "index": "0", "_selected_action": ["0"]},
+        follow=True,
+    )
+
+
+def reported(response) -> str:
+    return " ".join(str(message) for message in response.context["messages"])
+
+
+def insert_pending_jobs(count: int) -> None:
+    """`count` pending jobs in one statement (the factory takes half a millisecond a row)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+                lease, attempts, max_attempts, expirations, releases, last_error, errors,
+                created_at)
+            SELECT 'tests.testapp.tasks.add', '[]', '{}', 'default', 0, 'pending', now(),
+                   interval '5 minutes', 0, 5, 0, 0, '', '[]', now()
+            FROM generate_series(1, %s)
+            """,
+            [count],
+        )
+
+
+def test_a_select_all_cancel_past_the_bound_cancels_the_bound_and_says_what_is_left(
+    superuser_client, monkeypatch
+):
+    from django_skipqueue.admin import JobAdmin
+
+    monkeypatch.setattr(JobAdmin, "action_max_rows", 10_000)
+    insert_pending_jobs(30_000)
+    first = act_on_all(superuser_client, "cancel")
+    assert "10000 job(s) cancelled or asked to stop" in reported(first)
+    assert "20000 more of the selection" in reported(first)
+    cancelled = Job.objects.filter(state=JobState.CANCELLED)
+    assert cancelled.count() == 10_000 and Job.objects.filter(state=JobState.PENDING).count()
+    pending_ids = Job.objects.filter(state=JobState.PENDING).values_list("id", flat=True)
+    assert max(cancelled.values_list("id", flat=True)) < min(pending_ids)  # in id order
+    act_on_all(superuser_client, "cancel")
+    last = act_on_all(superuser_client, "cancel")
+    assert "10000 job(s) cancelled or asked to stop" in reported(last)
+    assert "more of the selection" not in reported(last)
+    assert cancelled.count() == 30_000
+
+
+def test_a_select_all_cancel_stops_starting_batches_when_its_time_is_up(
+    superuser_client, monkeypatch
+):
+    from django_skipqueue.admin import JobAdmin
+
+    monkeypatch.setattr(JobAdmin, "action_seconds", 0.0)  # time is up after one batch
+    insert_pending_jobs(3_000)
+    response = act_on_all(superuser_client, "cancel")
+    assert "1000 job(s) cancelled or asked to stop" in reported(response)
+    assert "2000 more of the selection" in reported(response)
+    assert Job.objects.filter(state=JobState.CANCELLED).count() == 1_000
+
+
+@pytest.mark.parametrize(
+    ("action", "trait", "after", "verb"),
+    [
+        ("retry_now", "failed", JobState.PENDING, "retried"),
+        ("requeue", "expired", JobState.PENDING, "requeued"),
+        ("cancel", "running", JobState.RUNNING, "cancelled or asked to stop"),
+    ],
+)
+def test_every_bulk_action_is_bounded_and_goes_on_where_it_stopped(
+    superuser_client, monkeypatch, action, trait, after, verb
+):
+    from django_skipqueue.admin import JobAdmin
+
+    monkeypatch.setattr(JobAdmin, "action_max_rows", 500)
+    monkeypatch.setattr(JobAdmin, "action_batch_size", 200)
+    Job.objects.bulk_create(JobFactory.build_batch(1_250, **{trait: True}))
+    JobFactory.create_batch(5, done=True)  # selected too, never touched, never "left"
+    messages = [reported(act_on_all(superuser_client, action)) for _ in range(3)]
+    assert f"500 job(s) {verb}" in messages[0] and "750 more of the selection" in messages[0]
+    assert f"500 job(s) {verb}" in messages[1] and "250 more of the selection" in messages[1]
+    assert f"250 job(s) {verb}" in messages[2] and "more of the selection" not in messages[2]
+    assert Job.objects.filter(state=JobState.DONE).count() == 5
+    if action == "cancel":
+        assert Job.objects.filter(cancel_requested_at__isnull=False).count() == 1_250
+    else:
+        assert Job.objects.filter(state=after).count() == 1_250
