@@ -367,20 +367,35 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         ends failed with the database's error, so it cannot stop its queue; every other
         row is claimed as usual. One transaction, committed before returning.
         """
-        claimed: list[Job] = []
         with bounded(self.db):
             ids = list(self.claimable(queues).values_list("id", flat=True)[:limit])
-            for job_id in ids:
-                try:
-                    with transaction.atomic(using=self.db):
-                        statement, params = self.claim_statement(
-                            queues, worker=worker, lease=lease, only=job_id
-                        )
-                        claimed.extend(self._run_claim(statement, params))
-                except DatabaseError as error:
-                    if is_transient(error):
-                        raise
-                    self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
+            return self._claim_each(queues, ids, worker, lease, locked=False)
+
+    def _claim_each(
+        self,
+        queues: Sequence[str],
+        ids: list[int],
+        worker: WorkerProcess | None,
+        lease: timedelta | None,
+        *,
+        locked: bool,
+    ) -> list[Job]:
+        """Claim each of `ids` alone, in a savepoint: rows this transaction locked
+        (`locked`: `sql.CLAIM_THESE`) or rows to find again among the claimable. A row
+        whose claim fails ends failed with the database's error."""
+        claimed: list[Job] = []
+        for job_id in ids:
+            which: dict[str, Any] = {"ids": [job_id]} if locked else {"only": job_id}
+            try:
+                with transaction.atomic(using=self.db):
+                    statement, params = self.claim_statement(
+                        queues, worker=worker, lease=lease, **which
+                    )
+                    claimed.extend(self._run_claim(statement, params))
+            except DatabaseError as error:
+                if is_transient(error):
+                    raise
+                self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
         return claimed
 
     def _run_claim(self, statement: str, params: list[Any]) -> list[Job]:
@@ -414,19 +429,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             if is_transient(error):
                 raise
             logger.error("limited claim failed, claiming row by row: %s", error)
-        claimed: list[Job] = []
-        for job_id in ids:
-            try:
-                with transaction.atomic(using=self.db):
-                    statement, params = self.claim_statement(
-                        queues, worker=worker, lease=lease, ids=[job_id]
-                    )
-                    claimed.extend(self._run_claim(statement, params))
-            except DatabaseError as error:
-                if is_transient(error):
-                    raise
-                self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
-        return claimed
+        return self._claim_each(queues, ids, worker, lease, locked=True)
 
     def keyed_due(self, queues: Sequence[str]) -> bool:
         """Whether a job with a concurrency key is due in these queues: a probe of the

@@ -33,6 +33,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 IDLE_SECONDS = 1.0
 
 
+def every_second(*names: str) -> dict[str, Cron]:
+    """Schedules of tasks.add that fire every second, by name."""
+    crons = [Cron(expression="* * * * * *", name=name, args=[1, 2]) for name in names]
+    return {cron.name: bind_schedules(tasks.add, cron)[0] for cron in crons}
+
+
 @pytest.fixture
 def frozen() -> Iterator:
     """frozen(code): run `code` in a child inside `bounded()`, then SIGSTOP it once it
@@ -85,13 +91,7 @@ def test_a_worker_frozen_inside_a_limited_claim_stops_no_other_claim(frozen):
 
 
 def test_a_worker_frozen_inside_a_tick_holds_back_one_schedule_for_seconds(frozen):
-    defined = {
-        cron.name: cron
-        for cron in (
-            bind_schedules(tasks.add, Cron(expression="* * * * * *", name=name, args=[1, 2]))[0]
-            for name in ("frozen", "free")
-        )
-    }
+    defined = every_second("frozen", "free")
     sync(defined, database="default")
     Schedule.objects.update(last_occurrence_at=Now() - timedelta(seconds=3))
     frozen(
@@ -182,13 +182,7 @@ def test_a_cron_expression_that_never_matches_is_refused_at_definition():
 
 
 def test_a_schedule_whose_tick_fails_does_not_stop_the_others(caplog):
-    defined = {
-        cron.name: cron
-        for cron in (
-            bind_schedules(tasks.add, Cron(expression="* * * * * *", name=name, args=[1, 2]))[0]
-            for name in ("broken", "fine")
-        )
-    }
+    defined = every_second("broken", "fine")
     sync(defined, database="default")
     Schedule.objects.update(last_occurrence_at=Now() - timedelta(seconds=3))
     with connection.cursor() as cursor:  # a row another client broke
