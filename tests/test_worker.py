@@ -44,8 +44,11 @@ def claim_limits(queries) -> list[int]:
     ]
 
 
-def test_one_claim_fills_every_free_thread_and_the_prefetch_buffer():
-    tasks.record.enqueue_many([((), {"sleep": 0.2})] * 12)
+def test_one_claim_fills_every_free_thread_and_the_prefetch_buffer(monkeypatch):
+    # The four threads finish each round together (a barrier, not a sleep), so that
+    # the dispatcher finds several successes to acknowledge whatever the machine's load.
+    monkeypatch.setattr(tasks, "MEETING", threading.Barrier(4))
+    tasks.meet.enqueue_many([((), {})] * 12)
     with CaptureQueriesContext(connection) as queries:
         worker = Worker(concurrency=4, burst=True, listen=False, reap_interval=0, prefetch=4)
         worker.run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 import time
 
 from django.db.models.functions import Now
@@ -264,6 +265,17 @@ def send_invoice(invoice_id: int, note: str = "") -> int:
 def sync_account(account: str, full: bool = False) -> str:
     """A unique job per account whose later enqueues replace a pending one's arguments."""
     return account
+
+
+# Set by a test: the threads of one worker meet here, so that they finish together.
+MEETING: threading.Barrier | None = None
+
+
+@task
+def meet() -> None:
+    """Wait until every party of `MEETING` has arrived, then return at once."""
+    assert MEETING is not None
+    MEETING.wait(timeout=10)
 
 
 def _occupy(job_id: int, seconds: float, key: str) -> None:
