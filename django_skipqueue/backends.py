@@ -263,7 +263,12 @@ class SkipQueueBackend(BaseTaskBackend):
 
     def result_from_job(self, job: Job, task: DjangoTask | None = None) -> TaskResult:
         """A TaskResult that mirrors the job's row; its task is `task_of(job)` unless
-        given (enqueue passes the very Task it was called on)."""
+        given (enqueue passes the very Task it was called on).
+
+        Arguments another client stored in a shape no call can take (`args` not a JSON
+        array, `kwargs` not an object, a number Python cannot load) show as empty: the
+        worker fails such a job with the reason, which `errors` then holds.
+        """
         if task is None:
             task = self.task_of(job)
         # One entry per attempt; rows claimed before migration 0007 have none for their
@@ -278,8 +283,8 @@ class SkipQueueBackend(BaseTaskBackend):
             started_at=job.first_started_at or job.started_at,
             finished_at=job.finished_at,
             last_attempted_at=job.started_at,
-            args=list(job.args),
-            kwargs=dict(job.kwargs),
+            args=list(job.args) if isinstance(job.args, list) else [],
+            kwargs=dict(job.kwargs) if isinstance(job.kwargs, dict) else {},
             backend=self.alias,
             errors=[
                 TaskError(

@@ -121,6 +121,9 @@ class ErrorInfo:
         return f"{self.type}: {self.message}" if self.message else self.type
 
 
+# The error type of a job ended by `_quarantine`: a row no attempt could run.
+QUARANTINED = "django_skipqueue.exceptions.InvalidJobError"
+
 LEASE_EXPIRED = ErrorInfo(
     "django_skipqueue.exceptions.LeaseExpiredError",
     "the lease ran out before this attempt was acknowledged; taken back",
@@ -557,16 +560,25 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         the row is left as it is.
         """
         why = storable_text(why)[:8192]
-        try:
-            with transaction.atomic(using=self.db):
-                self.filter(id=job_id, state=state).update(
-                    state=JobState.FAILED, finished_at=Now(), leased_until=None, last_error=why
-                )
-            logger.error("job failed id=%s: %s", job_id, why)
-        except DatabaseError as error:
-            if is_transient(error):
-                raise
-            logger.error("job cannot be written id=%s: %s; then: %s", job_id, why, error)
+        error = ErrorInfo(QUARANTINED, why)
+        cap = get_settings().ERROR_HISTORY_LENGTH
+        ended = {"state": JobState.FAILED, "finished_at": Now(), "leased_until": None}
+        last: DatabaseError | None = None
+        # With the reason in the history first; without it if the history itself is what
+        # another client broke (not a JSON array).
+        for written in ({"errors": _AppendCapped(F("errors"), error.entry(), cap)}, {}):
+            try:
+                with transaction.atomic(using=self.db):
+                    self.filter(id=job_id, state=state).update(
+                        **ended, **written, last_error=error.summary()
+                    )
+                logger.error("job failed id=%s: %s", job_id, why)
+                return
+            except DatabaseError as failure:
+                if is_transient(failure):
+                    raise
+                last = failure
+        logger.error("job cannot be written id=%s: %s; then: %s", job_id, why, last)
 
     # -- enqueue: INSERTs in the caller's transaction ------------------------------------
 

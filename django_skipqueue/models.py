@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
@@ -28,6 +29,40 @@ from django_skipqueue.states import (
     idempotency_key_of,
 )
 
+
+class DateTimeField(models.DateTimeField):
+    """A `DateTimeField` that loads every value PostgreSQL can store.
+
+    PostgreSQL accepts `'infinity'`, `'-infinity'` and years beyond 9999 or before 1 in a
+    `timestamptz`; Python's `datetime` holds none of them, so psycopg raises DataError
+    when such a row is loaded, and one row written by another client would break every
+    page and query that lists it. This field's select clamps them into the range that
+    survives a conversion to any local time (`LOADABLE_LATEST`, `LOADABLE_EARLIEST`), in
+    the SQL only: filters, ordering and the stored value are unchanged, and the worker's
+    claim (raw SQL, `loading.fetch_jobs`) still fails such a job alone, with its reason.
+    Migrations see a plain `models.DateTimeField`.
+    """
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
+        sql, params = super().select_format(compiler, sql, params)
+        clamped = (
+            f"CASE WHEN {sql} > '{LOADABLE_LATEST}' THEN '{LOADABLE_LATEST}'::timestamptz "
+            f"WHEN {sql} < '{LOADABLE_EARLIEST}' THEN '{LOADABLE_EARLIEST}'::timestamptz "
+            f"ELSE {sql} END"
+        )
+        return clamped, (*params, *params, *params)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.DateTimeField", args, kwargs
+
+
+# A day inside Python's range at each end, so that no time zone's offset pushes a loaded
+# value out of it.
+LOADABLE_LATEST = "9999-12-30 00:00:00+00"
+LOADABLE_EARLIEST = "0001-01-02 00:00:00+00"
+
+
 __all__ = [
     "CLAIM_ORDER",
     "FINISHED_STATES",
@@ -48,8 +83,8 @@ class WorkerProcess(models.Model):
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list)
     concurrency = models.PositiveSmallIntegerField(default=1)
-    started_at = models.DateTimeField(db_default=Now())
-    heartbeat_at = models.DateTimeField(db_default=Now())
+    started_at = DateTimeField(db_default=Now())
+    heartbeat_at = DateTimeField(db_default=Now())
 
     objects = WorkerProcessManager()
 
@@ -77,9 +112,9 @@ class Job(models.Model):
     queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, default=DEFAULT_QUEUE_NAME)
     priority = models.SmallIntegerField(default=0, help_text=_("-100 to 100; higher runs first."))
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
-    run_at = models.DateTimeField(db_default=Now(), help_text=_("Not claimed before this."))
+    run_at = DateTimeField(db_default=Now(), help_text=_("Not claimed before this."))
     lease = models.DurationField(help_text=_("How long each claim owns the job."))
-    leased_until = models.DateTimeField(null=True, blank=True)
+    leased_until = DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text=_("Claims so far."))
     max_attempts = models.PositiveIntegerField()
     expirations = models.PositiveIntegerField(
@@ -93,11 +128,9 @@ class Job(models.Model):
         default=list, blank=True, help_text=_("The latest errors, one entry per failed attempt.")
     )
     result = PayloadField(null=True, blank=True, help_text=_("The return value when done."))
-    created_at = models.DateTimeField(db_default=Now())
-    started_at = models.DateTimeField(
-        null=True, blank=True, help_text=_("Start of the last claim.")
-    )
-    first_started_at = models.DateTimeField(
+    created_at = DateTimeField(db_default=Now())
+    started_at = DateTimeField(null=True, blank=True, help_text=_("Start of the last claim."))
+    first_started_at = DateTimeField(
         null=True, blank=True, help_text=_("Start of the first claim.")
     )
     worker_ids = PayloadField(  # jsonb: an array column would need django.contrib.postgres
@@ -105,7 +138,7 @@ class Job(models.Model):
         blank=True,
         help_text=_("Who claimed each attempt: a worker's id, or in-process:host:pid."),
     )
-    finished_at = models.DateTimeField(null=True, blank=True)
+    finished_at = DateTimeField(null=True, blank=True)
     # NULL, not "", for "none": such rows stay out of the partial unique indexes below at
     # no cost, and the enqueue statement does not write the column at all.
     unique_key = models.CharField(  # noqa: DJ001
@@ -120,7 +153,7 @@ class Job(models.Model):
         blank=True,
         help_text=_("The periodic schedule that enqueued it."),
     )
-    scheduled_for = models.DateTimeField(
+    scheduled_for = DateTimeField(
         null=True, blank=True, help_text=_("The schedule's occurrence this job runs.")
     )
     # Flow control. A key shared by jobs that may run at most `concurrency_limit` at a
@@ -132,7 +165,7 @@ class Job(models.Model):
         help_text=_("Jobs sharing a key run at most concurrency_limit at a time."),
     )
     concurrency_limit = models.PositiveSmallIntegerField(null=True, blank=True)
-    cancel_requested_at = models.DateTimeField(
+    cancel_requested_at = DateTimeField(
         null=True, blank=True, help_text=_("An operator asked a running job to stop.")
     )
     # A default in the table too: rows inserted by the enqueue statement or by another
@@ -259,13 +292,13 @@ class Queue(models.Model):
     claimed under a limit; a queue without one is simply running."""
 
     name = models.CharField(primary_key=True, max_length=QUEUE_NAME_MAX_LENGTH)
-    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_at = DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=150, blank=True, default="")
     rate_tokens = models.FloatField(
         default=0.0, help_text=_("Job starts the rate limit allows now (a token bucket).")
     )
-    rate_refilled_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
+    rate_refilled_at = DateTimeField(null=True, blank=True)
+    created_at = DateTimeField(db_default=Now())
 
     objects = QueueManager()
 
@@ -320,13 +353,13 @@ class Schedule(models.Model):
     grace = models.FloatField(
         default=60.0, help_text=_("Seconds late an occurrence may be and still count on time.")
     )
-    last_occurrence_at = models.DateTimeField(
+    last_occurrence_at = DateTimeField(
         null=True, blank=True, help_text=_("The latest occurrence enqueued or passed over.")
     )
-    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_at = DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=150, blank=True, default="")
-    created_at = models.DateTimeField(db_default=Now())
-    synced_at = models.DateTimeField(
+    created_at = DateTimeField(db_default=Now())
+    synced_at = DateTimeField(
         db_default=Now(), help_text=_("When a worker last copied the definition from code.")
     )
 

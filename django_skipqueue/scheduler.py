@@ -4,8 +4,11 @@
   and SKIPQUEUE['SCHEDULES'], each a `Cron` bound to its task.
 - `sync()`: copies them into the schedule table when a worker starts, and deletes the
   rows of schedules that are no longer in the code (so they stop firing, and nothing is
-  left for an operator to clean).
-- `tick()`: enqueues what is due, on the database clock, a short transaction per schedule.
+  left for an operator to clean), except a paused one, kept so that its pause is not
+  lost if an older release re-creates it.
+- `tick()`: enqueues what is due, on the database clock, a short transaction per schedule,
+  from the definition in the schedule's row rather than the worker's own copy: while the
+  workers of two releases overlap (a rolling deploy), they fire the same occurrences.
 - `Scheduler`: a worker's thread that ticks at each occurrence.
 
 Each occurrence becomes exactly one job however many workers tick at once: the job
@@ -18,10 +21,11 @@ forward), so pruning old jobs never makes an occurrence run again.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -110,7 +114,12 @@ def sync(schedules: Mapping[str, Cron], *, database: str) -> None:
     definitions, delete the rows of schedules the code no longer has.
 
     One transaction. A changed expression or time zone starts from now (the old
-    definition's missed occurrences are not run). An operator's pause is kept.
+    definition's missed occurrences are not run). An operator's pause is kept, across a
+    change of definition and across a removal: the row of a paused schedule the code no
+    longer has stays (shown as removed from the code) until it is resumed, so a worker of
+    an older release that still defines it, started later, finds it paused rather than
+    re-creating it active. The row's definition is the one the last worker to start
+    synced; `tick()` fires from it.
     """
     rows = Schedule.objects.using(database)
     zone = settings.TIME_ZONE or "UTC"
@@ -134,9 +143,15 @@ def sync(schedules: Mapping[str, Cron], *, database: str) -> None:
             logger.info("schedule changed name=%s fields=%s", name, ",".join(sorted(changed)))
         rows.bulk_create(fresh, ignore_conflicts=True)  # another worker may sync at once
         gone = sorted(set(existing) - set(schedules))
-        if gone:
-            rows.filter(name__in=gone).delete()
-            logger.info("schedules removed from the code deleted names=%s", ",".join(gone))
+        kept = [name for name in gone if existing[name].paused_at is not None]
+        deleted = [name for name in gone if name not in kept]
+        if deleted:
+            rows.filter(name__in=deleted, paused_at__isnull=True).delete()
+            logger.info("schedules removed from the code deleted names=%s", ",".join(deleted))
+        if kept:
+            logger.info(
+                "schedules removed from the code kept while paused names=%s", ",".join(kept)
+            )
 
 
 def _definition(cron: Cron, default_zone: str) -> dict[str, Any]:
@@ -214,15 +229,21 @@ def tick(schedules: Mapping[str, Cron], *, database: str) -> TickResult:
     zone_default = settings.TIME_ZONE or "UTC"
     enqueued = missed_count = 0
     found = _active_rows(list(schedules), database)
-    now = found[0][3] if found else _database_now(database)
-    for name, last_at, created_at, _ in found:
-        cron = schedules[name]
+    now = found[0]["now"] if found else _database_now(database)
+    effective: dict[str, Cron] = {}
+    for row in found:
+        name = row["name"]
         try:
+            cron = as_in_row(schedules[name], row, zone_default)
+            if cron is None:
+                continue
+            effective[name] = cron
             zone = cron.zone(zone_default)
-            fire, last, _ = due_occurrences(cron, last_at or created_at, now, zone)
+            last_at = row["last_occurrence_at"]
+            fire, last, _ = due_occurrences(cron, last_at or row["created_at"], now, zone)
             if not fire and (last is None or last == last_at):
                 continue  # nothing new since the row's last occurrence
-            fired, missed = _tick_one(cron, database, zone)
+            fired, missed = _tick_one(schedules[name], database, zone_default)
         except Exception as error:
             if is_transient(error):
                 raise
@@ -230,24 +251,66 @@ def tick(schedules: Mapping[str, Cron], *, database: str) -> TickResult:
             continue
         enqueued += fired
         missed_count += missed
-    return TickResult(enqueued=enqueued, missed=missed_count, next_in=_next_in(schedules, now))
+    return TickResult(
+        enqueued=enqueued, missed=missed_count, next_in=_next_in(effective or schedules, now)
+    )
+
+
+#: Schedules rebuilt from a row whose definition differs from the worker's own, by row.
+_FROM_ROWS: dict[tuple[str, str], Cron] = {}
+
+
+def as_in_row(cron: Cron, row: Mapping[str, Any], zone_default: str) -> Cron | None:
+    """`cron` as its row defines it (the definition the last worker to start synced), so
+    that workers of two releases fire the same occurrences; `cron` itself when they
+    agree. None, logged, when the row runs a task this worker does not have."""
+    values = {field: row[field] for field in DEFINITION_FIELDS}
+    if values == _definition(cron, zone_default):
+        return cron
+    key = (cron.name or "", json.dumps(values, sort_keys=True, default=str))
+    if key not in _FROM_ROWS:
+        if values["task"] not in registry:
+            logger.warning(
+                "schedule skipped name=%s: its row (synced by another release) runs %s, "
+                "which this worker does not have",
+                cron.name,
+                values["task"],
+            )
+            return None
+        if len(_FROM_ROWS) > 1000:
+            _FROM_ROWS.clear()
+        _FROM_ROWS[key] = replace(
+            cron,
+            task=values["task"],
+            expression=values["expression"],
+            timezone=values["timezone"],
+            args=tuple(values["args"]),
+            kwargs=dict(values["kwargs"]),
+            queue_name=values["queue_name"],
+            priority=values["priority"],
+            missed=values["missed"],
+            catch_up=values["catch_up"],
+            grace=values["grace"],
+        )
+    return _FROM_ROWS[key]
 
 
 def _active_rows(names: list[str], database: str) -> list[tuple[Any, ...]]:
-    """(name, last_occurrence_at, created_at, now) of the active schedule rows among
+    """name, last_occurrence_at, created_at, now and the definition of the active
+    schedule rows among
     `names`; if one row cannot be loaded (a timestamp another client wrote that Python
     cannot hold), each alone, and the ones that fail are logged and left out."""
     rows = Schedule.objects.using(database).active()
-    fields = ("name", "last_occurrence_at", "created_at", "now")
+    fields = ("name", "last_occurrence_at", "created_at", "now", *DEFINITION_FIELDS)
     try:
-        return list(rows.filter(name__in=names).annotate(now=Now()).values_list(*fields))
+        return list(rows.filter(name__in=names).annotate(now=Now()).values(*fields))
     except DatabaseError as error:
         if is_transient(error):
             raise
     found = []
     for name in names:
         try:
-            found.extend(rows.filter(name=name).annotate(now=Now()).values_list(*fields))
+            found.extend(rows.filter(name=name).annotate(now=Now()).values(*fields))
         except DatabaseError as error:
             if is_transient(error):
                 raise
@@ -255,22 +318,27 @@ def _active_rows(names: list[str], database: str) -> list[tuple[Any, ...]]:
     return found
 
 
-def _tick_one(cron: Cron, database: str, zone: Any) -> tuple[int, int]:
-    """One schedule's due occurrences, in a transaction of its own: (jobs, missed 0/1)."""
+def _tick_one(defined: Cron, database: str, zone_default: str) -> tuple[int, int]:
+    """One schedule's due occurrences, in a transaction of its own: (jobs, missed 0/1),
+    from the definition of its row as locked."""
     rows = Schedule.objects.using(database)
     with bounded(database):
         locked = (
-            rows.filter(name=cron.name)
+            rows.filter(name=defined.name)
             .active()
             .select_for_update(skip_locked=True, no_key=True)
             .annotate(now=Now())
-            .values_list("last_occurrence_at", "created_at", "now")
+            .values("last_occurrence_at", "created_at", "now", *DEFINITION_FIELDS)
             .first()
         )
         if locked is None:
             return 0, 0  # paused meanwhile, gone, or another worker is ticking it
-        last_at, created_at, now = locked
-        fire, last, missed = due_occurrences(cron, last_at or created_at, now, zone)
+        cron = as_in_row(defined, locked, zone_default)
+        if cron is None:
+            return 0, 0
+        zone = cron.zone(zone_default)
+        last_at, now = locked["last_occurrence_at"], locked["now"]
+        fire, last, missed = due_occurrences(cron, last_at or locked["created_at"], now, zone)
         if last is None:
             return 0, 0
         jobs = _jobs_for(cron, fire)
@@ -339,7 +407,8 @@ def _next_in(schedules: Mapping[str, Cron], now: datetime) -> float | None:
 
 
 class Scheduler:
-    """A worker's scheduler thread: `run()` syncs once, then ticks until `halted`."""
+    """A worker's scheduler thread: `run()` syncs once, then ticks until `halted` (a
+    worker whose code has no schedule left syncs too, deleting the rows, then stops)."""
 
     def __init__(
         self, *, schedules: Mapping[str, Cron], database: str, halted: threading.Event
@@ -358,6 +427,8 @@ class Scheduler:
                     if not synced:
                         sync(self.schedules, database=self.database)
                         synced = True
+                        if not self.schedules:
+                            return  # it only deleted the rows of schedules now gone
                     result = tick(self.schedules, database=self.database)
                     self.enqueued += result.enqueued
                     backoff.reset()

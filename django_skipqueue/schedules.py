@@ -52,7 +52,7 @@ class Cron:
     """A periodic schedule: enqueue `task` at each time `expression` matches.
 
     `expression` has five fields (minute, hour, day of month, month, day of week), or six
-    with seconds last (`*/10 * * * * *`: every ten seconds), or an alias (`@hourly`,
+    with seconds last (`* * * * * */10`: every ten seconds), or an alias (`@hourly`,
     `@daily`, `@weekly`, `@monthly`, `@yearly`). Times are read in `timezone` (default
     settings.TIME_ZONE). `args` and `kwargs` are passed to every run; `queue_name` and
     `priority` default to the task's.

@@ -113,6 +113,9 @@ class Worker:
         #: unless turned off (`schedules=False`) or a burst worker (None: not burst).
         wanted = not burst if schedules is None else schedules
         self.schedules = defined_schedules() if wanted else {}
+        #: Whether this worker syncs the schedule table at start (even with no schedule
+        #: left in its code: it deletes the rows of those removed).
+        self.syncs_schedules = bool(wanted)
         self.stats = WorkerStats()
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
@@ -493,7 +496,7 @@ class Worker:
             self._spawn_executor()
         self.housekeeper.process = self.process
         self.threads.start("helpers", "skipqueue-housekeeper", self.housekeeper.run)
-        if self.schedules:
+        if self.syncs_schedules:
             scheduler = Scheduler(
                 schedules=self.schedules, database=self.database, halted=self._halted
             )

@@ -719,3 +719,32 @@ def test_every_bulk_action_is_bounded_and_goes_on_where_it_stopped(
         assert Job.objects.filter(cancel_requested_at__isnull=False).count() == 1_250
     else:
         assert Job.objects.filter(state=after).count() == 1_250
+
+
+@pytest.mark.parametrize(
+    ("column", "stored"),
+    [
+        ("run_at", "infinity"),
+        ("scheduled_for", "-infinity"),
+        ("finished_at", "20000-01-01 00:00+00"),
+        ("created_at", "0001-01-01 00:00+00 BC"),
+    ],
+)
+def test_a_row_with_a_timestamp_python_cannot_load_is_shown(superuser_client, column, stored):
+    from django.db import connection
+
+    poison = JobFactory(failed=True, schedule="nightly")
+    JobFactory()  # an innocent neighbour on the same page
+    with setting_up(), connection.cursor() as cursor:  # another client's write
+        cursor.execute(f"UPDATE skipqueue_job SET {column} = %s WHERE id = %s", [stored, poison.id])
+
+    for url in [
+        reverse(CHANGELIST),
+        reverse(CHANGELIST) + "?o=-2",  # sorted by its column too
+        reverse("admin:skipqueue_job_change", args=[poison.id]),
+        reverse("admin:skipqueue_overview"),
+    ]:
+        response = superuser_client.get(url)
+        assert response.status_code == 200, url
+    assert Job.objects.get(id=poison.id).id == poison.id  # the ORM loads it, clamped
+    assert Job.objects.filter(**{f"{column}__isnull": False}).count() >= 1

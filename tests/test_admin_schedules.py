@@ -236,3 +236,18 @@ def test_a_schedule_and_a_job_with_the_same_arguments_show_the_same_text(secreti
     job = JobFactory(**SECRETS)
     shown_by_job = admin.site._registry[Job].pretty_args(job)
     assert admin.site._registry[Schedule].pretty_args(secretive) == shown_by_job
+
+
+def test_a_schedule_row_python_cannot_load_is_shown(admin_client, synced):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE skipqueue_schedule SET last_occurrence_at = 'infinity', "
+            "paused_at = '-infinity' WHERE name = 'nightly'"
+        )
+
+    assert admin_client.get(reverse(CHANGELIST)).status_code == 200
+    out = StringIO()
+    call_command("schedules", stdout=out)
+    assert "nightly" in out.getvalue()

@@ -301,3 +301,34 @@ def test_a_schedule_under_the_backend_is_bound_to_its_task():
         django_tasks.dj_add.module_path,
         [1, 2],
     )
+
+
+@pytest.mark.parametrize(
+    ("column", "stored"),
+    [
+        ("run_at", "'infinity'"),
+        ("scheduled_for", "'-infinity'"),
+        ("finished_at", "'20000-01-01 00:00+00'"),
+        ("args", "'\"abc\"'::jsonb"),
+        ("kwargs", "'[1]'::jsonb"),
+        ("args", "'[1e4400]'::jsonb"),
+        ("kwargs", "'{\"n\": 1e4400}'::jsonb"),
+    ],
+)
+def test_get_result_of_a_row_another_client_wrote_badly_answers(column, stored):
+    from django.db import connection
+
+    result = django_tasks.dj_add.enqueue(1, 2)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE skipqueue_job SET {column} = {stored} WHERE id = %s", [result.id])
+
+    found = default_task_backend.get_result(result.id)
+
+    assert found.status == TaskResultStatus.READY
+    assert isinstance(found.args, list) and isinstance(found.kwargs, dict)
+    if column == "args" and "abc" in stored:
+        assert found.args == []  # not ["a", "b", "c"]
+    if column != "run_at":  # 'infinity' is never due
+        run_jobs()
+        failed = default_task_backend.get_result(result.id)
+        assert failed.status == TaskResultStatus.FAILED and failed.errors  # with the reason

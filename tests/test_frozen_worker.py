@@ -181,16 +181,19 @@ def test_a_cron_expression_that_never_matches_is_refused_at_definition():
     Cron(expression="0 0 29 2 *")  # rare, but it comes
 
 
-def test_a_schedule_whose_tick_fails_does_not_stop_the_others(caplog):
+@pytest.mark.parametrize(
+    "broken", ["last_occurrence_at = 'infinity'", "expression = '0 0 31 2 *'", "grace = -1"]
+)
+def test_a_schedule_whose_tick_fails_does_not_stop_the_others(caplog, broken):
     defined = every_second("broken", "fine")
     sync(defined, database="default")
     Schedule.objects.update(last_occurrence_at=Now() - timedelta(seconds=3))
     with connection.cursor() as cursor:  # a row another client broke
-        cursor.execute(
-            "UPDATE skipqueue_schedule SET last_occurrence_at = 'infinity' WHERE name = 'broken'"
-        )
+        cursor.execute(f"UPDATE skipqueue_schedule SET {broken} WHERE name = 'broken'")
 
     tick(defined, database="default")
 
     assert Job.objects.filter(schedule="fine").exists()
-    assert "schedule failed name=broken" in caplog.text
+    assert not Job.objects.filter(schedule="broken").exists()
+    if "infinity" not in broken:  # that one loads (clamped) and is simply never due
+        assert "schedule failed name=broken" in caplog.text

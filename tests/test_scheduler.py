@@ -170,3 +170,63 @@ def test_a_worker_enqueues_and_runs_its_schedules_and_burst_workers_do_not(start
         message="no scheduled job ran",
     )
     assert Schedule.objects.get().task == add.name
+
+
+# -- trial finding 14: rolling deploys, decided from the rows -------------------------
+
+
+def test_a_paused_schedule_removed_then_recreated_by_an_older_release_stays_paused() -> None:
+    old_release = schedules(Cron(expression="* * * * * *", name="report", args=[1, 2]))
+    sync(old_release, database="default")
+    Schedule.objects.pause(["report"], by="operator")
+
+    sync({}, database="default")  # a newer release without it starts
+    assert Schedule.objects.get().is_paused  # kept, with its pause
+    sync(old_release, database="default")  # an older worker restarts meanwhile
+    set_last_occurrence("report", 3)
+
+    assert tick(old_release, database="default").enqueued == 0
+    assert Schedule.objects.get().paused_by == "operator"
+
+
+def test_a_removed_schedule_that_was_not_paused_is_deleted() -> None:
+    sync(schedules(Cron(expression="* * * * *", name="report", args=[1, 2])), database="default")
+    sync({}, database="default")
+    assert not Schedule.objects.exists()
+
+
+def test_workers_of_two_releases_fire_the_expression_of_the_row() -> None:
+    old_release = schedules(Cron(expression="* * * * * *", name="beat", args=[1, 2]))
+    new_release = schedules(Cron(expression="* * * * * */2", name="beat", args=[1, 2]))
+    sync(old_release, database="default")
+    sync(new_release, database="default")  # the newer worker started last
+    set_last_occurrence("beat", 10.5)
+    Schedule.objects.update(grace=60)
+
+    tick(old_release, database="default")  # the older worker still runs
+    tick(new_release, database="default")
+
+    occurrences = list(Job.objects.values_list("scheduled_for", flat=True))
+    assert occurrences and all(at.second % 2 == 0 for at in occurrences)  # */2 only
+    assert 4 <= len(occurrences) <= 6  # ten seconds at one every two, not one a second
+
+
+def test_a_row_naming_a_task_this_worker_lacks_is_left_to_the_others(caplog) -> None:
+    defined = schedules(Cron(expression="* * * * * *", name="beat", args=[1, 2]))
+    sync(defined, database="default")
+    Schedule.objects.update(task="newer.release.task")
+    set_last_occurrence("beat", 3)
+
+    assert tick(defined, database="default").enqueued == 0
+    assert "which this worker does not have" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_code_has_no_schedule_left_deletes_the_last_row(start_worker) -> None:
+    from tests.processes import wait_until
+
+    Schedule.objects.create(
+        name="gone", task=add.name, expression="* * * * *", timezone="UTC", queue_name="default"
+    )
+    start_worker()
+    wait_until(lambda: not Schedule.objects.exists(), timeout=20, message="the row stayed")
