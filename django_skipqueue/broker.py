@@ -43,6 +43,13 @@ MAX_RETRY_EXPONENT = 16
 #: The message header that carries the attempt number a delivery is.
 ATTEMPT_HEADER = "x-skipqueue-attempt"
 ERROR_HEADER = "x-skipqueue-error"
+#: The header of a redelivered message a consumer published again as a fresh copy (to
+#: run it alone, `consumer.Consumer._isolate`): how many deliveries it had already had
+#: without an ack. Fresh copies keep counting against the delivery limit with it, and
+#: are run alone again.
+DELIVERIES_HEADER = "x-skipqueue-deliveries"
+#: What a quorum queue adds to a message delivered again: its earlier deliveries.
+BROKER_DELIVERIES_HEADER = "x-delivery-count"
 
 
 @dataclass(frozen=True)
@@ -361,6 +368,12 @@ class Message:
         """The message of `body`; InvalidJobError saying what is wrong with it."""
         try:
             data = json.loads(body)
+            if not isinstance(data, dict):
+                raise TypeError(f"the body is a JSON {_json_kind(data)}, not an object")
+            if not isinstance(data["args"], list):
+                raise TypeError(f"'args' is a JSON {_json_kind(data['args'])}, not an array")
+            if not isinstance(data["kwargs"], dict):
+                raise TypeError(f"'kwargs' is a JSON {_json_kind(data['kwargs'])}, not an object")
             return cls(
                 job_id=int(data["id"]),
                 task=str(data["task"]),
@@ -373,3 +386,9 @@ class Message:
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidJobError(f"a broker message is not a job: {error!r}") from None
+
+
+def _json_kind(value: object) -> str:
+    """What JSON calls the type of a decoded `value`."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")

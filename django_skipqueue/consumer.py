@@ -35,6 +35,8 @@ from django.db import DatabaseError, connections, transaction
 
 from django_skipqueue import sql
 from django_skipqueue.broker import (
+    BROKER_DELIVERIES_HEADER,
+    DELIVERIES_HEADER,
     ERROR_HEADER,
     Message,
     RelayConfig,
@@ -52,6 +54,7 @@ from django_skipqueue.connections import Backoff, discard_connection
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.executor import Outcome, Verdict, describe_error, run_brokered
 from django_skipqueue.models import Job
+from django_skipqueue.redaction import redact_text
 from django_skipqueue.registry import registry
 from django_skipqueue.states import JobState
 
@@ -104,7 +107,8 @@ class Consumer:
         self._write_due = 0.0
         self._retry_declared: set[str] = set()
         self._running = 0  # deliveries handed to the pool and not acked yet
-        self._suspects: list[tuple[int, Message]] = []  # redelivered, run alone
+        #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
+        self._suspects: list[tuple[int, Message, int]] = []
         self._isolating = False
         self._wake: Callable[[], None] = lambda: None
         self._wake_pending = False
@@ -150,6 +154,7 @@ class Consumer:
             for name in self.queues:
                 declare(channel, name, self.config)
             channel.basic_qos(prefetch_count=self.prefetch)
+            channel._impl.add_on_close_callback(_log_channel_closed)  # pika: not on Blocking
 
             def deliver(ch: Any, method: Any, properties: Any, body: bytes) -> None:
                 try:
@@ -165,13 +170,23 @@ class Consumer:
                     )
                     ch.basic_ack(method.delivery_tag)
                     return
-                if method.redelivered:
+                headers = properties.headers or {}
+                earlier = _count(headers.get(DELIVERIES_HEADER))
+                if method.redelivered or earlier:
                     # A consumer died or lost its connection holding it: perhaps this
                     # message killed it. Run it alone (below), so that a crash on it
                     # holds no other message: the delivery limit counts every unacked
                     # delivery of a dead consumer, and innocent neighbours must not
                     # reach it with the poison.
-                    self._suspects.append((method.delivery_tag, message))
+                    deliveries = earlier + _count(headers.get(BROKER_DELIVERIES_HEADER))
+                    if method.redelivered and not headers.get(BROKER_DELIVERIES_HEADER):
+                        deliveries += 1  # a classic queue does not count for us
+                    if deliveries >= self.config.delivery_limit:
+                        self._dead_letter_undelivered(
+                            ch, publisher, method.delivery_tag, message, deliveries
+                        )
+                        return
+                    self._suspects.append((method.delivery_tag, message, deliveries))
                     return
                 self._submit(pool, generation, method.delivery_tag, message)
 
@@ -217,7 +232,10 @@ class Consumer:
         redelivered messages held meanwhile are published again as fresh copies (then
         acked), since a return to the queue would count as a delivery against them."""
         if self._suspects and not self._isolating:
-            channel.basic_qos(prefetch_count=1)  # no new delivery while any is unacked
+            # No new delivery while any is unacked. A channel-wide (global) limit, as
+            # RabbitMQ applies a per-consumer one only to consumers created after it:
+            # this consumer's own prefetch would go on filling up behind the suspects.
+            channel.basic_qos(prefetch_count=1, global_qos=True)
             self._isolating = True
             logger.warning(
                 "broker consumer: %d redelivered job(s), running them one at a time",
@@ -225,17 +243,44 @@ class Consumer:
             )
         if self._isolating and self._running == 0 and not self._pending_write:
             if self._suspects:
-                tag, message = self._suspects.pop(0)
-                for other_tag, other in self._suspects:
+                tag, message, _ = self._suspects.pop(0)
+                for other_tag, other, deliveries in self._suspects:
+                    # A fresh copy, as a return to the queue would count as a delivery;
+                    # it carries the count so far, and is run alone in its turn.
                     publisher.basic_publish(
-                        "", broker_queue(other.queue), other.body(), other.properties()
+                        "",
+                        broker_queue(other.queue),
+                        other.body(),
+                        other.properties(**{DELIVERIES_HEADER: deliveries}),
                     )
                     channel.basic_ack(other_tag)
                 self._suspects.clear()
                 self._submit(pool, generation, tag, message)
             else:
-                channel.basic_qos(prefetch_count=self.prefetch)
+                channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
                 self._isolating = False
+
+    def _dead_letter_undelivered(
+        self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
+    ) -> None:
+        """A message delivered `deliveries` times to consumers that died holding it (the
+        broker's own limit counts the copies of this one only): to the dead queue, then
+        acked, as RabbitMQ does at the limit."""
+        text = (
+            f"{DeliveryLimitError.__module__}.{DeliveryLimitError.__name__}: delivered "
+            f"{deliveries} times without an ack (each consumer holding it died or lost "
+            f"its connection); DELIVERY_LIMIT is {self.config.delivery_limit}"
+        )
+        logger.error("job dead-lettered id=%s task=%s: %s", message.job_id, message.task, text)
+        publisher.basic_publish(
+            "",
+            dead_queue(message.queue),
+            message.body(),
+            message.properties(**{ERROR_HEADER: text}),
+            mandatory=True,
+        )
+        channel.basic_ack(tag)
+        self.stats.dead += 1
 
     def _time_out(self, generation: int) -> None:
         """Jobs past their task's timeout are settled as failed attempts (retried through
@@ -387,6 +432,31 @@ class Consumer:
 FINAL = (Outcome.SUCCEEDED, Outcome.FAILED)
 
 
+class DeliveryLimitError(Exception):
+    """The error a consumer records on a message it dead-letters at the delivery limit."""
+
+
+def _count(value: object) -> int:
+    """A delivery count from a header: 0 unless a non-negative integer."""
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def _log_channel_closed(channel: Any, reason: Exception) -> None:
+    """Say why the broker closed the consuming channel: the deliveries it held are
+    delivered again, and each such close counts against their delivery limit."""
+    text = str(reason)
+    if "timed out" in text or "consumer_timeout" in text:
+        logger.error(
+            "broker channel closed by RabbitMQ's consumer timeout: a delivery stayed "
+            "unacked longer than the broker's consumer_timeout (its deliveries come "
+            "again, counted against DELIVERY_LIMIT); give long tasks a timeout below it, "
+            "or raise it: %s",
+            text,
+        )
+    else:
+        logger.warning("broker channel closed: %s", text)
+
+
 def ack(channel: Any, tag: int) -> None:
     """Acknowledge one delivery without flushing the socket at once: the frames of a
     turn's acks leave together at the next I/O of the connection's loop (pika's
@@ -397,7 +467,7 @@ def ack(channel: Any, tag: int) -> None:
 def properties_with_error(properties: Any, text: str) -> Any:
     pika = pika_module()
     headers = dict(properties.headers or {})
-    headers[ERROR_HEADER] = text[:1000]
+    headers[ERROR_HEADER] = redact_text(text)[:1000]
     return pika.BasicProperties(
         message_id=properties.message_id,
         delivery_mode=2,

@@ -409,3 +409,35 @@ def test_a_unique_or_concurrency_key_on_a_relayed_queue_is_refused_at_enqueue(se
             keyed.enqueue(1, 2)
         add.using(queue_name="relayed-keys").enqueue(1, 2)  # the transaction goes on
     assert Job.objects.filter(queue_name="relayed-keys").count() == 1
+
+
+def test_a_brokered_message_whose_args_are_an_object_is_dead_lettered_not_run(
+    relayed, settings, start_worker
+):
+    """T54."""
+    import pika
+
+    good = record.using(queue_name=relayed).enqueue()
+    assert relay_everything() == 1  # declares the queues too
+    body = {
+        "id": good.id + 1000,
+        "task": record.name,
+        "queue": relayed,
+        "args": {"sleep": 0},  # another publisher's mistake: its keys must not be arguments
+        "kwargs": {},
+        "max_attempts": 3,
+        "lease_seconds": 30,
+    }
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        connection.channel().basic_publish("", broker_queue(relayed), json.dumps(body).encode())
+    finally:
+        connection.close()
+    consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
+    wait_until(lambda: depth(dead_queue(relayed)) == 1, timeout=30, message="not dead-lettered")
+    wait_until(lambda: Run.objects.filter(job_id=good.id).exists(), timeout=30)
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    assert not Run.objects.filter(job_id=body["id"]).exists()
+    [(_, properties, _)] = drain(dead_queue(relayed))
+    assert "'args' is a JSON object, not an array" in properties.headers[ERROR_HEADER]

@@ -170,3 +170,50 @@ def test_a_poison_message_that_kills_its_consumers_is_dead_lettered_by_the_deliv
     assert int(properties.message_id) == poison.id
     assert json.loads(body)["id"] == poison.id
     assert deaths >= 2  # delivered twice, then dead-lettered by RabbitMQ
+
+
+@pytest.mark.timeout(200)
+def test_under_steady_load_a_poison_is_dead_lettered_and_no_innocent_is(
+    supervisor, broker_queue_name
+):
+    """T53 (trial finding 15): redelivered messages run alone at once, however many
+    fresh ones arrive, and a fresh copy of a held one keeps its delivery count."""
+    queue = broker_queue_name
+    settings = relay_settings(queue, DELIVERY_LIMIT=3)
+    probe = tasks.probe.using(queue_name=queue)
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    healthy: list[int] = []
+    poison = None
+    deaths = 0
+    ends = time.monotonic() + 20
+    while time.monotonic() < ends:  # 10 jobs every 0.2 s, and the poison among them
+        healthy += [job.id for job in probe.enqueue_many([((), {"ms": 20})] * 10)]
+        if poison is None and len(healthy) >= 100:
+            poison = probe.enqueue(mode="exit")
+        if consumer.process.poll() is not None:  # the poison killed it: a new one
+            deaths += 1
+            supervisor.workers.remove(consumer)
+            supervisor.retired.append(consumer)
+            consumer = supervisor.start("--broker", "--concurrency", "4", settings=settings)
+        time.sleep(0.2)
+    deadline = time.monotonic() + 120
+    while Effect.objects.filter(job_id__in=healthy).count() < len(healthy) or not depth(
+        dead_queue(queue)
+    ):
+        if time.monotonic() > deadline:
+            print(supervisor.logs()[-6000:])
+            pytest.fail(
+                f"{len(healthy) - Effect.objects.filter(job_id__in=healthy).count()} "
+                f"innocent jobs never ran; dead queue depth {depth(dead_queue(queue))}"
+            )
+        if consumer.process.poll() is not None:
+            deaths += 1
+            supervisor.workers.remove(consumer)
+            supervisor.retired.append(consumer)
+            consumer = supervisor.start("--broker", "--concurrency", "4", settings=settings)
+        time.sleep(0.2)
+    dead = drain(dead_queue(queue))
+    print(f"\nsteady load: jobs={len(healthy)} poison deaths={deaths} dead={len(dead)}")
+    assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
+    assert 2 <= deaths <= 3  # each delivery of the poison killed one consumer, then it died
