@@ -158,6 +158,8 @@ def execute(
     depth = len(connections[database].atomic_blocks)
     try:
         task = registry.get(job.task)
+        if cancel is not None and cancel.is_set():  # cancelled before it started
+            raise JobCancelled(job.id)
         try:
             with SessionWatch(database):
                 value = _call(task, job, database, cancel)

@@ -58,6 +58,7 @@ class Flight:
     #: Set when a renewal found that an operator asked the job to stop (the task sees
     #: it as `TaskContext.cancel_requested`).
     cancel: CancelFlag = field(default_factory=CancelFlag)
+    claimed_at: float = 0.0  # process clock: when it was claimed (it waits in the buffer)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class InFlight:
     def add(self, job: Job, *, now: float, timeout: float | None) -> Flight:
         """A job just claimed: its first renewal is due after a third of its lease."""
         lease = job.lease.total_seconds()
-        flight = Flight(job, job.attempts, lease, now + lease / 3, timeout)
+        flight = Flight(job, job.attempts, lease, now + lease / 3, timeout, claimed_at=now)
         with self._lock:
             self._flights[job.id] = flight
         return flight
@@ -121,14 +122,18 @@ class InFlight:
 
     # -- executor threads ------------------------------------------------------------
 
-    def start(self, job: Job, thread: threading.Thread, *, now: float) -> None:
-        """A thread takes `job` from the buffer: its timeout counts from now."""
+    def start(self, job: Job, thread: threading.Thread, *, now: float) -> float:
+        """A thread takes `job` from the buffer: its timeout counts from now. Returns the
+        seconds it waited in the buffer since its claim."""
         with self._lock:
             self.busy += 1
             self._running[thread] = job.id
             flight = self._flights.get(job.id)
-            if flight is not None and flight.timeout is not None:
+            if flight is None:
+                return 0.0
+            if flight.timeout is not None:
                 flight.timeout_at = now + flight.timeout
+            return now - flight.claimed_at
 
     def stop_running(self, thread: threading.Thread) -> None:
         """The thread is out of its job (whatever the outcome)."""

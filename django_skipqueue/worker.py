@@ -65,6 +65,10 @@ from django_skipqueue.threads import Supervisor
 
 logger = logging.getLogger(__name__)
 
+#: A job that waited this long in the prefetch buffer is checked for a cancel request
+#: before it starts (one read by primary key): cancelled while buffered, it never runs.
+BUFFERED_CANCEL_CHECK_SECONDS = 0.5
+
 
 class Worker:
     """Runs jobs from `queues` on `concurrency` threads until stopped. See the module doc."""
@@ -396,11 +400,13 @@ class Worker:
         me = threading.current_thread()
         try:
             while (job := self._work.get()) is not None:
-                self.held.start(job, me, now=time.monotonic())
+                waited = self.held.start(job, me, now=time.monotonic())
                 self._wake.set()  # room in the buffer
                 execution: Execution | None = None
                 raised = True
                 refresh_connections()
+                if waited >= BUFFERED_CANCEL_CHECK_SECONDS:
+                    self._check_cancelled_while_buffered(job)
                 try:
                     execution = execute(
                         job,
@@ -421,6 +427,21 @@ class Worker:
                     return  # a replacement thread took this one's place
         finally:
             connections.close_all()
+
+    def _check_cancelled_while_buffered(self, job: Job) -> None:
+        """A job that waited in the buffer may have been cancelled meanwhile (the cancel
+        only asked, as it was running already): if so its flag is set now, and the
+        executor ends it cancelled without calling the task. One read by primary key,
+        only for jobs that waited at least BUFFERED_CANCEL_CHECK_SECONDS."""
+        flag = self.held.cancel_event(job.id)
+        if flag is None or flag.is_set():
+            return
+        fenced = Job.objects.db_manager(self.database).holding(job.id, job.attempts)
+        try:
+            if fenced.filter(cancel_requested_at__isnull=False).exists():
+                flag.set()
+        except DatabaseError as error:  # the task's own run will meet the same database
+            logger.debug("cancel check failed id=%s: %r", job.id, error)
 
     def _finished(self, job: Job, execution: Execution | None) -> None:
         if self.held.finish(job.id):  # else counted when it timed out

@@ -223,6 +223,28 @@ def test_cancel_ends_pending_jobs_and_asks_running_ones_to_stop(worker_process):
     assert running.cancel_requested_at is not None and running.finished_at is not None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_jobs_cancelled_while_waiting_in_the_prefetch_buffer_never_run():
+    from tests.testapp.models import Run, Span
+
+    tasks.occupy.using(priority=10).enqueue(seconds=1.5)  # holds the only thread
+    buffered = [job.id for job in tasks.record.enqueue_many([((), {})] * 2)]
+    worker = Worker(concurrency=1, prefetch=2, burst=True, listen=False, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: Span.objects.exists(), timeout=10, message="occupy never started")
+        assert set(Job.objects.filter(id__in=buffered).values_list("state", flat=True)) == {
+            "running"  # claimed ahead, into the buffer
+        }
+        assert Job.objects.cancel(buffered, by="ops") == 2
+    finally:
+        thread.join(timeout=30)
+    assert not Run.objects.filter(job_id__in=buffered).exists()
+    assert set(Job.objects.filter(id__in=buffered).values_list("state", flat=True)) == {"cancelled"}
+    assert worker.stats.outcomes.get("cancelled") == 2
+
+
 def test_a_task_ignoring_a_cancel_loses_its_lease_and_the_reaper_ends_it_cancelled(worker_process):
     job = tasks.add.enqueue(1, 2)
     (claimed,) = Job.objects.claim(queues=["default"], worker=worker_process)
