@@ -602,10 +602,10 @@ class JobAdmin(OwnLookupsOnly, admin.ModelAdmin):
         self._act_in_bounds(
             request,
             queryset,
-            applies=lambda jobs: jobs.filter(state__in=[JobState.FAILED, JobState.CANCELLED]),
+            applies=lambda jobs: jobs.retryable(),
             write=Job.objects.retry_now,
             verb="retried",
-            why="not failed or cancelled",
+            why="not failed or cancelled, or a unique job whose key another job holds",
         )
 
     @admin.action(

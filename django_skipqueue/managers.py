@@ -173,6 +173,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Pending jobs due in the future."""
         return self.filter(state=JobState.PENDING, run_at__gt=Now())
 
+    def retryable(self) -> JobQuerySet:
+        """Failed or cancelled jobs that `retry_now` would move: not a unique job whose
+        key another unfinished job of its task holds."""
+        return self.filter(state__in=[JobState.FAILED, JobState.CANCELLED]).exclude(
+            Exists(
+                self.model._base_manager.filter(
+                    task=OuterRef("task"),
+                    unique_key=OuterRef("unique_key"),
+                    state__in=UNFINISHED_STATES,
+                )
+            )
+        )
+
     def expired(self) -> JobQuerySet:
         """Running jobs whose lease has run out and which the reaper has not yet taken back.
 
@@ -1085,17 +1098,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             ids,
             batch_size,
             lambda batch: (
-                self.filter(id__in=batch, state__in=[JobState.FAILED, JobState.CANCELLED])
-                # A unique job whose key another unfinished job holds stays as it is.
-                .exclude(
-                    Exists(
-                        self.model._base_manager.filter(
-                            task=OuterRef("task"),
-                            unique_key=OuterRef("unique_key"),
-                            state__in=UNFINISHED_STATES,
-                        )
-                    )
-                )
+                self.filter(id__in=batch)
+                .retryable()  # a unique job whose key is held stays as it is
                 .update(
                     state=JobState.PENDING,
                     run_at=Now(),

@@ -45,6 +45,7 @@ _VALUE = (
     r"|[^\s,;&)}\]]"
 )
 _BARE = re.compile(r"[^\s,;&)}\]]*")
+_LINE = re.compile(r"""[^\r\n;"'<>]*""")
 #: A key's name, bare or quoted (`password`, `"password"`, `\"password\"`), never
 #: the tail of a longer name (which would make a long word cost its length squared).
 _NAME = r"""(?<![A-Za-z0-9_.-])(?P<quote>\\?["']|)(?P<name>[A-Za-z0-9_.-]+)(?P=quote)"""
@@ -109,7 +110,11 @@ def _key_value(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int] |
     if is_secret(match["name"], keys):
         end = match.end()
         if len(value) == 1:  # unquoted: masked up to its delimiter
-            bare = _BARE.match(match.string, match.start("value"))
+            prefix = match["prefix"]
+            spaced = prefix[-1:].isspace() and prefix.rstrip()[-1:] in (":", "=", ">")
+            # After `password: ` or `password = ` (prose, YAML, ini) a passphrase may hold
+            # spaces: masked to the end of the line. `password=x user=y`: to the space.
+            bare = (_LINE if spaced else _BARE).match(match.string, match.start("value"))
             end = bare.end() if bare else end
         return f"{match['prefix']}{MASK}", end
     if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:

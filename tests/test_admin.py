@@ -721,6 +721,21 @@ def test_every_bulk_action_is_bounded_and_goes_on_where_it_stopped(
         assert Job.objects.filter(state=after).count() == 1_250
 
 
+def test_a_bounded_retry_goes_past_unique_jobs_whose_keys_are_held(superuser_client, monkeypatch):
+    from django_skipqueue.admin import JobAdmin
+
+    monkeypatch.setattr(JobAdmin, "action_max_rows", 500)
+    held = [JobFactory.build(failed=True, unique_key=f"k{n}") for n in range(600)]
+    Job.objects.bulk_create(held)  # the lowest ids: a retry would take them first
+    Job.objects.bulk_create([JobFactory.build(unique_key=f"k{n}") for n in range(600)])
+    Job.objects.bulk_create(JobFactory.build_batch(300, failed=True))
+
+    message = reported(act_on_all(superuser_client, "retry_now"))
+
+    assert "300 job(s) retried" in message and "more of the selection" not in message
+    assert Job.objects.filter(state=JobState.FAILED, unique_key__isnull=False).count() == 600
+
+
 @pytest.mark.parametrize(
     ("column", "stored"),
     [

@@ -171,6 +171,11 @@ CORPUS = [
     ("PHPSESSID=php-5e6f", "php-5e6f", "PHPSESSID="),
     ("Cookie: csrftoken=csrf-7g8h; theme=dark", "csrf-7g8h", "theme=dark"),
     ("Set-Cookie: id=sc-9i0j; HttpOnly", "sc-9i0j", "HttpOnly"),
+    # A passphrase with spaces after `key: ` or `key = ` (prose, YAML, ini): to the line's end.
+    ("password: correct horse battery staple", "horse battery staple", "password: "),
+    ("db_password = two words\nhost = db", "two words", "host = db"),
+    ("secret => a b c; user=ann", "b c", "user=ann"),
+    ("password=hunter2 user=ann", "hunter2", "user=ann"),  # logfmt: to the space
     ('{"private_key": "pk-material"}', "pk-material", '{"private_key": '),
     ("client_secret: cs-1234", "cs-1234", "client_secret: "),
     ("refresh_token=rt-5678", "rt-5678", "refresh_token="),
