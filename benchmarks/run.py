@@ -517,7 +517,7 @@ RETURNING {columns}
 
 def claim_before(limit: int) -> list[Job]:
     from django_skipqueue.conf import MAX_LEASE, MIN_LEASE
-    from django_skipqueue.loading import fetch_jobs
+    from django_skipqueue.queue.loading import fetch_jobs
 
     columns = ", ".join(
         f'job."{f.column}"'

@@ -6,10 +6,10 @@ in any module, whether or not the app registry is ready.
 
 from __future__ import annotations
 
-from django_skipqueue.base import Task, TaskContext, task
+from django_skipqueue.core.cron import Cron
+from django_skipqueue.core.retry import RetryPolicy
 from django_skipqueue.exceptions import DuplicateJobError, Retry
-from django_skipqueue.retry import RetryPolicy
-from django_skipqueue.schedules import Cron
+from django_skipqueue.tasks.base import Task, TaskContext, task
 
 __version__ = "0.1.0"
 

@@ -13,13 +13,13 @@ class SkipQueueConfig(AppConfig):
     def ready(self) -> None:
         """Register checks and find tasks. Never touches the database."""
         from django_skipqueue import checks  # noqa: F401  (registers the checks)
-        from django_skipqueue.registry import autodiscover
+        from django_skipqueue.tasks.registry import autodiscover
 
         try:
             import django.tasks  # noqa: F401  (Django >= 6.0)
         except ImportError:
             pass
         else:
-            from django_skipqueue import signal_handlers  # noqa: F401
+            from django_skipqueue.tasks import signal_handlers  # noqa: F401
 
         autodiscover()

@@ -39,18 +39,18 @@ except ImportError as error:  # Django 5.2
         "5.2 use django-skipqueue's own @task from django_skipqueue instead"
     ) from error
 
-from django_skipqueue.base import Task as SkipQueueTask
-from django_skipqueue.base import bind_schedules
-from django_skipqueue.compat import build_unvalidated, set_on_frozen
 from django_skipqueue.conf import get_settings
+from django_skipqueue.core.compat import build_unvalidated, set_on_frozen
+from django_skipqueue.core.retry import RetryPolicy
 from django_skipqueue.exceptions import (
     ConfigurationError,
     InvalidJobError,
     NotJSONError,
     UnknownTaskError,
 )
-from django_skipqueue.registry import registry
-from django_skipqueue.retry import RetryPolicy
+from django_skipqueue.tasks.base import Task as SkipQueueTask
+from django_skipqueue.tasks.base import bind_schedules
+from django_skipqueue.tasks.registry import registry
 
 if TYPE_CHECKING:
     from django_skipqueue.models import Job

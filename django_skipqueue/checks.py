@@ -21,12 +21,13 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
 
-from django_skipqueue.broker import pika_module, relay_config
+from django_skipqueue.broker.topology import pika_module
 from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
+from django_skipqueue.conf.limits import queue_limits
+from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.limits import queue_limits
-from django_skipqueue.registry import registry
-from django_skipqueue.scheduler import defined_schedules
+from django_skipqueue.maintenance.scheduler import defined_schedules
+from django_skipqueue.tasks.registry import registry
 
 
 @register()

@@ -10,15 +10,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.managers import (
-    JobManager,
-    QueueManager,
-    ScheduleManager,
-    WorkerProcessManager,
-)
-from django_skipqueue.payload import PayloadField
-from django_skipqueue.schedules import MISSED_POLICIES, SCHEDULE_NAME_MAX_LENGTH
-from django_skipqueue.states import (
+from django_skipqueue.core.cron import MISSED_POLICIES, SCHEDULE_NAME_MAX_LENGTH
+from django_skipqueue.core.payload import PayloadField
+from django_skipqueue.core.states import (
     CLAIM_ORDER,
     DEFAULT_QUEUE_NAME,
     FINISHED_STATES,
@@ -27,6 +21,12 @@ from django_skipqueue.states import (
     UNIQUE_KEY_MAX_LENGTH,
     JobState,
     idempotency_key_of,
+)
+from django_skipqueue.queue.managers import (
+    JobManager,
+    QueueManager,
+    ScheduleManager,
+    WorkerProcessManager,
 )
 
 

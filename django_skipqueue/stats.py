@@ -14,12 +14,13 @@ from django.db import connections
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from django_skipqueue.broker import RelayConfig, broker_depths, relay_config
+from django_skipqueue.broker.topology import broker_depths
 from django_skipqueue.conf import get_settings
+from django_skipqueue.conf.limits import QueueLimit, queue_limits
+from django_skipqueue.conf.relay import RelayConfig, relay_config
+from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.limits import QueueLimit, queue_limits
 from django_skipqueue.models import Job, Queue, WorkerProcess
-from django_skipqueue.states import JobState
 
 
 @dataclass

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django_skipqueue.base import Task
-from django_skipqueue.states import DEFAULT_QUEUE_NAME
+from django_skipqueue.core.states import DEFAULT_QUEUE_NAME
+from django_skipqueue.tasks.base import Task
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from django_skipqueue.executor import Execution
     from django_skipqueue.models import Job
+    from django_skipqueue.runtime.executor import Execution
 
 
 def enqueued(
@@ -63,9 +63,9 @@ def run_jobs(
     those of limited queues are claimed under their limits.
     """
     from django_skipqueue.conf import get_settings
-    from django_skipqueue.executor import execute
-    from django_skipqueue.limits import queue_limits
+    from django_skipqueue.conf.limits import queue_limits
     from django_skipqueue.models import Job, Queue
+    from django_skipqueue.runtime.executor import execute
 
     alias = database or get_settings().DATABASE_ALIAS
     names = list(queues) if queues is not None else _all_queues(alias)

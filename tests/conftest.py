@@ -35,7 +35,7 @@ _DATABASE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "li
 @pytest.fixture(autouse=True)
 def _state_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     """After every test that uses the database: no change of a job that the protocol
-    never makes (tests/testapp migration 0005; django_skipqueue.states.TRANSITIONS)."""
+    never makes (tests/testapp migration 0005; django_skipqueue.core.states.TRANSITIONS)."""
     uses_database = request.node.get_closest_marker("django_db") is not None or bool(
         _DATABASE_FIXTURES & set(request.fixturenames)
     )

@@ -340,7 +340,7 @@ def test_worker_rows_cannot_be_deleted_from_the_admin(superuser_client):
 
 
 def test_attempts_count_those_spent_of_those_allowed_not_the_raised_fence():
-    from django_skipqueue.admin import attempts_text
+    from django_skipqueue.admin.common import attempts_text
 
     job = JobFactory(max_attempts=5)
     [claimed] = Job.objects.claim(queues=["default"])
@@ -763,3 +763,20 @@ def test_a_row_with_a_timestamp_python_cannot_load_is_shown(superuser_client, co
         assert response.status_code == 200, url
     assert Job.objects.get(id=poison.id).id == poison.id  # the ORM loads it, clamped
     assert Job.objects.filter(**{f"{column}__isnull": False}).count() >= 1
+
+
+def test_our_pages_link_the_stylesheet_and_our_code_has_no_inline_style(superuser_client):
+    from pathlib import Path
+
+    JobFactory(failed=True)
+    for url in [
+        reverse(CHANGELIST),
+        reverse("admin:skipqueue_job_change", args=[Job.objects.get().id]),
+        reverse("admin:skipqueue_overview"),
+        reverse("admin:skipqueue_schedule_changelist"),
+        reverse("admin:skipqueue_workerprocess_changelist"),
+    ]:
+        assert b"skipqueue/admin.css" in superuser_client.get(url).content, url
+    package = Path(__file__).resolve().parent.parent / "django_skipqueue"
+    sources = [*(package / "admin").glob("*.py"), *(package / "templates").rglob("*.html")]
+    assert [str(path) for path in sources if "style=" in path.read_text()] == []

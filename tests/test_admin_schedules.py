@@ -13,8 +13,8 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from django.urls import reverse
 
+from django_skipqueue.maintenance.scheduler import defined_schedules, sync, tick
 from django_skipqueue.models import Job, Schedule
-from django_skipqueue.scheduler import defined_schedules, sync, tick
 from tests.testapp.tasks import add, send_invoice
 
 pytestmark = pytest.mark.django_db

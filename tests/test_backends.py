@@ -61,7 +61,7 @@ def test_get_result_follows_the_job_through_every_status():
     result = django_tasks.dj_add.enqueue(2, 3)
     [job] = Job.objects.claim(queues=["default"])
     assert default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING
-    from django_skipqueue.executor import execute
+    from django_skipqueue.runtime.executor import execute
 
     execute(job)
     result.refresh()
@@ -283,7 +283,7 @@ def test_a_unique_task_under_the_backend_returns_the_holders_result():
 
 
 def test_a_schedule_under_the_backend_is_bound_to_its_task():
-    from django_skipqueue.compat import build_unvalidated
+    from django_skipqueue.core.compat import build_unvalidated
 
     declared = build_unvalidated(
         backends.Task,

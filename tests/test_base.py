@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from django_skipqueue import task
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.models import Job, JobState
-from django_skipqueue.registry import registry
+from django_skipqueue.tasks.registry import registry
 from tests.testapp import tasks
 
 
@@ -239,7 +239,7 @@ def test_a_task_module_listed_in_task_modules_may_be_imported_late(settings):
     import importlib
     import sys
 
-    from django_skipqueue.registry import autodiscover
+    from django_skipqueue.tasks.registry import autodiscover
 
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, "TASK_MODULES": ["tests.testapp.late_but_listed"]}
     discovered = registry.discovered_modules
@@ -342,7 +342,7 @@ def test_the_queue_table_carries_its_autovacuum_settings():
 @given(name=st.text(max_size=80))
 @hypothesis_settings(max_examples=300, deadline=None)
 def test_s6_any_queue_name_is_either_valid_or_refused_cleanly(name):
-    from django_skipqueue.states import validate_queue_name
+    from django_skipqueue.core.states import validate_queue_name
 
     try:
         validate_queue_name(name)
@@ -387,7 +387,7 @@ def test_enqueue_sends_save_signals_when_a_receiver_listens():
 def test_the_fast_call_check_agrees_with_signature_bind(parameters, positional, keywords):
     """`_Shape.binds` is the fast path of check_call: it must say yes exactly when
     `inspect.Signature.bind` accepts the call, for any signature of named parameters."""
-    from django_skipqueue.base import _call_shape, _call_signature
+    from django_skipqueue.tasks.base import _call_shape, _call_signature
 
     parameters = sorted(parameters, key=lambda p: p[2])  # keyword-only ones last
     parameters = sorted(parameters, key=lambda p: (p[2], p[1]))  # defaults after required

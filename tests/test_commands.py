@@ -12,8 +12,8 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
+from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.models import Job, JobState
-from django_skipqueue.reaper import Reaper
 from tests.factories import JobFactory
 
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from django.db import connection, transaction
 
-from django_skipqueue import compat
-from django_skipqueue.loading import fetch_jobs
+from django_skipqueue.core import compat
 from django_skipqueue.models import Job
+from django_skipqueue.queue.loading import fetch_jobs
 from tests.factories import JobFactory
 
 
@@ -94,3 +94,20 @@ def test_a_frozen_slotted_dataclass_is_built_without_its_post_init():
         return  # Django < 6: no django.tasks
     params = Task.__dataclass_params__
     assert params.frozen and "__post_init__" in vars(Task) and hasattr(Task, "__slots__")
+
+
+def test_the_channel_under_a_blocking_pika_channel_has_what_the_broker_layer_calls():
+    import pika
+
+    from tests.rabbitmq import AMQP_URL, broker_or_skip
+
+    broker_or_skip()
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        impl = compat.pika_channel_impl(connection.channel())
+        for name in ("basic_ack", "basic_publish", "add_on_close_callback"):
+            assert callable(getattr(impl, name)), name
+        for name in ("add_on_return_callback", "confirm_delivery"):
+            assert callable(getattr(impl, name)), name
+    finally:
+        connection.close()

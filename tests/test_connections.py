@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import IntegrityError, OperationalError, connection
 
-from django_skipqueue.connections import Backoff, discard, retry_transient
+from django_skipqueue.queue.connections import Backoff, discard, retry_transient
 
 
 def failing(times: int, error: Exception):

@@ -10,8 +10,8 @@ import pytest
 from django.db.models.functions import Now
 
 from django_skipqueue import signals
-from django_skipqueue.executor import Outcome, execute
 from django_skipqueue.models import Job, JobState
+from django_skipqueue.runtime.executor import Outcome, execute
 from tests.conftest import set_lease
 from tests.factories import JobFactory
 from tests.testapp import tasks
@@ -329,7 +329,7 @@ def test_an_ack_with_no_answer_within_a_lease_is_unknown_not_refused(received, c
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("raw", [False, True])
 def test_a_task_that_changes_its_session_does_not_poison_the_jobs_after_it(raw, caplog):
-    from django_skipqueue.worker import Worker
+    from django_skipqueue.runtime.worker import Worker
     from tests.testapp import tasks as more
 
     more.changes_its_session.enqueue("SET search_path TO pg_catalog", raw=raw)

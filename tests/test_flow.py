@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from django_skipqueue.flow import KEYED_CHECK_SECONDS, REFRESH_SECONDS, FlowView
-from django_skipqueue.limits import QueueLimit
+from django_skipqueue.conf.limits import QueueLimit
+from django_skipqueue.runtime.flow import KEYED_CHECK_SECONDS, REFRESH_SECONDS, FlowView
 
 
 class Clock:
@@ -77,7 +77,7 @@ def test_a_busy_worker_reads_after_its_claim_so_that_claims_rarely_wait():
 
 
 def test_a_worker_whose_listen_works_trusts_notify_and_reads_rarely():
-    from django_skipqueue.flow import LISTENING_REFRESH_SECONDS
+    from django_skipqueue.runtime.flow import LISTENING_REFRESH_SECONDS
 
     clock, reads, paused = Clock(), [], set()
     flow = view(paused, clock, reads)
@@ -98,7 +98,7 @@ def test_a_worker_whose_listen_works_trusts_notify_and_reads_rarely():
 
 
 def test_keyed_jobs_are_looked_for_when_announced_and_probed_for_once_a_period():
-    from django_skipqueue.flow import KEYED_PROBE_SECONDS
+    from django_skipqueue.runtime.flow import KEYED_PROBE_SECONDS
 
     clock, reads = Clock(), []
     flow = view(set(), clock, reads)

@@ -20,12 +20,12 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
+from django_skipqueue.conf.limits import QueueLimit, parse_rate, queue_limits
 from django_skipqueue.exceptions import ConfigurationError, JobCancelled
-from django_skipqueue.limits import QueueLimit, parse_rate, queue_limits
-from django_skipqueue.managers import Renewal
 from django_skipqueue.models import Job, Queue
+from django_skipqueue.queue.managers import Renewal
+from django_skipqueue.runtime.worker import Worker
 from django_skipqueue.testing import run_jobs
-from django_skipqueue.worker import Worker
 from tests.conftest import set_lease
 from tests.processes import run_in_threads, wait_until
 from tests.testapp import tasks
@@ -261,7 +261,7 @@ def test_extend_lease_and_check_cancelled_raise_job_cancelled():
     job = tasks.cancellable.enqueue(how="extend", seconds=0.1)
     Job.objects.claim(queues=["default"])
     Job.objects.cancel([job.id])
-    from django_skipqueue.base import TaskContext
+    from django_skipqueue.tasks.base import TaskContext
 
     context = TaskContext(
         job_id=job.id, attempt=1, max_attempts=5, task_name=job.task,
@@ -483,7 +483,7 @@ def test_queuestats_shows_a_paused_queue_and_its_limits(settings):
 
 
 def test_a_cancelled_job_that_fails_or_is_released_ends_cancelled_not_retried(worker_process):
-    from django_skipqueue.managers import ErrorInfo
+    from django_skipqueue.queue.managers import ErrorInfo
 
     first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
     Job.objects.claim(queues=["default"], worker=worker_process, limit=2)

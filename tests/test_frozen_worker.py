@@ -19,11 +19,11 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from django_skipqueue import Cron
-from django_skipqueue.base import bind_schedules
+from django_skipqueue.conf.limits import QueueLimit
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.limits import QueueLimit
+from django_skipqueue.maintenance.scheduler import sync, tick
 from django_skipqueue.models import Job, Queue, Schedule
-from django_skipqueue.scheduler import sync, tick
+from django_skipqueue.tasks.base import bind_schedules
 from tests.processes import start_python, wait_until
 from tests.testapp import tasks
 
@@ -49,7 +49,7 @@ def frozen() -> Iterator:
         settings = json.dumps({"IDLE_IN_TRANSACTION_SECONDS": IDLE_SECONDS})
         child = start_python(
             "import time\n"
-            "from django_skipqueue.connections import bounded\n"
+            "from django_skipqueue.queue.connections import bounded\n"
             "with bounded('default'):\n"
             + "".join(f"    {line}\n" for line in code.strip().splitlines())
             + "    print('held', flush=True)\n"

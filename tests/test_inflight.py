@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from django_skipqueue.inflight import NEVER, Buffer, ClaimSize, Finished, InFlight
+from django_skipqueue.runtime.inflight import NEVER, Buffer, ClaimSize, Finished, InFlight
 
 
 def job(job_id: int, lease: float = 3.0, attempts: int = 1) -> SimpleNamespace:

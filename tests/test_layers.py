@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "django_skipqueue"
 BEFORE_THE_REGISTRY = {
     "django_skipqueue",
     "django_skipqueue.apps",
-    "django_skipqueue.base",
+    "django_skipqueue.tasks.base",
     "django_skipqueue.backends",
-    "django_skipqueue.registry",
+    "django_skipqueue.tasks.registry",
     "django_skipqueue.testing",
 }
 
@@ -103,7 +103,39 @@ def test_module_level_imports_of_the_package_form_no_cycle():
 
 
 def test_states_is_a_leaf():
-    assert graph()["django_skipqueue.states"] <= {"django_skipqueue.exceptions"}
+    assert graph()["django_skipqueue.core.states"] <= {
+        "django_skipqueue.exceptions",
+        "django_skipqueue.conf.validators",  # the queue-name rule, shared with the settings
+    }
+
+
+def test_the_layers_contract_holds():
+    """The import-linter contracts of pyproject.toml (docs/explanation/architecture.md):
+    imports go down only, in functions and under TYPE_CHECKING too; pika only in broker/."""
+    import subprocess
+    import sys
+
+    lint = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run(
+        [str(lint), "--no-cache"], cwd=PACKAGE.parent, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "0 broken" in done.stdout
+
+
+def test_no_import_cycle_of_any_kind_but_models_and_their_managers():
+    """Function-level and TYPE_CHECKING imports count too (grimp's graph)."""
+    import grimp
+
+    graph = grimp.build_graph("django_skipqueue")
+    modules = {m for m in graph.modules if ".migrations" not in m}
+    pairs = sorted(
+        (a, b)
+        for a in modules
+        for b in graph.find_modules_directly_imported_by(a)
+        if b in modules and a < b and graph.direct_import_exists(importer=b, imported=a)
+    )
+    assert pairs == [("django_skipqueue.models", "django_skipqueue.queue.managers")]
 
 
 def test_function_local_imports_only_where_the_app_registry_requires_them():

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django_skipqueue.checks import check_settings, check_task_limits
 from django_skipqueue.exceptions import InvalidJobError, QueueFullError
 from django_skipqueue.models import Job, JobState
-from django_skipqueue.worker import Worker
+from django_skipqueue.runtime.worker import Worker
 from tests.guard import setting_up
 from tests.testapp import tasks
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_skipqueue.managers import ErrorInfo
 from django_skipqueue.models import Job, JobState
+from django_skipqueue.queue.managers import ErrorInfo
 from tests.conftest import set_lease
 from tests.factories import JobFactory
 from tests.guard import setting_up
@@ -47,7 +47,7 @@ def test_claim_marks_job_running_with_attempt_lease_and_worker(worker_process):
 
 @pytest.mark.django_db(transaction=True)
 def test_each_claim_records_who_claimed_it_and_the_first_start_is_kept(worker_process):
-    from django_skipqueue.managers import in_process_claimer
+    from django_skipqueue.queue.managers import in_process_claimer
 
     JobFactory()
     first = claim_one(worker=worker_process)

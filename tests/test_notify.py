@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import connections, transaction
 
-from django_skipqueue import sql
+from django_skipqueue.queue import sql
 from tests.testapp import tasks
 
 

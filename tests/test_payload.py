@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from django_skipqueue.core.payload import Undecodable, encode, encoded_size
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job
-from django_skipqueue.payload import Undecodable, encode, encoded_size
 from django_skipqueue.testing import run_jobs
 from tests.testapp import tasks
 
@@ -179,6 +179,6 @@ _json_values = st.recursive(
 @hypothesis_settings(max_examples=400, deadline=None)
 @given(_json_values)
 def test_the_fast_encoder_writes_what_the_plain_json_encoder_writes(value):
-    from django_skipqueue.payload import _ENCODER, _encode_fast
+    from django_skipqueue.core.payload import _ENCODER, _encode_fast
 
     assert _encode_fast(value) == _ENCODER.encode(value)

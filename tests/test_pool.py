@@ -123,8 +123,8 @@ def test_children_stop_when_their_parent_is_killed(start_worker):
 # that window must wait for them, not kill the child (the pool counted that as failed).
 SLOW_CHILD = """
 import sys, threading, time
-from django_skipqueue.pool import WorkerPool
-from django_skipqueue.stopsignals import StopSignals
+from django_skipqueue.runtime.pool import WorkerPool
+from django_skipqueue.runtime.stopsignals import StopSignals
 
 def run_child():
     print("child starting", flush=True)

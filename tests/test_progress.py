@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from django_skipqueue.executor import Outcome
-from django_skipqueue.progress import ProgressLog, WorkerStats
+from django_skipqueue.runtime.executor import Outcome
+from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
 
 
 def finish(stats: WorkerStats, outcome: Outcome, n: int = 1) -> None:
@@ -32,7 +32,7 @@ def test_a_progress_line_says_what_ran_since_the_last_and_the_rate(caplog):
     finish(stats, Outcome.SUCCEEDED, 40)
     finish(stats, Outcome.FAILED, 2)
 
-    with caplog.at_level(logging.INFO, logger="django_skipqueue.worker"):
+    with caplog.at_level(logging.INFO, logger="django_skipqueue.runtime.worker"):
         line = progress.emit(110.0)
 
     assert line == "worker progress last=10s claimed=42 succeeded=40 failed=2 rate=4.2/s"
@@ -45,7 +45,7 @@ def test_a_progress_line_says_what_ran_since_the_last_and_the_rate(caplog):
 def test_an_idle_worker_writes_no_progress_line(caplog):
     stats = WorkerStats()
     progress = ProgressLog(stats, 10.0, now=0.0)
-    with caplog.at_level(logging.INFO, logger="django_skipqueue.worker"):
+    with caplog.at_level(logging.INFO, logger="django_skipqueue.runtime.worker"):
         assert progress.emit(10.0) is None
         assert progress.emit(20.0) is None
     assert caplog.messages == []

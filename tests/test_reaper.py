@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.db.models.functions import Now
 
+from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.models import Job
-from django_skipqueue.reaper import Reaper
 from tests.conftest import refusing
 from tests.factories import JobFactory
 

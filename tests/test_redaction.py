@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from django_skipqueue.redaction import redact, redact_text
+from django_skipqueue.core.redaction import redact, redact_text
 
 
 def test_secret_keys_are_masked_at_any_depth():
@@ -280,7 +280,7 @@ def test_text_without_a_secret_is_left_as_it_is(text):
     ],
 )
 def test_a_unique_key_keeps_words_numbers_and_dates_and_masks_what_may_be_a_token(key, shown):
-    from django_skipqueue.redaction import redact_key
+    from django_skipqueue.core.redaction import redact_key
 
     assert redact_key(key) == shown
 

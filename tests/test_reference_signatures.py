@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from django_skipqueue import Cron, testing
-from django_skipqueue.base import Task, TaskContext
 from django_skipqueue.exceptions import Retry
+from django_skipqueue.tasks.base import Task, TaskContext
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
 

@@ -26,10 +26,10 @@ from django_skipqueue.broker import (
     retry_exponent,
     retry_queue,
 )
+from django_skipqueue.broker.relay import Relay
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.models import Job, JobState
-from django_skipqueue.relay import Relay
-from django_skipqueue.worker import Worker
+from django_skipqueue.runtime.worker import Worker
 from tests.processes import wait_until
 from tests.rabbitmq import AMQP_URL, depth, drain, relay_settings
 from tests.testapp.models import Run

@@ -11,10 +11,10 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_skipqueue import Cron
-from django_skipqueue.base import bind_schedules
 from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.maintenance.scheduler import defined_schedules, sync, tick
 from django_skipqueue.models import Job, Schedule
-from django_skipqueue.scheduler import defined_schedules, sync, tick
+from django_skipqueue.tasks.base import bind_schedules
 from tests.testapp.tasks import add, send_invoice
 
 pytestmark = pytest.mark.django_db
@@ -58,10 +58,11 @@ def test_each_occurrence_is_enqueued_once_however_often_it_is_ticked() -> None:
     set_last_occurrence("every-second", 5)
     first = tick(defined, database="default")
     Schedule.objects.update(last_occurrence_at=F("last_occurrence_at") - timedelta(seconds=5))
-    tick(defined, database="default")  # the same occurrences again: the constraint holds
+    again = tick(defined, database="default")  # the same occurrences: the constraint holds
     jobs = Job.objects.filter(schedule="every-second")
     times = sorted(jobs.values_list("scheduled_for", flat=True))
     assert first.enqueued >= 5
+    assert again.enqueued == len(times) - first.enqueued  # rows inserted, not rows tried
     assert len(times) == len(set(times))
     assert all(b - a == timedelta(seconds=1) for a, b in zip(times, times[1:], strict=False))
     job = jobs.first()
@@ -230,3 +231,15 @@ def test_a_worker_whose_code_has_no_schedule_left_deletes_the_last_row(start_wor
     )
     start_worker()
     wait_until(lambda: not Schedule.objects.exists(), timeout=20, message="the row stayed")
+
+
+def test_a_schedule_honours_max_pending_per_queue(settings, caplog) -> None:
+    defined = schedules(Cron(expression="* * * * * *", name="beat", args=[1, 2]))
+    sync(defined, database="default")
+    add.enqueue(5, 6)  # the queue's one allowed pending job
+    set_last_occurrence("beat", 3)
+    settings.SKIPQUEUE = {"MAX_PENDING_PER_QUEUE": 1}
+
+    assert tick(defined, database="default").enqueued == 0
+    assert not Job.objects.filter(schedule="beat").exists()
+    assert "MAX_PENDING_PER_QUEUE" in caplog.text

@@ -12,7 +12,7 @@ import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
 
-from django_skipqueue.registry import autodiscover, registry
+from django_skipqueue.tasks.registry import autodiscover, registry
 from tests.processes import REPO_ROOT, child_env
 
 

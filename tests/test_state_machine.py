@@ -6,7 +6,7 @@ retry_now, requeue, pause and resume a queue, a schedule's tick) in random order
 after each step checks the invariants (docs/explanation/failure-model.md, "The state
 machine"):
 - the state guard recorded nothing (tests/testapp migration 0005: only the changes in
-  django_skipqueue.states.TRANSITIONS, attempts never down, a finished job never
+  django_skipqueue.core.states.TRANSITIONS, attempts never down, a finished job never
   rewritten);
 - a finished job never changes unless an operator's retry_now took it back;
 - at most one attempt holds a job (passes the fence);
@@ -30,11 +30,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from django_skipqueue import Cron
-from django_skipqueue.base import bind_schedules
-from django_skipqueue.limits import QueueLimit
-from django_skipqueue.managers import ErrorInfo
+from django_skipqueue.conf.limits import QueueLimit
+from django_skipqueue.maintenance.scheduler import sync, tick
 from django_skipqueue.models import FINISHED_STATES, Job, Queue, Schedule
-from django_skipqueue.scheduler import sync, tick
+from django_skipqueue.queue.managers import ErrorInfo
+from django_skipqueue.tasks.base import bind_schedules
 from tests import guard
 from tests.testapp import tasks
 

@@ -25,7 +25,7 @@ def hits(pattern: str, files: dict[str, str]) -> list[str]:
 
 
 def test_t34_lease_and_fence_decisions_never_read_the_process_clock():
-    files = source("managers.py", "reaper.py", "models.py", "sql.py")
+    files = source("queue/managers.py", "maintenance/reaper.py", "models.py", "queue/sql.py")
     assert hits(r"timezone\.now\(|datetime\.now\(|datetime\.utcnow\(|time\.time\(", files) == []
 
 
@@ -35,7 +35,10 @@ def test_s1_no_pickle_eval_or_exec_anywhere_in_the_package():
 
 def test_s2_the_worker_and_executor_never_import_a_path():
     assert (
-        hits(r"import_string\(|import_module\(|__import__\(", source("worker.py", "executor.py"))
+        hits(
+            r"import_string\(|import_module\(|__import__\(",
+            source("runtime/worker.py", "runtime/executor.py"),
+        )
         == []
     )
 

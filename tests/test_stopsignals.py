@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from django_skipqueue.stopsignals import StopSignals
+from django_skipqueue.runtime.stopsignals import StopSignals
 from tests.processes import REPO_ROOT
 
 SIGNALS_WANTED = 300
@@ -24,7 +24,7 @@ SIGNALS_WANTED = 300
 CHILD = f"""
 import signal
 import threading
-from django_skipqueue.stopsignals import StopSignals
+from django_skipqueue.runtime.stopsignals import StopSignals
 
 wake = threading.Event()
 done = threading.Event()
@@ -77,7 +77,7 @@ def test_a_flood_of_sigterms_never_hangs_a_process_spinning_on_an_event():
 # when the signal is handled. A handler that called `wake.set()` hangs here every time.
 INSIDE_THE_LOCK = """
 import os, signal, threading, time
-from django_skipqueue.stopsignals import StopSignals
+from django_skipqueue.runtime.stopsignals import StopSignals
 
 wake = threading.Event()
 StopSignals(lambda signum: wake.set()).install()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from django_skipqueue.threads import Supervisor
+from django_skipqueue.runtime.threads import Supervisor
 from tests.processes import wait_until
 
 

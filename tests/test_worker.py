@@ -15,7 +15,7 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.models import Job, JobState, WorkerProcess
-from django_skipqueue.worker import Worker
+from django_skipqueue.runtime.worker import Worker
 from tests.processes import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Run
@@ -202,7 +202,7 @@ def test_the_closing_line_counts_every_outcome(caplog):
     tasks.always_fails.enqueue()  # retried after its first failure
     tasks.retry_once.enqueue()  # gives its attempt back once, then succeeds
 
-    with caplog.at_level(logging.INFO, logger="django_skipqueue.worker"):
+    with caplog.at_level(logging.INFO, logger="django_skipqueue.runtime.worker"):
         Worker(max_jobs=7, listen=False, reap_interval=0, poll_interval=0.05).run()
 
     (line,) = [r.getMessage() for r in caplog.records if "worker stopped" in r.getMessage()]
@@ -518,3 +518,33 @@ def test_a_renewal_never_undoes_an_extend_lease():
     job.refresh_from_db()
     assert job.state == JobState.DONE
     assert job.result > 55
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_opens_no_more_connections_than_its_budget(start_worker):
+    from django_skipqueue.runtime.worker import connection_budget
+    from tests.testapp.models import Span
+
+    def backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            )
+            return cursor.fetchone()[0]
+
+    before = backends()
+    settings = {
+        "SCHEDULES": {"beat": {"task": tasks.add.name, "cron": "0 0 1 1 *", "args": [1, 2]}}
+    }
+    tasks.occupy.enqueue_many([((), {"seconds": 4})] * 3)
+    worker = start_worker("--concurrency", "3", settings=settings)
+    wait_until(lambda: Span.objects.count() == 3, timeout=20, message="jobs did not start")
+    seen = []
+    for _ in range(15):  # every thread busy: executors, dispatcher, helpers
+        seen.append(backends() - before)
+        time.sleep(0.1)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    budget = connection_budget(3, listen=True, schedules=True)
+    assert budget == 3 + 4
+    assert 3 + 2 <= max(seen) <= budget, seen

@@ -7,8 +7,8 @@ import logging
 
 from django.core.management.base import BaseCommand
 
+from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
-from django_skipqueue.states import validate_queue_name
 
 logger = logging.getLogger("django_skipqueue")
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}

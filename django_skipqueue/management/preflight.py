@@ -17,7 +17,7 @@ from django.db.migrations.loader import MigrationLoader
 from django_skipqueue.conf import task_backends_of_ours
 from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.models import Job, Queue
-from django_skipqueue.registry import registry
+from django_skipqueue.tasks.registry import registry
 
 logger = logging.getLogger("django_skipqueue")
 

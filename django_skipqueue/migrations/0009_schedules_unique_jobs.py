@@ -14,7 +14,7 @@
 # finished jobs first if the table holds many millions of rows.
 
 import django.db.models.functions.datetime
-import django_skipqueue.payload
+import django_skipqueue.core.payload
 from django.db import migrations, models
 
 
@@ -32,8 +32,8 @@ class Migration(migrations.Migration):
                 ('task', models.CharField(max_length=255)),
                 ('expression', models.CharField(help_text='The cron expression.', max_length=255)),
                 ('timezone', models.CharField(max_length=64)),
-                ('args', django_skipqueue.payload.PayloadField(blank=True, default=list)),
-                ('kwargs', django_skipqueue.payload.PayloadField(blank=True, default=dict)),
+                ('args', django_skipqueue.core.payload.PayloadField(blank=True, default=list)),
+                ('kwargs', django_skipqueue.core.payload.PayloadField(blank=True, default=dict)),
                 ('queue_name', models.CharField(max_length=48)),
                 ('priority', models.SmallIntegerField(default=0)),
                 ('missed', models.CharField(choices=[('latest', 'latest'), ('skip', 'skip'), ('catch_up', 'catch_up')], default='latest', help_text='What happens to occurrences no worker enqueued in time.', max_length=16)),

@@ -122,7 +122,7 @@ def test_t24_a_task_that_kills_its_process_ends_failed_after_its_attempts(superv
 def test_t25_a_task_leaving_a_transaction_open_is_rolled_back_and_recorded():
     from django.db import connection
 
-    from django_skipqueue.executor import Outcome, execute
+    from django_skipqueue.runtime.executor import Outcome, execute
 
     tasks.leaves_transaction_open.enqueue()
     [job] = Job.objects.claim(queues=["default"])
@@ -156,7 +156,7 @@ def test_t26_a_worker_never_imports_a_task_name_from_a_row(monkeypatch):
 
 def test_t26_rolling_deploy_jobs_for_a_task_only_new_workers_know_end_done():
     """Half the workers lack task X: with backoff and attempts left, X still ends done."""
-    from django_skipqueue.registry import registry
+    from django_skipqueue.tasks.registry import registry
     from django_skipqueue.testing import run_jobs
 
     ids = [j.id for j in tasks.add.using(max_attempts=3).enqueue_many([((1, 1), {})] * 20)]

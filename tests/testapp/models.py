@@ -69,7 +69,7 @@ class Span(models.Model):
 
 class StateViolation(models.Model):
     """A change of a job that the protocol never makes, recorded by the state guard
-    (migration 0005, from django_skipqueue.states.TRANSITIONS). Every test fails on one."""
+    (migration 0005, from django_skipqueue.core.states.TRANSITIONS). Every test fails on one."""
 
     job_id = models.BigIntegerField()
     old_state = models.CharField(max_length=16)

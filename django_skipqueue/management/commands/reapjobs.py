@@ -12,10 +12,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_skipqueue.conf import get_settings
+from django_skipqueue.maintenance.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
 from django_skipqueue.management.arguments import configure_logging, positive_seconds
 from django_skipqueue.management.preflight import require_migrated
-from django_skipqueue.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
-from django_skipqueue.stopsignals import StopSignals
+from django_skipqueue.runtime.stopsignals import StopSignals
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")

@@ -18,11 +18,11 @@ from django_skipqueue.broker import (
     declare,
     relay_config,
 )
+from django_skipqueue.broker.relay import Relay
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.management.arguments import configure_logging
 from django_skipqueue.management.preflight import require_migrated
-from django_skipqueue.relay import Relay
-from django_skipqueue.stopsignals import StopSignals
+from django_skipqueue.runtime.stopsignals import StopSignals
 
 
 class Command(BaseCommand):

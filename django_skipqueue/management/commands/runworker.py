@@ -14,11 +14,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_skipqueue.broker import relay_config
-from django_skipqueue.connections import Backoff, discard_connection
-from django_skipqueue.consumer import Consumer
+from django_skipqueue.broker.consumer import Consumer
+from django_skipqueue.broker.relay import Relay
+from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.executor import Outcome
 from django_skipqueue.faults import is_transient
 from django_skipqueue.management.arguments import (
     configure_logging,
@@ -31,10 +30,11 @@ from django_skipqueue.management.arguments import (
 )
 from django_skipqueue.management.preflight import queue_warnings, require_migrated
 from django_skipqueue.models import Job
-from django_skipqueue.pool import WorkerPool
-from django_skipqueue.relay import Relay
-from django_skipqueue.stopsignals import StopSignals
-from django_skipqueue.worker import Worker
+from django_skipqueue.queue.connections import Backoff, discard_connection
+from django_skipqueue.runtime.executor import Outcome
+from django_skipqueue.runtime.pool import WorkerPool
+from django_skipqueue.runtime.stopsignals import StopSignals
+from django_skipqueue.runtime.worker import Worker
 
 logger = logging.getLogger("django_skipqueue")
 

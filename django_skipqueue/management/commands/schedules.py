@@ -10,9 +10,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from django_skipqueue.conf import get_settings
+from django_skipqueue.maintenance.scheduler import schedule_statuses
 from django_skipqueue.management.preflight import require_migrated
 from django_skipqueue.models import Schedule
-from django_skipqueue.scheduler import schedule_statuses
 
 COLUMNS = ["name", "task", "cron", "timezone", "state", "last_occurrence_at", "next_occurrence_at"]
 

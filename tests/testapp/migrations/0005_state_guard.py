@@ -1,7 +1,7 @@
 """Tests only: the state-machine guard on skipqueue_job.
 
 A trigger records in testapp_stateviolation every change of a job the protocol never
-makes (django_skipqueue.states.TRANSITIONS is the one table of the changes it makes):
+makes (django_skipqueue.core.states.TRANSITIONS is the one table of the changes it makes):
 an unlisted change of state, any write that keeps a finished job finished but changes
 it, and any fall of `attempts`. It records rather than raises, so that no error handling
 of the library can hide a violation, and it sees every process: the workers of the
@@ -13,7 +13,7 @@ protocol would not produce does it inside `tests.guard.setting_up()`.
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-from django_skipqueue.states import FINISHED_STATES, TRANSITIONS
+from django_skipqueue.core.states import FINISHED_STATES, TRANSITIONS
 
 
 def forward_sql() -> str:

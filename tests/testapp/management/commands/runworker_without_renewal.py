@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django_skipqueue.management.commands.runworker import Command as RunWorker
-from django_skipqueue.worker import Worker
+from django_skipqueue.runtime.worker import Worker
 
 
 class Command(RunWorker):

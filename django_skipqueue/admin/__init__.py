@@ -1,0 +1,25 @@
+"""The admin: read-only jobs and workers, operator actions, and a queue overview.
+
+Rows are never edited here. Actions call the Manager's guarded verbs (retry_now, cancel,
+requeue), each with its own permission, in bounded batches, and report how many rows
+they changed and how many they skipped. HTML is built only with format_html.
+"""
+
+from __future__ import annotations
+
+from django_skipqueue.admin.common import STYLESHEET, OwnLookupsOnly
+from django_skipqueue.admin.jobs import JobAdmin
+from django_skipqueue.admin.queues import QueueOverviewAdmin, QueueOverviewViews, throughput_chart
+from django_skipqueue.admin.schedules import ScheduleAdmin
+from django_skipqueue.admin.workers import WorkerProcessAdmin
+
+__all__ = [
+    "STYLESHEET",
+    "JobAdmin",
+    "OwnLookupsOnly",
+    "QueueOverviewAdmin",
+    "QueueOverviewViews",
+    "ScheduleAdmin",
+    "WorkerProcessAdmin",
+    "throughput_chart",
+]

@@ -1,0 +1,271 @@
+"""What the admins share: the paginator, the filters, the own-lookups rule, and the
+small formatters of times, ages, attempts and arguments."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+from django.contrib import admin, messages
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+)
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.core.redaction import redact
+from django_skipqueue.models import (
+    Job,
+    JobState,
+    Schedule,
+    WorkerProcess,
+)
+from django_skipqueue.tasks.registry import registry
+
+if TYPE_CHECKING:
+    from django.utils.functional import _StrPromise
+
+    from django_skipqueue.queue.managers import JobQuerySet
+
+#: The admin's stylesheet (classes `skipqueue-*`), on every page of ours.
+STYLESHEET = "skipqueue/admin.css"
+
+
+class EstimatedCountPaginator(Paginator):
+    """Exact counts up to 10,000 rows; above that, the planner's estimate.
+
+    A COUNT(*) over a million-row queue table on every page load is what makes admins
+    slow. The capped count stops after 10,001 rows; past it EXPLAIN's row estimate
+    (what PostgreSQL keeps from ANALYZE) numbers the pages.
+    """
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        queryset = cast("QuerySet[Any]", self.object_list).order_by()
+        capped = queryset[: self.CAP + 1].count()
+        if capped <= self.CAP:
+            return capped
+        plan = json.loads(queryset.explain(format="json"))
+        return max(int(plan[0]["Plan"]["Plan Rows"]), capped)
+
+
+class HealthFilter(admin.SimpleListFilter):
+    title = _("health")
+    parameter_name = "health"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        return [
+            ("stuck", _("stuck (lease expired, not yet reaped)")),
+            ("repeatedly_expired", _("repeatedly expired")),
+            ("failed", _("failed")),
+            ("scheduled", _("scheduled (due later)")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        jobs = cast("JobQuerySet", queryset)  # Job.objects is built from JobQuerySet
+        value = self.value()
+        if value == "stuck":
+            return jobs.expired()
+        if value == "repeatedly_expired":
+            return jobs.repeatedly_expired(get_settings().REPEATED_EXPIRY_THRESHOLD)
+        if value == "failed":
+            return jobs.filter(state=JobState.FAILED)
+        if value == "scheduled":
+            return jobs.scheduled()
+        return jobs
+
+
+class ValuesFilter(admin.SimpleListFilter):
+    """The values an operator filters by: those this process knows (registered tasks, their
+    queues, the queues of live workers) and those of unfinished and failed jobs, read
+    through the partial indexes of those states. Not a DISTINCT over the whole table,
+    which at a million done rows would scan them all on every page."""
+
+    field = ""
+
+    def known_values(self) -> set[str]:
+        return set()
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        values = self.known_values()
+        for state in (JobState.PENDING, JobState.RUNNING, JobState.FAILED):
+            values.update(
+                Job.objects.filter(state=state)
+                .values_list(self.field, flat=True)
+                .distinct()
+                .order_by()[:200]
+            )
+        return [(value, value) for value in sorted(values)[:200]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class QueueFilter(ValuesFilter):
+    title, parameter_name, field = _("queue"), "queue", "queue_name"
+
+    def known_values(self) -> set[str]:
+        names = {registry.get(name).queue_name for name in registry.names()}
+        for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
+            names.update(queues or [])
+        return names
+
+
+class TaskFilter(ValuesFilter):
+    title, parameter_name, field = _("task"), "task", "task"
+
+    def known_values(self) -> set[str]:
+        return set(registry.names())
+
+
+class ScheduleFilter(admin.SimpleListFilter):
+    """The jobs of one periodic schedule (the occurrence index serves it)."""
+
+    title, parameter_name = _("schedule"), "schedule"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        names = Schedule.objects.values_list("name", flat=True)[:200]
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(schedule=self.value()) if self.value() else queryset
+
+
+class AliveFilter(admin.SimpleListFilter):
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        return [("alive", _("alive")), ("dead", _("dead (stopped or lost)"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[WorkerProcess]
+    ) -> QuerySet[WorkerProcess]:
+        if self.value() in ("alive", "dead"):
+            return queryset.filter(alive=self.value() == "alive")  # type: ignore[misc]  # annotated
+        return queryset
+
+
+class OwnLookupsOnly:
+    """Only the lookups this admin's own filters use reach the ORM from a query string.
+
+    Django's default accepts a lookup on any local field, so a view-only user could
+    probe a redacted secret in `?kwargs__password__startswith=...` one character at a
+    time, or send `?task__regex=(a` for a 500. Anything else is refused with a 400, and
+    so is a query string holding NUL, which PostgreSQL text cannot hold; an object id
+    holding NUL finds no object (Django's "does not exist" redirect). Every ModelAdmin of
+    ours takes this mixin.
+    """
+
+    #: The query-string keys of this admin's list filters.
+    allowed_lookups: frozenset[str] = frozenset()
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.allowed_lookups
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        for key, values in request.GET.lists():
+            if any("\x00" in text for text in (key, *values)):
+                raise DisallowedModelAdminLookup(f"the query string has a NUL in {key!r}")
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        if "\x00" in object_id:
+            return None
+        return super().get_object(request, object_id, from_field)  # type: ignore[misc]
+
+
+def arguments_html(args: Any, kwargs: Any) -> str:
+    """A job's or a schedule's arguments as every page of ours shows them: redacted."""
+    data = redact({"args": args, "kwargs": kwargs})
+    return format_html("<pre>{}</pre>", json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def attempts_text(job: Job) -> str:
+    """Attempts spent of those allowed: an attempt given back (a release) is neither, so
+    a 5-attempt job released once and claimed again shows 1/5, not 2/6."""
+    given_back = job.releases or 0
+    text = f"{job.attempts - given_back}/{job.max_attempts - given_back}"
+    if job.expirations:
+        text += " " + str(_("(%(n)d expired)") % {"n": job.expirations})
+    return text
+
+
+def _expired_for(job: Job) -> timedelta | None:
+    """How long ago a running job's lease ran out, on the database clock; None if live."""
+    now = getattr(job, "db_now", None)
+    if job.state != JobState.RUNNING or job.leased_until is None or now is None:
+        return None
+    return now - job.leased_until if job.leased_until <= now else None
+
+
+def _age(span: timedelta) -> str:
+    seconds = int(abs(span.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+def _when(moment: datetime | None) -> str:
+    """One timestamp format everywhere in these pages, in the current time zone."""
+    if moment is None:
+        return "-"
+    return date_format(timezone.localtime(moment), "Y-m-d H:i:s")
+
+
+def _parse_time(value: object) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return moment if timezone.is_aware(moment) else None
+
+
+def _entries(history: Any) -> list[dict[str, Any]]:
+    """The dict entries of an error history, whatever was stored (never raises)."""
+    if not isinstance(history, list):
+        return []
+    return [entry for entry in history if isinstance(entry, dict)]
+
+
+def _report(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    verb: str,
+    changed: int,
+    selected: int,
+    why: str,
+    noun: str = "job(s)",
+) -> None:
+    skipped = selected - changed
+    text = f"{changed} {noun} {verb}"
+    if skipped:
+        text += f"; {skipped} skipped ({why})"
+    model_admin.message_user(request, text, messages.SUCCESS if changed else messages.WARNING)

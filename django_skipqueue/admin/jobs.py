@@ -1,0 +1,519 @@
+"""The job admin: read-only jobs, their health, and the operator's guarded actions."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import quote
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+)
+from django.shortcuts import redirect
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.core.redaction import redact, redact_key, redact_text
+from django_skipqueue.models import (
+    Job,
+    JobState,
+    WorkerProcess,
+)
+
+if TYPE_CHECKING:
+    from django_skipqueue.queue.managers import JobQuerySet
+
+from django_skipqueue.admin.common import (
+    STYLESHEET,
+    EstimatedCountPaginator,
+    HealthFilter,
+    OwnLookupsOnly,
+    QueueFilter,
+    ScheduleFilter,
+    TaskFilter,
+    _age,
+    _entries,
+    _expired_for,
+    _parse_time,
+    _report,
+    _when,
+    arguments_html,
+    attempts_text,
+)
+from django_skipqueue.admin.queues import QueueOverviewViews
+
+
+@admin.register(Job)
+class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
+    class Media:
+        css = {"all": (STYLESHEET,)}
+
+    # HealthFilter, "state", QueueFilter, TaskFilter and the run_at date filter.
+    allowed_lookups = frozenset(
+        {"health", "state__exact", "queue", "task", "schedule", "run_at__gte", "run_at__lt"}
+    )
+    # What an operator triages by, all of it within 1280 px with Django's two sidebars
+    # open (tests/test_admin_browser.py): long values (task paths, worker ids, errors)
+    # are cut, with the whole text on hover; times are relative to the database's now.
+    list_display = ["id", "task_and_queue", "state_and_health", "attempts_of_max", "timing"]
+    list_filter = [
+        HealthFilter,
+        "state",
+        QueueFilter,
+        TaskFilter,
+        ScheduleFilter,
+        ("run_at", admin.DateFieldListFilter),
+    ]
+    search_fields = ["task"]  # see get_search_results: an id, or a task name prefix
+    search_help_text = _("A job id, or the start of a task name.")
+    ordering = ["-id"]
+    # No date_hierarchy: it runs SELECT DISTINCT date_trunc(...) over the whole table on
+    # every page (T45: a million rows); the run_at date filter needs no query to draw.
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 50
+    actions = ["retry_now", "cancel", "requeue"]
+    readonly_fields = [
+        "id",
+        "task",
+        "queue_name",
+        "priority",
+        "state",
+        "attempts",
+        "max_attempts",
+        "expirations",
+        "releases",
+        "run_at",
+        "lease",
+        "leased_until",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "worker_status",
+        "shown_unique_key",
+        "schedule_link",
+        "scheduled_for",
+        "pretty_args",
+        "pretty_result",
+        "timeline",
+        "error_history",
+    ]
+    fieldsets = [
+        (None, {"fields": ["id", "task", "queue_name", "priority", "state"]}),
+        (
+            _("Attempts"),
+            {
+                "fields": [
+                    "attempts",
+                    "max_attempts",
+                    "expirations",
+                    "releases",
+                    "lease",
+                    "leased_until",
+                    "worker_status",
+                ]
+            },
+        ),
+        (_("Origin"), {"fields": ["shown_unique_key", "schedule_link", "scheduled_for"]}),
+        (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
+        (_("History"), {"fields": ["timeline", "error_history"]}),
+    ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        """A number finds that job by primary key; text matches task names by prefix.
+
+        Never `OR task ILIKE '%...%'` across the table, which scans every row.
+        """
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.isdigit():
+            return queryset.filter(id=int(term)), False
+        return queryset.filter(task__startswith=term), False
+
+    # -- read-only ---------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    # -- columns -----------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Each row with the database's now, by which its lease is live or expired."""
+        return super().get_queryset(request).annotate(db_now=Now())
+
+    @admin.display(description=_("job"), ordering="task")
+    def task_and_queue(self, job: Job) -> str:
+        """The task's name, its queue and module, and the first line of its last error:
+        what the job is and why it is in trouble, in one cell."""
+        module, _dot, name = job.task.rpartition(".")
+        error = ""
+        if job.last_error:  # masked again: another client may have written it
+            last_error = redact_text(job.last_error[:2000])
+            error = format_html(
+                '<br><small class="skipqueue-error skipqueue-cut" title="{}">{}</small>',
+                last_error,
+                (last_error.splitlines() or [""])[0][:300],
+            )
+        origin = ""
+        if job.schedule:
+            origin = format_html(" · ⏱ {}", job.schedule)
+        elif job.unique_key:
+            origin = format_html(" · key {}", redact_key(job.unique_key)[:60])
+        return format_html(
+            '<span class="skipqueue-cut" title="{}"><b>{}</b></span><br>'
+            '<small class="skipqueue-cut">{} · {}{}</small>{}',
+            job.task,
+            name,
+            job.queue_name,
+            module,
+            origin,
+            error,
+        )
+
+    @admin.display(description=_("schedule"))
+    def schedule_link(self, job: Job) -> str:
+        """The schedule that enqueued the job, linking to its other jobs."""
+        if not job.schedule:
+            return "-"
+        url = reverse("admin:skipqueue_job_changelist") + f"?schedule={quote(job.schedule)}"
+        return format_html('<a href="{}">{}</a>', url, job.schedule)
+
+    @admin.display(description=_("state"), ordering="state")
+    def state_and_health(self, job: Job) -> str:
+        """The state; a stuck mark when a running job's lease has expired; its worker."""
+        state = format_html('<b class="skipqueue-state-{}">{}</b>', job.state, job.state)
+        expired = _expired_for(job)
+        if expired is not None:
+            state = format_html(
+                '{} <b class="skipqueue-stuck skipqueue-badge" title="{}">{}</b>',
+                state,
+                _("lease expired: the reaper takes it back, or Requeue does now"),
+                _("stuck %(age)s") % {"age": _age(expired)},
+            )
+        if job.worker_id and job.state == JobState.RUNNING:
+            state = format_html(
+                '{}<br><small><a href="{}" title="{}"><code>{}</code></a></small>',
+                state,
+                reverse("admin:skipqueue_workerprocess_change", args=[job.worker_id]),
+                job.worker_id,
+                str(job.worker_id)[:8],
+            )
+        return state
+
+    @admin.display(description=_("attempts"))
+    def attempts_of_max(self, job: Job) -> str:
+        return attempts_text(job)
+
+    @admin.display(description=_("when"), ordering="run_at")
+    def timing(self, job: Job) -> str:
+        """Relative to the database's now: due, lease left or expired, finished."""
+        now = getattr(job, "db_now", None)
+        if now is None:
+            return _when(job.run_at)
+        if job.state == JobState.RUNNING and job.leased_until is not None:
+            expired = _expired_for(job)
+            if expired is not None:
+                text = _("lease expired %(age)s ago") % {"age": _age(expired)}
+                return format_html(
+                    '<span class="skipqueue-alert" title="{}">{}</span>',
+                    _when(job.leased_until),
+                    text,
+                )
+            left = _("lease: %(age)s left") % {"age": _age(job.leased_until - now)}
+            return format_html('<span title="{}">{}</span>', _when(job.leased_until), left)
+        if job.state == JobState.PENDING:
+            text = (
+                _("due in %(age)s") % {"age": _age(job.run_at - now)}
+                if job.run_at > now
+                else _("due %(age)s ago") % {"age": _age(now - job.run_at)}
+            )
+            return format_html('<span title="{}">{}</span>', _when(job.run_at), text)
+        if job.finished_at is not None:
+            text = _("ended %(age)s ago") % {"age": _age(now - job.finished_at)}
+            return format_html('<span title="{}">{}</span>', _when(job.finished_at), text)
+        return _when(job.run_at)
+
+    @admin.display(description=_("arguments"))
+    def pretty_args(self, job: Job) -> str:
+        return arguments_html(job.args, job.kwargs)
+
+    @admin.display(description=_("unique key"))
+    def shown_unique_key(self, job: Job) -> str:
+        """Masked where it may be a token (a reset link's, say): see redaction.redact_key."""
+        return redact_key(job.unique_key) if job.unique_key else "-"
+
+    @admin.display(description=_("return value"))
+    def pretty_result(self, job: Job) -> str:
+        if job.result is None:
+            return "-"
+        return format_html("<pre>{}</pre>", json.dumps(redact(job.result), indent=2))
+
+    @admin.display(description=_("worker"))
+    def worker_status(self, job: Job) -> str:
+        worker = WorkerProcess.objects.filter(id=job.worker_id).first() if job.worker_id else None
+        if worker is None:
+            return str(job.worker_id or "-")
+        alive = worker.id in set(self._alive_worker_ids())
+        return format_html("{} ({})", worker, _("alive") if alive else _("dead"))
+
+    @admin.display(description=_("timeline"))
+    def timeline(self, job: Job) -> str:
+        """What happened, oldest first, every time in one format (error entries hold
+        ISO 8601 text; an entry whose time cannot be read goes last, as written)."""
+        events: list[tuple[datetime | None, str]] = [(job.created_at, "enqueued")]
+        if job.first_started_at and job.attempts > 1:
+            events.append((job.first_started_at, "attempt 1 started"))
+        for entry in _entries(job.errors):
+            what = f"attempt {entry.get('attempt')}: {entry.get('type')}"
+            events.append((_parse_time(entry.get("at")), what))
+        if job.started_at:
+            events.append((job.started_at, f"attempt {job.attempts} started"))
+        if job.finished_at:
+            events.append((job.finished_at, f"finished {job.state}"))
+        last = datetime.max.replace(tzinfo=timezone.get_current_timezone())
+        events.sort(key=lambda event: event[0] or last)
+        return format_html(
+            '<ol class="skipqueue-timeline">{}</ol>',
+            format_html_join(
+                "", "<li><code>{}</code> {}</li>", ((_when(at), what) for at, what in events)
+            ),
+        )
+
+    @admin.display(description=_("errors"))
+    def error_history(self, job: Job) -> str:
+        if not job.errors:
+            return "-"
+        if not _entries(job.errors):  # written by hand or by another client
+            return format_html("<pre>{}</pre>", json.dumps(redact(job.errors), indent=2))
+        return format_html_join(
+            "",
+            "<p><b>attempt {} at {}: {}</b> {}</p><pre>{}</pre>",
+            (
+                (
+                    e.get("attempt"),
+                    _when(_parse_time(e.get("at"))) if _parse_time(e.get("at")) else e.get("at"),
+                    e.get("type"),
+                    redact(e.get("message")),  # masked again: another client may have
+                    redact(e.get("traceback")),  # written it, or an older rule missed it
+                )
+                for e in reversed(_entries(job.errors))
+            ),
+        )
+
+    def _alive_worker_ids(self) -> list[Any]:
+        return list(WorkerProcess.objects.alive().values_list("id", flat=True))
+
+    # -- actions -----------------------------------------------------------------------
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.retry_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.cancel_job")
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.requeue_job")
+
+    #: A bulk action changes at most this many jobs per request and starts no batch once
+    #: `action_seconds` have passed, so that a select-all over 800,000 jobs (35 s in one
+    #: request) ends well inside a proxy's timeout. The message says how many of the
+    #: selection are left; running the action again on the same selection goes on with
+    #: them, in id order. At the 40 us a job measured, 50,000 take a few seconds.
+    action_max_rows = 50_000
+    action_seconds = 10.0
+    #: Ids per call of the Manager's verb (each call is one or two UPDATEs).
+    action_batch_size = 1000
+
+    @admin.action(description=_("Retry now (failed or cancelled)"), permissions=["retry"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._act_in_bounds(
+            request,
+            queryset,
+            applies=lambda jobs: jobs.retryable(),
+            write=Job.objects.retry_now,
+            verb="retried",
+            why="not failed or cancelled, or a unique job whose key another job holds",
+        )
+
+    @admin.action(
+        description=_("Cancel (pending) or ask to stop (running)"), permissions=["cancel"]
+    )
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        who = request.user.get_username()
+        self._act_in_bounds(
+            request,
+            queryset,
+            applies=lambda jobs: jobs.filter(
+                Q(state=JobState.PENDING)
+                | Q(state=JobState.RUNNING, cancel_requested_at__isnull=True)
+            ),
+            write=lambda ids: Job.objects.cancel(ids, by=who),
+            verb="cancelled or asked to stop",
+            why="finished, or already asked",
+        )
+
+    @admin.action(description=_("Requeue (stuck)"), permissions=["requeue"])
+    def requeue(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._act_in_bounds(
+            request,
+            queryset,
+            applies=lambda jobs: jobs.expired().filter(cancel_requested_at__isnull=True),
+            write=Job.objects.requeue,
+            verb="requeued",
+            why="not stuck: running with a live lease, or finished",
+        )
+
+    def _act_in_bounds(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        *,
+        applies: Callable[[JobQuerySet], QuerySet[Job]],
+        write: Callable[[list[int]], int],
+        verb: str,
+        why: str,
+    ) -> None:
+        """Run `write` (a Manager verb) over the selection in batches, in id order, within
+        `action_max_rows` and `action_seconds`, and say what it did and what is left.
+
+        A selection within the bound is taken as it is, and what the verb skipped is
+        reported as before. A larger one is narrowed to the jobs the verb `applies` to
+        (a read, not a write: the verb re-checks each row), so that the next run goes on
+        where this one stopped rather than re-reading the same skipped rows.
+        """
+        jobs = cast("JobQuerySet", queryset).order_by("id")
+        limit = self.action_max_rows
+        selected = list(jobs.values_list("id", flat=True)[: limit + 1])
+        bounded = len(selected) > limit
+        ids = list(applies(jobs).values_list("id", flat=True)[:limit]) if bounded else selected
+        deadline = time.monotonic() + self.action_seconds
+        changed = done = 0
+        for start in range(0, len(ids), self.action_batch_size):
+            if start and time.monotonic() >= deadline:
+                break
+            batch = ids[start : start + self.action_batch_size]
+            changed += write(batch)
+            done += len(batch)
+        if not bounded and done == len(ids):
+            _report(self, request, verb, changed, len(ids), why)
+            return
+        left = applies(jobs).count()
+        text = f"{changed} job(s) {verb}"
+        if left:
+            text += (
+                f"; {left} more of the selection still to do: an action does at most "
+                f"{limit} jobs and {self.action_seconds:g} s per request. Run it again on "
+                f"the same selection to go on."
+            )
+            self.message_user(request, text, messages.WARNING)
+        else:
+            self.message_user(request, f"{text}; the rest of the selection skipped ({why})")
+
+    # -- the queue overview ------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        overview = self.admin_site.admin_view(self.overview_view)
+        act = self.admin_site.admin_view(self.job_action_view)
+        queue_act = self.admin_site.admin_view(self.queue_action_view)
+        return [
+            path("overview/", overview, name="skipqueue_overview"),
+            # The queue's name is POST data, not a path segment: names written by other
+            # clients may hold "/", a newline or anything else (trial finding 11).
+            path("overview/<str:verb>/", queue_act, name="skipqueue_queue_act"),
+            path("<int:object_id>/act/<str:verb>/", act, name="skipqueue_job_act"),
+            *super().get_urls(),
+        ]
+
+    # -- one job's page: its health and its actions ----------------------------------
+
+    #: verb: (the manager's guarded verb, its permission, when it applies, its label)
+    JOB_ACTIONS = {
+        "retry": ("retry_now", "retry", (JobState.FAILED, JobState.CANCELLED), _("Retry now")),
+        "cancel": ("cancel", "cancel", (JobState.PENDING, JobState.RUNNING), _("Cancel")),
+        "requeue": ("requeue", "requeue", (JobState.RUNNING,), _("Requeue (stuck)")),
+    }
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The job's page, with a stuck banner and the actions that apply to it now."""
+        job = (
+            self.get_queryset(request).filter(pk=object_id).first() if object_id.isdigit() else None
+        )
+        extra: dict[str, Any] = {**(extra_context or {})}
+        if job is not None:
+            expired = _expired_for(job)
+            if expired is not None:
+                extra["skipqueue_stuck"] = _(
+                    "Stuck: its lease expired %(age)s ago and no worker holds it. The reaper "
+                    "takes it back on its next pass; Requeue does it now."
+                ) % {"age": _age(expired)}
+            if job.cancel_requested_at is not None and job.state == JobState.RUNNING:
+                extra["skipqueue_stuck"] = _(
+                    "Cancel requested %(when)s by %(who)s: the task is told at the worker's "
+                    "next lease renewal; a task that does not stop loses the job when its "
+                    "lease ends, and the job ends cancelled."
+                ) % {"when": _when(job.cancel_requested_at), "who": job.cancelled_by or "-"}
+            extra["skipqueue_actions"] = [
+                {
+                    "verb": verb,
+                    "label": label,
+                    "url": reverse("admin:skipqueue_job_act", args=[job.id, verb]),
+                }
+                for verb, (_method, permission, states, label) in self.JOB_ACTIONS.items()
+                if job.state in states
+                and (verb != "requeue" or expired is not None)
+                and (verb != "cancel" or job.cancel_requested_at is None)
+                and getattr(self, f"has_{permission}_permission")(request)
+            ]
+        return super().change_view(request, object_id, form_url, extra)
+
+    def job_action_view(self, request: HttpRequest, object_id: int, verb: str) -> HttpResponse:
+        """POST from a job's page: the same guarded verb as the list action, on this job."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if verb not in self.JOB_ACTIONS:
+            raise Http404(verb)
+        method, permission, _states, _label = self.JOB_ACTIONS[verb]
+        if not getattr(self, f"has_{permission}_permission")(request):
+            raise PermissionDenied
+        if verb == "cancel":
+            changed = Job.objects.cancel([object_id], by=request.user.get_username())
+        else:
+            changed = getattr(Job.objects, method)([object_id])
+        done = {"retry": _("retried"), "cancel": _("cancelled"), "requeue": _("requeued")}[verb]
+        if changed:
+            self.message_user(request, _("Job %(id)s %(done)s.") % {"id": object_id, "done": done})
+        else:
+            self.message_user(
+                request,
+                _("Job %(id)s was not %(done)s: its state changed meanwhile.")
+                % {"id": object_id, "done": done},
+                messages.WARNING,
+            )
+        return redirect("admin:skipqueue_job_change", object_id)

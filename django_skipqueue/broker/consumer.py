@@ -1,0 +1,485 @@
+"""The broker consumer: `runworker --broker` runs relayed queues' jobs from RabbitMQ.
+
+One connection, a consuming channel with manual acks and a bounded prefetch, and a
+publishing channel in confirm mode. Each delivery becomes an unsaved Job and runs in a
+thread of the pool through `executor.run_brokered` (the same task call, context,
+idempotency key, signals and logs as a PostgreSQL job). By its verdict:
+
+- succeeded: acked (with RESULTS, once its outcome is written back to its row);
+- retrying (or released by `Retry`): published to the retry queue of its backoff
+  (`broker.retry_queue`, a TTL that dead-letters it back), confirmed, then acked;
+- failed for good: published to `skipqueue.Q.dead` with its error, confirmed, acked
+  (with RESULTS, its row ends failed with the error).
+
+A message is acked only after what replaces it is confirmed by the broker, so a
+consumer killed at any point causes a redelivery, never a loss. There is no fence:
+a consumer that loses its connection while a task runs cannot ack it, and RabbitMQ
+delivers the message again (the job id, the message id, lets the task deduplicate).
+A lost connection is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from django_skipqueue.broker.message import Message
+from django_skipqueue.broker.topology import (
+    BROKER_DELIVERIES_HEADER,
+    DELIVERIES_HEADER,
+    ERROR_HEADER,
+    broker_queue,
+    connect,
+    dead_queue,
+    declare,
+    declare_retry,
+    pika_module,
+    retry_exponent,
+    retry_queue,
+)
+from django_skipqueue.conf import get_settings
+from django_skipqueue.conf.relay import RelayConfig
+from django_skipqueue.core.compat import pika_channel_impl
+from django_skipqueue.core.redaction import redact_text
+from django_skipqueue.core.states import JobState
+from django_skipqueue.exceptions import InvalidJobError
+from django_skipqueue.models import Job
+from django_skipqueue.queue.connections import Backoff, discard_connection
+from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, run_brokered
+from django_skipqueue.runtime.runner import retry_delay
+from django_skipqueue.tasks.registry import registry
+
+logger = logging.getLogger(__name__)
+
+#: With RESULTS: the most outcomes written back in one statement, and how long one waits.
+WRITE_BACK_BATCH = 200
+WRITE_BACK_SECONDS = 0.2
+
+
+@dataclass
+class Done:
+    """A finished delivery, handed from a pool thread to the consuming thread."""
+
+    generation: int  # the connection it came on: tags of a closed one cannot be acked
+    tag: int
+    message: Message
+    verdict: Verdict
+
+
+@dataclass
+class ConsumerStats:
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    reconnects: int = 0
+
+
+class Consumer:
+    """Consumes `queues` (relayed ones) with `concurrency` threads until `stop` is set."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        *,
+        queues: list[str] | None = None,
+        concurrency: int = 4,
+        database: str | None = None,
+    ) -> None:
+        self.config = config
+        self.queues = list(queues or config.queues)
+        self.concurrency = concurrency
+        self.prefetch = config.prefetch or 2 * concurrency
+        self.database = database or get_settings().DATABASE_ALIAS
+        self.stop = threading.Event()
+        self.stats = ConsumerStats()
+        self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        self._generation = 0
+        self._pending_write: list[Done] = []
+        self._write_due = 0.0
+        self._retry_declared: set[str] = set()
+        self._running = 0  # deliveries handed to the pool and not acked yet
+        #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
+        self._suspects: list[tuple[int, Message, int]] = []
+        self._isolating = False
+        self._wake: Callable[[], None] = lambda: None
+        self._wake_pending = False
+        #: Deliveries running a task with a timeout: (generation, tag) -> (deadline, message).
+        self._deadlines: dict[tuple[int, int], tuple[float, Message]] = {}
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> None:
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="skipqueue-broker")
+        backoff = Backoff()
+        logger.info(
+            "broker consumer started queues=%s concurrency=%d prefetch=%d",
+            ",".join(self.queues),
+            self.concurrency,
+            self.prefetch,
+        )
+        try:
+            while not self.stop.is_set():
+                try:
+                    self._consume(pool, backoff)
+                except Exception as error:  # noqa: BLE001  (the broker went away)
+                    self.stats.reconnects += 1
+                    self._pending_write.clear()  # their tags died with the channel
+                    self._suspects.clear()
+                    self._running, self._isolating, self._wake_pending = 0, False, False
+                    delay = backoff.next()
+                    logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
+                    self.stop.wait(delay)
+        finally:
+            pool.shutdown(wait=True)
+            logger.info("broker consumer stopped")
+
+    def _consume(self, pool: ThreadPoolExecutor, backoff: Backoff) -> None:
+        connection = connect(self.config)
+        self._generation += 1
+        generation = self._generation
+        try:
+            channel = connection.channel()
+            publisher = connection.channel()
+            publisher.confirm_delivery()
+            self._retry_declared.clear()
+            for name in self.queues:
+                declare(channel, name, self.config)
+            channel.basic_qos(prefetch_count=self.prefetch)
+            pika_channel_impl(channel).add_on_close_callback(_log_channel_closed)
+
+            def deliver(ch: Any, method: Any, properties: Any, body: bytes) -> None:
+                try:
+                    message = Message.decode(body, properties.headers)
+                except InvalidJobError as error:
+                    logger.error("broker message dropped to the dead queue: %s", error)
+                    queue_name = method.routing_key.removeprefix("skipqueue.")
+                    publisher.basic_publish(
+                        "",
+                        dead_queue(queue_name),
+                        body,
+                        properties_with_error(properties, str(error)),
+                    )
+                    ch.basic_ack(method.delivery_tag)
+                    return
+                headers = properties.headers or {}
+                earlier = _count(headers.get(DELIVERIES_HEADER))
+                if method.redelivered or earlier:
+                    # A consumer died or lost its connection holding it: perhaps this
+                    # message killed it. Run it alone (below), so that a crash on it
+                    # holds no other message: the delivery limit counts every unacked
+                    # delivery of a dead consumer, and innocent neighbours must not
+                    # reach it with the poison.
+                    deliveries = earlier + _count(headers.get(BROKER_DELIVERIES_HEADER))
+                    if method.redelivered and not headers.get(BROKER_DELIVERIES_HEADER):
+                        deliveries += 1  # a classic queue does not count for us
+                    if deliveries >= self.config.delivery_limit:
+                        self._dead_letter_undelivered(
+                            ch, publisher, method.delivery_tag, message, deliveries
+                        )
+                        return
+                    self._suspects.append((method.delivery_tag, message, deliveries))
+                    return
+                self._submit(pool, generation, method.delivery_tag, message)
+
+            def turn() -> None:  # in this thread, from process_data_events
+                self._wake_pending = False  # before draining: a later finish wakes again
+                self._time_out(generation)
+                self._settle(channel, publisher, generation)
+                self._isolate(channel, publisher, pool, generation)
+
+            # A finished job wakes this thread at once (the acks free prefetch room).
+            self._wake = lambda: connection.add_callback_threadsafe(turn)
+            for name in self.queues:
+                channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
+            backoff.reset()
+            logger.info("broker consumer connected queues=%s", ",".join(self.queues))
+            while not self.stop.is_set():
+                connection.process_data_events(time_limit=0.2)
+                turn()
+            # Stopping: no new deliveries. Jobs not started yet stay unacked (RabbitMQ
+            # delivers them again once this connection closes); those running finish
+            # and are settled.
+            channel.stop_consuming()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._settle(channel, publisher, generation, final=True)
+        finally:
+            if connection.is_open:
+                try:
+                    connection.close()
+                except Exception as error:  # noqa: BLE001
+                    logger.debug("closing the broker connection failed: %r", error)
+
+    def _submit(
+        self, pool: ThreadPoolExecutor, generation: int, tag: int, message: Message
+    ) -> None:
+        self._running += 1
+        pool.submit(self._run, generation, tag, message)
+
+    def _isolate(
+        self, channel: Any, publisher: Any, pool: ThreadPoolExecutor, generation: int
+    ) -> None:
+        """Run redelivered messages one at a time, with nothing else unacked: prefetch 1
+        until they are done, each started once everything else was acked. The other
+        redelivered messages held meanwhile are published again as fresh copies (then
+        acked), since a return to the queue would count as a delivery against them."""
+        if self._suspects and not self._isolating:
+            # No new delivery while any is unacked. A channel-wide (global) limit, as
+            # RabbitMQ applies a per-consumer one only to consumers created after it:
+            # this consumer's own prefetch would go on filling up behind the suspects.
+            channel.basic_qos(prefetch_count=1, global_qos=True)
+            self._isolating = True
+            logger.warning(
+                "broker consumer: %d redelivered job(s), running them one at a time",
+                len(self._suspects),
+            )
+        if self._isolating and self._running == 0 and not self._pending_write:
+            if self._suspects:
+                tag, message, _ = self._suspects.pop(0)
+                for other_tag, other, deliveries in self._suspects:
+                    # A fresh copy, as a return to the queue would count as a delivery;
+                    # it carries the count so far, and is run alone in its turn.
+                    publisher.basic_publish(
+                        "",
+                        broker_queue(other.queue),
+                        other.body(),
+                        other.properties(**{DELIVERIES_HEADER: deliveries}),
+                    )
+                    channel.basic_ack(other_tag)
+                self._suspects.clear()
+                self._submit(pool, generation, tag, message)
+            else:
+                channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
+                self._isolating = False
+
+    def _dead_letter_undelivered(
+        self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
+    ) -> None:
+        """A message delivered `deliveries` times to consumers that died holding it (the
+        broker's own limit counts the copies of this one only): to the dead queue, then
+        acked, as RabbitMQ does at the limit."""
+        text = (
+            f"{DeliveryLimitError.__module__}.{DeliveryLimitError.__name__}: delivered "
+            f"{deliveries} times without an ack (each consumer holding it died or lost "
+            f"its connection); DELIVERY_LIMIT is {self.config.delivery_limit}"
+        )
+        logger.error("job dead-lettered id=%s task=%s: %s", message.job_id, message.task, text)
+        publisher.basic_publish(
+            "",
+            dead_queue(message.queue),
+            message.body(),
+            message.properties(**{ERROR_HEADER: text}),
+            mandatory=True,
+        )
+        channel.basic_ack(tag)
+        self.stats.dead += 1
+
+    def _time_out(self, generation: int) -> None:
+        """Jobs past their task's timeout are settled as failed attempts (retried through
+        the broker, or dead-lettered after the last), as a worker gives up on them. Their
+        threads cannot be stopped: each holds a thread of the pool until its task
+        returns, and what it returns then is dropped."""
+        now = time.monotonic()
+        for (born, tag), (deadline, message) in list(self._deadlines.items()):
+            if born != generation:
+                self._deadlines.pop((born, tag), None)  # its channel is gone
+                continue
+            if now < deadline or not self._deadlines.pop((born, tag), None):
+                continue  # not yet, or it finished meanwhile
+            task = registry.get(message.task)
+            seconds = task.timeout.total_seconds() if task.timeout else 0.0
+            raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
+            error = describe_error(raised)
+            logger.error(
+                "job timed out id=%s task=%s attempt=%d timeout=%.3fs: its thread is given up on",
+                message.job_id,
+                message.task,
+                message.attempt,
+                seconds,
+            )
+            retry_in = retry_delay(task, raised, message.attempt)  # the runner's rule
+            if retry_in is not None and message.attempt < message.max_attempts:
+                verdict = Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
+            else:
+                verdict = Verdict(Outcome.FAILED, seconds, error=error)
+            self._done.put(Done(generation, tag, message, verdict))
+
+    def _run(self, generation: int, tag: int, message: Message) -> None:
+        job = Job(
+            id=message.job_id,
+            task=message.task,
+            queue_name=message.queue,
+            args=message.args,
+            kwargs=message.kwargs,
+            attempts=message.attempt,
+            max_attempts=message.max_attempts,
+            lease=timedelta(seconds=message.lease_seconds),
+            state=JobState.RUNNING,
+        )
+        task = registry.get(job.task) if job.task in registry else None
+        if task is not None and task.timeout is not None:
+            deadline = time.monotonic() + task.timeout.total_seconds()
+            self._deadlines[(generation, tag)] = (deadline, message)
+        try:
+            verdict = run_brokered(job, database=self.database)
+        except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
+            logger.exception("broker consumer: job id=%s could not run", job.id)
+            verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
+        finally:
+            connections[self.database].close_if_unusable_or_obsolete()
+        timed = task is not None and task.timeout is not None
+        if timed and not self._deadlines.pop((generation, tag), None):
+            return  # settled already as timed out (_time_out): this late outcome is dropped
+        self._done.put(Done(generation, tag, message, verdict))
+        if self._wake_pending:
+            return  # a turn is coming, and it drains every finished job
+        self._wake_pending = True
+        try:
+            self._wake()
+        except Exception as error:  # noqa: BLE001  (the connection closed meanwhile)
+            logger.debug("broker consumer: no wake-up for a finished job: %r", error)
+
+    # -- acting on verdicts ------------------------------------------------------------
+
+    def _settle(
+        self, channel: Any, publisher: Any, generation: int, *, final: bool = False
+    ) -> None:
+        while True:
+            try:
+                done = self._done.get_nowait()
+            except queue.Empty:
+                break
+            if done.generation != generation:
+                continue  # its channel is gone: RabbitMQ delivers it again
+            self._running -= 1
+            outcome = done.verdict.outcome
+            if outcome in (Outcome.RETRYING, Outcome.RELEASED):
+                self._publish_retry(publisher, done)
+                self.stats.retried += 1
+            elif outcome is Outcome.FAILED:
+                error = done.verdict.error
+                text = f"{error.type}: {error.message}" if error else "failed"
+                publisher.basic_publish(
+                    "",
+                    dead_queue(done.message.queue),
+                    done.message.body(),
+                    done.message.properties(**{ERROR_HEADER: text[:1000]}),
+                    mandatory=True,
+                )
+                self.stats.dead += 1
+            else:
+                self.stats.succeeded += 1
+            if self.config.results:
+                if not self._pending_write:
+                    self._write_due = time.monotonic() + WRITE_BACK_SECONDS
+                self._pending_write.append(done)
+            else:
+                ack(channel, done.tag)
+        if self._pending_write and (
+            final
+            or len(self._pending_write) >= WRITE_BACK_BATCH
+            or time.monotonic() >= self._write_due
+        ):
+            self._write_back(channel)
+
+    def _publish_retry(self, publisher: Any, done: Done) -> None:
+        delay = done.verdict.retry_in or timedelta(seconds=1)
+        exponent = retry_exponent(delay)
+        name = f"{done.message.queue}:{exponent}"
+        if name not in self._retry_declared:
+            declare_retry(publisher, done.message.queue, exponent)
+            self._retry_declared.add(name)
+        released = done.verdict.outcome is Outcome.RELEASED
+        following = done.message.next_attempt(released=released)
+        publisher.basic_publish(
+            "",
+            retry_queue(done.message.queue, exponent),
+            following.body(),
+            following.properties(),
+            mandatory=True,
+        )
+
+    def _write_back(self, channel: Any) -> None:
+        """RESULTS: the outcomes of finished deliveries, in one statement; then their acks."""
+        finals = [d for d in self._pending_write if d.verdict.outcome in FINAL]
+        try:
+            if finals:
+                Job.objects.db_manager(self.database).write_back(write_back_params(finals))
+        except DatabaseError as error:
+            discard_connection(self.database)
+            logger.warning(
+                "broker consumer: writing %d outcomes back failed: %r", len(finals), error
+            )
+            return  # kept: the next turn tries again, and the acks wait for it
+        for done in self._pending_write:
+            ack(channel, done.tag)
+        self._pending_write.clear()
+
+
+FINAL = (Outcome.SUCCEEDED, Outcome.FAILED)
+
+
+class DeliveryLimitError(Exception):
+    """The error a consumer records on a message it dead-letters at the delivery limit."""
+
+
+def _count(value: object) -> int:
+    """A delivery count from a header: 0 unless a non-negative integer."""
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def _log_channel_closed(channel: Any, reason: Exception) -> None:
+    """Say why the broker closed the consuming channel: the deliveries it held are
+    delivered again, and each such close counts against their delivery limit."""
+    text = str(reason)
+    if "timed out" in text or "consumer_timeout" in text:
+        logger.error(
+            "broker channel closed by RabbitMQ's consumer timeout: a delivery stayed "
+            "unacked longer than the broker's consumer_timeout (its deliveries come "
+            "again, counted against DELIVERY_LIMIT); give long tasks a timeout below it, "
+            "or raise it: %s",
+            text,
+        )
+    else:
+        logger.warning("broker channel closed: %s", text)
+
+
+def ack(channel: Any, tag: int) -> None:
+    """Acknowledge one delivery without flushing the socket at once: the frames of a
+    turn's acks leave together at the next I/O of the connection's loop (pika's
+    BlockingChannel.basic_ack would send and poll once for each)."""
+    pika_channel_impl(channel).basic_ack(tag)
+
+
+def properties_with_error(properties: Any, text: str) -> Any:
+    pika = pika_module()
+    headers = dict(properties.headers or {})
+    headers[ERROR_HEADER] = redact_text(text)[:1000]
+    return pika.BasicProperties(
+        message_id=properties.message_id,
+        delivery_mode=2,
+        content_type=properties.content_type,
+        headers=headers,
+    )
+
+
+def write_back_params(finals: list[Done]) -> list[Any]:
+    ids, states, results, errors, attempts = [], [], [], [], []
+    for done in finals:
+        succeeded = done.verdict.outcome is Outcome.SUCCEEDED
+        ids.append(done.message.job_id)
+        states.append(JobState.DONE if succeeded else JobState.FAILED)
+        results.append(json.dumps(done.verdict.result) if succeeded else None)
+        error = done.verdict.error
+        errors.append("" if error is None else f"{error.type}: {error.message}\n{error.traceback}")
+        attempts.append(done.message.attempt)
+    return [ids, states, results, errors, attempts]

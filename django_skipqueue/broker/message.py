@@ -1,0 +1,91 @@
+"""One job as it travels through the broker: its JSON body and its headers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django_skipqueue.broker.topology import ATTEMPT_HEADER, pika_module
+from django_skipqueue.exceptions import InvalidJobError
+
+if TYPE_CHECKING:
+    import pika
+
+
+@dataclass(frozen=True)
+class Message:
+    """One job as it travels through the broker (the body is JSON; the job's id is
+    the message id too, the consumers' deduplication key)."""
+
+    job_id: int
+    task: str
+    queue: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    attempt: int  # the attempt this delivery is, from 1
+    max_attempts: int
+    lease_seconds: float
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {
+                "id": self.job_id,
+                "task": self.task,
+                "queue": self.queue,
+                "args": self.args,
+                "kwargs": self.kwargs,
+                "max_attempts": self.max_attempts,
+                "lease_seconds": self.lease_seconds,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def properties(self, **headers: Any) -> pika.BasicProperties:
+        pika = pika_module()
+        return pika.BasicProperties(
+            message_id=str(self.job_id),
+            delivery_mode=2,  # persistent
+            content_type="application/json",
+            headers={ATTEMPT_HEADER: self.attempt, **headers},
+        )
+
+    def next_attempt(self, *, released: bool = False) -> Message:
+        """The message of the next attempt. `released` (the task raised Retry): the
+        attempt is given back, as in the table, by one more allowed attempt."""
+        return dataclasses.replace(
+            self,
+            attempt=self.attempt + 1,
+            max_attempts=self.max_attempts + (1 if released else 0),
+        )
+
+    @classmethod
+    def decode(cls, body: bytes, headers: dict[str, Any] | None) -> Message:
+        """The message of `body`; InvalidJobError saying what is wrong with it."""
+        try:
+            data = json.loads(body)
+            if not isinstance(data, dict):
+                raise TypeError(f"the body is a JSON {_json_kind(data)}, not an object")
+            if not isinstance(data["args"], list):
+                raise TypeError(f"'args' is a JSON {_json_kind(data['args'])}, not an array")
+            if not isinstance(data["kwargs"], dict):
+                raise TypeError(f"'kwargs' is a JSON {_json_kind(data['kwargs'])}, not an object")
+            return cls(
+                job_id=int(data["id"]),
+                task=str(data["task"]),
+                queue=str(data["queue"]),
+                args=list(data["args"]),
+                kwargs=dict(data["kwargs"]),
+                attempt=int((headers or {}).get(ATTEMPT_HEADER, 1)),
+                max_attempts=int(data["max_attempts"]),
+                lease_seconds=float(data["lease_seconds"]),
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise InvalidJobError(f"a broker message is not a job: {error!r}") from None
+
+
+def _json_kind(value: object) -> str:
+    """What JSON calls the type of a decoded `value`."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")

@@ -1,0 +1,94 @@
+"""Every use of Django's internals, in one place, each with a test of its own.
+
+These are not public API. Each hook names what it relies on, so that a Django upgrade
+that changes it fails `tests/test_compat.py` first, not a worker in production.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
+
+M = TypeVar("M", bound=models.Model)
+T = TypeVar("T")
+
+
+def instance_from_row(model: type[M], alias: str, row: dict[str, Any]) -> M:
+    """A model instance loaded from the database, as `Model.from_db` makes it, without
+    `Model.__init__`: its attributes set from `row` (every concrete attname) and a
+    `ModelState` saying it was loaded from `alias`. Only for models without
+    pre_init/post_init receivers (they would be skipped)."""
+    instance = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, alias
+    instance.__dict__.update(row, _state=state)
+    return instance
+
+
+def check_health_before_next_use(connection: BaseDatabaseWrapper) -> None:
+    """Make CONN_HEALTH_CHECKS ping this connection before its next query (Django's
+    `health_check_done` flag, set once per request in a web process)."""
+    connection.health_check_done = False  # type: ignore[attr-defined]  # not in django-stubs
+
+
+def mark_healthy(connection: BaseDatabaseWrapper) -> None:
+    """A connection that had errors answered a ping: clear Django's error flag and its
+    pending health check, as `close_if_unusable_or_obsolete` would."""
+    connection.errors_occurred = False
+    connection.health_check_done = True  # type: ignore[attr-defined]
+
+
+def drop_atomic_blocks(connection: BaseDatabaseWrapper, depth: int) -> None:
+    """Forget the atomic() blocks above `depth` that a task entered and never exited.
+
+    The connection must be closed first (the server rolls the transaction back); this
+    resets Django's bookkeeping (`atomic_blocks`, `savepoint_ids`, `in_atomic_block`,
+    `needs_rollback`, `closed_in_transaction`) to what it was at `depth`, so that the
+    next query runs in autocommit, or in the caller's own block.
+    """
+    del connection.atomic_blocks[depth:]
+    connection.savepoint_ids = connection.savepoint_ids[: max(depth - 1, 0)]
+    connection.in_atomic_block = depth > 0
+    connection.needs_rollback = False
+    connection.closed_in_transaction = False
+    if depth == 0:  # out of every block now: let Django forget the closed connection
+        connection.close()
+
+
+def build_unvalidated(cls: type[T], **values: object) -> T:
+    """An instance of a frozen, slotted dataclass of Django's (`django.tasks.Task`) with
+    these field values, without its `__post_init__` (the backend's `validate_task`):
+    a result describes a row that exists, valid for this process's settings or not."""
+    instance = cls.__new__(cls)
+    for name, value in values.items():
+        object.__setattr__(instance, name, value)
+    return instance
+
+
+def set_on_frozen(instance: object, name: str, value: object) -> None:
+    """Set an attribute of a frozen dataclass of Django's (`django.tasks.TaskResult`'s
+    `status` and `_return_value`, which only Django's own backends otherwise write)."""
+    object.__setattr__(instance, name, value)
+
+
+def raw_result(cursor: Any) -> Any:
+    """The psycopg result behind a Django cursor (`pgresult`: the values as the server
+    sent them, before any loading), for a row that Python cannot load."""
+    return getattr(cursor, "cursor", cursor).pgresult
+
+
+# -- pika's internals (the broker layer's; pika itself is imported there only) --------
+
+
+def pika_channel_impl(channel: Any) -> Any:
+    """The asynchronous `pika.channel.Channel` under a `BlockingChannel`.
+
+    Relied on: `BlockingChannel._impl` (pika 1.x). The broker layer calls it for what
+    the blocking channel does not offer or does too eagerly: queueing publishes and acks
+    without a socket flush each, confirm and return callbacks, and the close callback
+    that carries the broker's reason.
+    """
+    return channel._impl

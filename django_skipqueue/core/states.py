@@ -1,0 +1,81 @@
+"""The shared definitions every layer uses: job states, the claim order, queue names.
+
+A leaf: it imports nothing of this package but `exceptions` (a leaf too), so that any
+module may import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.conf.validators import (  # noqa: F401  (part of this module's face)
+    QUEUE_NAME_MAX_LENGTH,
+    QUEUE_NAME_PATTERN,
+    validate_queue_name,
+)
+
+DEFAULT_QUEUE_NAME = "default"
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+
+#: The claim's ORDER BY, which the claim index mirrors.
+CLAIM_ORDER = ("-priority", "run_at", "id")
+
+
+def sort_in_claim_order(jobs: list[Any]) -> None:
+    """Sort `jobs` in place by CLAIM_ORDER (stable sorts, last key first)."""
+    for key in reversed(CLAIM_ORDER):
+        jobs.sort(key=attrgetter(key.lstrip("-")), reverse=key.startswith("-"))
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    DONE = "done", _("done")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+    #: Published to RabbitMQ by the relay (a relayed queue that keeps results); the
+    #: consumer writes its outcome back. See broker.py.
+    RELAYED = "relayed", _("relayed")
+
+
+FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+#: Every change of a job's state the protocol makes, (from, to), with the verbs that make
+#: it: the state machine in one table (docs/explanation/protocol.md draws it). Anything
+#: else is a bug: the test database's guard (tests/testapp, migration 0005) records any
+#: other change, any write that keeps a finished job finished but changes it, and any
+#: fall of `attempts`, and the suite fails on each. A feature that writes `state` adds
+#: its changes here. Rows are inserted pending (enqueue, schedules) and deleted only
+#: when finished (pruning) or relayed without results (the relay).
+TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("pending", "pending"): ("enqueue_many (unique, replace)",),
+    ("pending", "running"): ("claim", "claim_limited"),
+    ("pending", "cancelled"): ("cancel",),
+    ("pending", "failed"): ("claim (a row that cannot be claimed or loaded)", "relay (unfit)"),
+    ("pending", "relayed"): ("relay (a queue with RESULTS)",),
+    ("running", "running"): ("renew", "extend_lease", "cancel (the request)"),
+    ("running", "done"): ("ack", "ack_many"),
+    ("running", "pending"): ("fail (retried)", "release", "reap", "requeue (operator)"),
+    ("running", "failed"): ("fail", "reap", "claim (a row that cannot be loaded)"),
+    ("running", "cancelled"): ("end_cancelled", "fail", "release", "reap"),
+    ("relayed", "done"): ("the consumer's write-back",),
+    ("relayed", "failed"): ("the consumer's write-back",),
+    ("failed", "pending"): ("retry_now (operator)",),
+    ("cancelled", "pending"): ("retry_now (operator)",),
+}
+#: The only changes that take a job out of a finished state: an operator's explicit act.
+OPERATOR_TRANSITIONS = frozenset({("failed", "pending"), ("cancelled", "pending")})
+
+#: The states in which a job holds its unique key (see Job's skipqueue_job_unique_key).
+UNFINISHED_STATES = (JobState.PENDING, JobState.RUNNING)
+#: Longest unique key (the column's length).
+UNIQUE_KEY_MAX_LENGTH = 255
+
+
+def idempotency_key_of(job_id: int) -> str:
+    """A job's idempotency key: stable across all its attempts; hand it to external services."""
+    return f"skipqueue-job-{job_id}"

@@ -1,0 +1,151 @@
+"""Housekeeping: reap expired leases and prune old jobs and dead workers, in batches.
+
+One housekeeper at a time does it, under a transaction-level advisory lock (safe
+behind a transaction pooler); another that finds the lock taken skips its turn.
+Reaping is correct without the lock too (each row moves once); the lock only avoids
+doing the same work twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models.functions import Now
+
+from django_skipqueue import signals
+from django_skipqueue.conf import get_settings
+from django_skipqueue.faults import is_transient
+from django_skipqueue.models import Job, JobState, WorkerProcess
+from django_skipqueue.queue.connections import bounded
+from django_skipqueue.queue.managers import ReapResult
+from django_skipqueue.queue.sql import try_advisory_xact_lock
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+logger = logging.getLogger(__name__)
+
+PRUNE_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class HousekeepingResult:
+    """What one pass did. `locked_out`: another housekeeper held the lock; nothing done."""
+
+    requeued: int = 0
+    failed: int = 0
+    cancelled: int = 0  # expired with a cancel request: ended cancelled, not retried
+    pruned_done: int = 0
+    pruned_failed: int = 0
+    pruned_workers: int = 0
+    locked_out: bool = False
+
+
+class Reaper:
+    """Reaps and prunes on one database. Each method is one short pass."""
+
+    def __init__(self, *, database: str | None = None, batch_size: int = PRUNE_BATCH_SIZE):
+        self.database = database or get_settings().DATABASE_ALIAS
+        self.batch_size = batch_size
+
+    def reap(self, *, dry_run: bool = False) -> HousekeepingResult:
+        """Take back expired leases (pending again, or failed with no attempt left).
+
+        With `dry_run`, count what the reap would do (the same classification,
+        `JobQuerySet.reapable`) and change nothing.
+        """
+        jobs = Job.objects.db_manager(self.database)
+        if dry_run:
+            requeued, failed, cancelled = jobs.reapable()
+            return HousekeepingResult(
+                requeued=requeued.count(), failed=failed.count(), cancelled=cancelled.count()
+            )
+        with bounded(self.database):
+            if not self._locked():
+                return HousekeepingResult(locked_out=True)
+            result: ReapResult = jobs.reap()
+        if result.total:
+            signals.job_reaped.send(
+                sender=Job,
+                requeued=result.requeued,
+                failed=result.failed,
+                cancelled=result.cancelled,
+            )
+        return HousekeepingResult(
+            requeued=result.requeued, failed=result.failed, cancelled=result.cancelled
+        )
+
+    def prune(
+        self,
+        *,
+        done_older_than: timedelta | None = None,
+        failed_older_than: timedelta | None = None,
+        workers_dead_for: timedelta | None = None,
+        dry_run: bool = False,
+    ) -> HousekeepingResult:
+        """Delete finished jobs and dead worker rows older than the given ages.
+
+        Jobs go in batches of `batch_size` ids, each DELETE its own short transaction,
+        so a large backlog never becomes one huge statement or one long lock. With
+        `dry_run`, count what would go and delete nothing.
+        """
+        done = self._prune_jobs([JobState.DONE, JobState.CANCELLED], done_older_than, dry_run)
+        failed = self._prune_jobs([JobState.FAILED], failed_older_than, dry_run)
+        workers = 0
+        if workers_dead_for is not None:
+            dead = WorkerProcess.objects.using(self.database).dead(workers_dead_for)
+            workers = dead.count() if dry_run else dead.delete()[0]
+        return HousekeepingResult(pruned_done=done, pruned_failed=failed, pruned_workers=workers)
+
+    def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:
+        if older_than is None:
+            return 0
+        old = Job.objects.db_manager(self.database).filter(
+            state__in=states, finished_at__lt=Now() - older_than
+        )
+        if dry_run:
+            return old.count()
+        deleted = 0
+        refused: list[int] = []  # rows whose DELETE fails: skipped for this pass
+        while True:
+            with bounded(self.database):
+                # Lock the batch, skipping rows another pruner holds: batches never
+                # overlap, so two pruners never wait on each other (without it, two
+                # DELETEs of overlapping batches deadlocked once in T43).
+                batch = old.exclude(id__in=refused).select_for_update(skip_locked=True).order_by()
+                ids = list(batch.values_list("id", flat=True)[: self.batch_size])
+                if not ids:
+                    return deleted
+                # Re-check state in the DELETE itself: a job retried meanwhile stays.
+                try:
+                    with transaction.atomic(using=self.database):
+                        deleted += old.filter(id__in=ids).delete()[0]
+                except DatabaseError as error:
+                    if is_transient(error):
+                        raise
+                    logger.error("prune failed, deleting row by row: %s", error)
+                    deleted += self._delete_row_by_row(old, ids, refused)
+            logger.info("pruned jobs count=%d states=%s", deleted, ",".join(states))
+
+    def _delete_row_by_row(self, old: QuerySet[Job], ids: list[int], refused: list[int]) -> int:
+        """Each row alone, in a savepoint; one that cannot be deleted (a project's
+        foreign key or trigger, say) is logged and left, and the others go."""
+        deleted = 0
+        for job_id in ids:
+            try:
+                with transaction.atomic(using=self.database):
+                    deleted += old.filter(id=job_id).delete()[0]
+            except DatabaseError as error:
+                if is_transient(error):
+                    raise
+                refused.append(job_id)
+                logger.error("job not pruned id=%s: %s", job_id, error)
+        return deleted
+
+    def _locked(self) -> bool:
+        with connections[self.database].cursor() as cursor:
+            return try_advisory_xact_lock(cursor)

@@ -1,0 +1,292 @@
+"""The few raw statements the ORM cannot say, one function each, with the reason.
+
+Parameters are always passed separately; identifiers go through psycopg.sql.Identifier.
+Nothing here is session-scoped, so it all works behind PgBouncer in transaction mode,
+except LISTEN, which the worker runs only on its own direct connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from psycopg import sql
+
+from django_skipqueue.core.states import validate_queue_name
+
+if TYPE_CHECKING:
+    import psycopg
+    from django.db.backends.utils import CursorWrapper
+
+#: The advisory lock that lets one housekeeper at a time reap and prune. A constant
+#: from the bytes "skipqueue" so it does not collide with the project's own locks.
+REAPER_LOCK_KEY = int.from_bytes(b"skipqueu", "big") >> 1
+
+CHANNEL_PREFIX = "skipqueue_"
+#: The channel of flow-control changes (a queue paused or resumed): every listening
+#: worker reads the queue table again. Not a queue's: queue channels are
+#: "skipqueue_<queue>" and a queue name cannot contain "!".
+CONTROL_CHANNEL = "skipqueue!control"
+#: The channel an enqueue of jobs with a concurrency key notifies (at commit), so that
+#: workers look for them at once: the claim's fast path leaves them out, and probing
+#: for them on every claim was measured to add 0.3 to 1.5 ms to the pickup latency.
+KEYED_CHANNEL = "skipqueue!keyed"
+#: The payload of the NOTIFY a worker sends itself to check that LISTEN works, followed
+#: by a token of that check's own: workers that start together test on the same
+#: channel, and one must not take another's notification for its own.
+SELF_TEST_PAYLOAD = "skipqueue:listen-self-test"
+
+
+def channel_name(queue_name: str) -> str:
+    """The LISTEN/NOTIFY channel of a queue (at most 58 bytes, under PostgreSQL's 63)."""
+    return CHANNEL_PREFIX + validate_queue_name(queue_name)
+
+
+def try_advisory_xact_lock(cursor: CursorWrapper, key: int = REAPER_LOCK_KEY) -> bool:
+    """Take a transaction-level advisory lock if free; released at commit or rollback.
+
+    The ORM has no advisory locks. Transaction-level (never session-level) so that a
+    transaction pooler cannot leave it held on a server connection.
+    """
+    cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key])
+    return bool(cursor.fetchone()[0])
+
+
+def listen(connection: psycopg.Connection[tuple[object, ...]], queue_names: list[str]) -> None:
+    """LISTEN on each queue's channel, on a raw psycopg connection in autocommit.
+
+    The ORM cannot LISTEN, and a channel is an identifier, not a parameter: it is
+    validated, then quoted by psycopg.
+    """
+    for queue_name in queue_names:
+        connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(queue_name))))
+
+
+def listen_control(connection: psycopg.Connection[tuple[object, ...]]) -> None:
+    """LISTEN on the flow-control channels (CONTROL_CHANNEL, KEYED_CHANNEL)."""
+    for channel in (CONTROL_CHANNEL, KEYED_CHANNEL):
+        connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def seconds_until_next_due(cursor: CursorWrapper, queue_names: list[str]) -> float | None:
+    """Seconds from the database's now until the earliest pending job of these queues
+    without a concurrency key (keyed ones may wait for a slot; the worker looks for them
+    on its own schedule).
+
+    Computed on the database clock (the ORM would hand back a datetime to compare
+    with the process clock). None when nothing is pending.
+    """
+    cursor.execute(
+        "SELECT EXTRACT(EPOCH FROM min(run_at) - now()) FROM skipqueue_job "
+        "WHERE state = 'pending' AND queue_name = ANY(%s) AND concurrency_key IS NULL",
+        [queue_names],
+    )
+    value = cursor.fetchone()[0]
+    return None if value is None else float(value)
+
+
+# The claim. Which rows, and in which order, is JobQuerySet.claimable(), an ORM
+# QuerySet; its compiled locking query (SELECT id ... ORDER BY ... LIMIT n FOR NO KEY
+# UPDATE SKIP LOCKED) becomes the CTE of one claiming statement, so the rows are locked
+# and marked running in one round trip. The MATERIALIZED CTE keeps the planner from
+# running the locking subquery more than once, which could claim more rows than LIMIT
+# (Oban commit 3990921; finding 0.9 of docs/explanation/failure-model.md).
+#
+# Measured, side by side: the ORM's own statements (BEGIN, locking SELECT, UPDATE,
+# SELECT, COMMIT) cost 3.3 ms a claim of one job and 5.9 ms of 16 (0.37 ms a job), where
+# one raw statement cost 0.9 and 2.3 ms (0.14 ms a job), on PostgreSQL 15. This form
+# (the QuerySet compiled once, then one statement in autocommit) costs what the raw
+# statement does: 1.00x to 1.01x per job at 16 a claim and at 1, over three runs of
+# benchmarks/run.py --parts claimpath (embedded PostgreSQL 18, 2 cores; about 0.2 ms a
+# job at 16). Compiling on every claim, or wrapping the statement in atomic()'s BEGIN
+# and COMMIT, cost 10 to 40 % more a job.
+#
+# Whatever state a row was put in by hand or by another writer, this write keeps the
+# table's constraints: a job set back to pending with no attempt left gets one more
+# (`attempts <= max_attempts`), and its lease is clamped to the bounds a task may ask
+# for (a lease of `timedelta.max` would overflow the timestamp). It names the columns it
+# returns: a column added by a later migration must not reach an older worker.
+_CLAIM = """
+WITH claimable AS MATERIALIZED ({locking})
+UPDATE skipqueue_job AS job
+SET state = 'running',
+    attempts = job.attempts + 1,
+    max_attempts = GREATEST(job.max_attempts, job.attempts + 1),
+    worker_id = %s,
+    worker_ids = COALESCE(job.worker_ids, '[]'::jsonb) || to_jsonb(%s::text),
+    first_started_at = COALESCE(job.first_started_at, statement_timestamp()),
+    started_at = statement_timestamp(),
+    leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s)
+FROM claimable
+WHERE job.id = claimable.id
+RETURNING {columns}
+"""
+
+
+@functools.lru_cache(maxsize=256)
+def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
+    """The claim around a compiled locking query, returning `columns` of each row.
+
+    Parameters, after the locking query's own: the worker's id, the name this attempt
+    records in `worker_ids`, the lease (None: each row's own), then the lease bounds
+    twice (MIN_LEASE, MAX_LEASE: for the new lease and for the lease returned, by which
+    the worker schedules its renewals).
+    """
+    returning = ", ".join(
+        f'job."{column}"' if column != "lease" else "LEAST(GREATEST(job.lease, %s), %s) AS lease"
+        for column in columns
+    )
+    return _CLAIM.format(locking=locking, columns=returning)
+
+
+# claim_limited: the claim of rows its transaction already locked and chose, in place of
+# the compiled locking query (the same claiming statement around it).
+CLAIM_THESE = "SELECT id FROM skipqueue_job WHERE id = ANY(%s)"
+
+# claim_limited: a transaction-level advisory lock per concurrency key, tried, not
+# waited for (a key another worker is deciding is left for its next claim). Keys are
+# hashed into the lock space; two keys that collide only share a lock. The ORM has no
+# advisory locks.
+TRY_KEY_LOCKS = """
+SELECT key, pg_try_advisory_xact_lock(hashtextextended('skipqueue-key:' || key, 0))
+FROM unnest(%s::text[]) AS key
+"""
+
+
+# The fenced ack, raw for the same measured reason as the claim: one statement for one
+# job or many, one row per (id, attempt, result), each with its own fence. The worker
+# acknowledges every job that finished while its previous batch committed.
+ACK_MANY = """
+UPDATE skipqueue_job AS job
+SET state = 'done', result = v.result::jsonb, finished_at = statement_timestamp(),
+    leased_until = NULL
+FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS v(id, attempt, result)
+WHERE job.id = v.id AND job.state = 'running' AND job.attempts = v.attempt
+  AND job.leased_until > statement_timestamp()
+RETURNING job.id
+"""
+
+#: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
+#: statement as literals, once (`enqueue_many_statement`), not sent with every call.
+ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")
+
+# Bulk enqueue: one INSERT per batch with one JSON array parameter per column (measured: the
+# ORM's bulk_create compiled 20 fields x 20,000 rows into 400,000 parameters, about 40x
+# slower). The statement-level NOTIFY trigger fires once per statement. One row comes
+# back: the ids in insertion order (nextval is called row by row in ORDER BY n, so the
+# ids increase with n), the unique keys of the rows inserted (unique jobs only), and the
+# run_at and created_at that every row of it shares.
+#
+# Unique jobs add the unique_key column and ON CONFLICT DO NOTHING on the partial unique
+# index of (task, unique_key) (Job's skipqueue_job_unique_key; the WHERE repeats its
+# condition so that PostgreSQL infers it): a call whose key an unfinished job holds, or
+# an earlier call of the same statement, inserts nothing and raises nothing, so the
+# caller's transaction goes on. Only the rows inserted come back, with their keys.
+ENQUEUE_MANY = """
+WITH inserted AS (
+    INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+        lease, attempts, max_attempts, expirations, releases, last_error, errors,
+        created_at{key_column}{ck_column})
+    SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
+        COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+        %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
+        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}{ck_value}
+    FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
+        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows})
+        WITH ORDINALITY AS v(a, k, {key_name}{ck_name}n)
+    ORDER BY n{on_conflict}
+    RETURNING id{key_out}
+)
+SELECT COALESCE(array_agg(id ORDER BY id), '{{}}'), {keys_agg},
+    COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+    statement_timestamp(){ck_notify}
+FROM inserted
+"""
+
+_UNIQUE_PARTS = {
+    "key_column": ", unique_key",
+    "key_value": ", u",
+    "key_rows": ", jsonb_array_elements_text(%(keys)s::jsonb)",
+    "key_name": "u, ",
+    "on_conflict": (
+        "\n    ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL"
+        " AND state IN ('pending', 'running') DO NOTHING"
+    ),
+    "key_out": ", unique_key",
+    "keys_agg": "COALESCE(array_agg(unique_key ORDER BY id), '{}')",
+}
+_PLAIN_PARTS = dict.fromkeys(_UNIQUE_PARTS, "") | {"keys_agg": "NULL::text[]"}
+# Flow control: each row's concurrency key (a `concurrency_keys` parameter, a JSON
+# array of texts) and the task's limit.
+_KEYED_PARTS = {
+    "ck_column": ", concurrency_key, concurrency_limit",
+    "ck_value": ", c, %(concurrency_limit)s",
+    "ck_rows": ", jsonb_array_elements_text(%(concurrency_keys)s::jsonb)",
+    "ck_name": "c, ",
+    "ck_notify": ",\n    pg_notify('skipqueue!keyed', '')",
+}
+_UNKEYED_PARTS = dict.fromkeys(_KEYED_PARTS, "")
+
+
+@functools.lru_cache(maxsize=16)
+def enqueue_many_statement(
+    defaults: tuple[tuple[str, object], ...], unique: bool = False, keyed: bool = False
+) -> str:
+    """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
+    with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
+    with `keyed`, the concurrency key and limit columns."""
+    literals = {  # "%" doubled: the statement goes through %-style parameter binding
+        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
+    }
+    return ENQUEUE_MANY.format(
+        **literals,
+        **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
+        **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
+    )
+
+
+# Unique jobs, on a conflict: the unfinished jobs that hold these keys (the ones the
+# INSERT above did not write). Raw, beside the INSERT it completes.
+UNFINISHED_WITH_KEYS = """
+SELECT unique_key, id, state FROM skipqueue_job
+WHERE task = %s AND unique_key = ANY(%s::text[]) AND unique_key IS NOT NULL
+  AND state IN ('pending', 'running')
+"""
+
+# Unique jobs, on_conflict="replace": the pending job holding each key takes the new
+# call's arguments and run time. Only pending rows are written (and so locked): a running
+# job is left alone, and the claim, which skips locked rows, never waits on this.
+REPLACE_PENDING = """
+UPDATE skipqueue_job AS job
+SET args = v.a, kwargs = v.k,
+    run_at = COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval)
+FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb), jsonb_array_elements(%(kwargs)s::jsonb),
+    jsonb_array_elements_text(%(keys)s::jsonb)) AS v(a, k, u)
+WHERE job.task = %(task)s AND job.unique_key = v.u AND job.state = 'pending'
+RETURNING job.unique_key, job.id
+"""
+
+
+# The volume guard of MAX_PENDING_PER_QUEUE: an index scan of at most `cap` entries of
+# the claim index, never a count of the whole queue. Raw for the LIMIT inside count().
+COUNT_PENDING_UP_TO = """
+SELECT count(*) FROM (
+    SELECT 1 FROM skipqueue_job WHERE state = 'pending' AND queue_name = %s LIMIT %s
+) AS capped
+"""
+
+
+#: Relayed queues with RESULTS: the consumer's outcomes, one statement per batch. Only
+#: rows the relay marked `relayed` change (a row an operator touched meanwhile stays).
+WRITE_BACK = """
+UPDATE skipqueue_job AS job
+SET state = outcome.state,
+    result = outcome.result,
+    last_error = outcome.error,
+    attempts = GREATEST(job.attempts, LEAST(job.max_attempts, outcome.attempt)),
+    leased_until = NULL,
+    finished_at = statement_timestamp()
+FROM unnest(%s::bigint[], %s::text[], %s::jsonb[], %s::text[], %s::int[])
+    AS outcome(id, state, result, error, attempt)
+WHERE job.id = outcome.id AND job.state = 'relayed'
+"""

@@ -1,0 +1,444 @@
+"""Run one claimed job: look it up, call it, then ack, fail or release through the fence.
+
+The worker loops over this; tests and `run_jobs()` call it directly. It never raises
+for anything the task does: every outcome is written (or refused by the fence) and
+returned. Only registered tasks run (see registry.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from django.db import DatabaseError, connections
+
+from django_skipqueue import signals
+from django_skipqueue.conf import get_settings
+from django_skipqueue.core.cancel import CancelFlag
+from django_skipqueue.exceptions import (
+    UnknownTaskError,
+)
+from django_skipqueue.faults import is_transient
+from django_skipqueue.models import Job, JobState
+from django_skipqueue.queue.connections import discard
+from django_skipqueue.queue.managers import ErrorInfo
+from django_skipqueue.tasks.registry import registry
+
+if TYPE_CHECKING:
+    from django_skipqueue.queue.managers import JobManager
+
+from django_skipqueue.runtime.runner import (  # noqa: F401  (this module's face too)
+    Decision,
+    Outcome,
+    decide_failure,
+    describe_error,
+    end_open_transactions,
+    run_and_decide,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Answer(Generic[T]):
+    """What became of a fenced write: its value if the database answered.
+
+    `unknown` means no answer came within a lease (the connection kept failing): the
+    write may or may not have happened, and the reaper will take the job back if it
+    did not. Not the same as a refusal by the fence, which is an answer.
+    """
+
+    value: T | None = None
+    unknown: bool = False
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What one call of `execute` did."""
+
+    job_id: int
+    attempt: int
+    outcome: Outcome
+    duration: float
+    error: ErrorInfo | None = None
+
+
+#: A success whose ack is deferred: (job, attempt, result, duration in seconds).
+Success = tuple["Job", int, Any, float]
+#: Takes over a success's fenced ack; `acknowledge()` must record it later.
+DeferredAck = Callable[["Job", int, Any, float], None]
+
+
+@overload
+def execute(
+    job: Job,
+    *,
+    database: str | None = None,
+    defer_ack: None = None,
+    cancel: CancelFlag | None = None,
+) -> Execution: ...
+
+
+@overload
+def execute(
+    job: Job,
+    *,
+    database: str | None = None,
+    defer_ack: DeferredAck,
+    cancel: CancelFlag | None = None,
+) -> Execution | None: ...
+
+
+def execute(
+    job: Job,
+    *,
+    database: str | None = None,
+    defer_ack: DeferredAck | None = None,
+    cancel: CancelFlag | None = None,
+) -> Execution | None:
+    """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome.
+
+    With `defer_ack`, a success is handed to it instead of being acknowledged here (the
+    worker acknowledges the jobs that finished meanwhile in one fenced statement), and
+    None is returned: the outcome is known once the ack is. `cancel` is the worker's
+    flag of a cancel request for this job (the task's `context.cancel_requested`).
+    """
+    database = database or get_settings().DATABASE_ALIAS
+    jobs = Job.objects.db_manager(database)
+    attempt = job.attempts
+    decision = run_and_decide(job, database=database, cancel=cancel)
+    duration = decision.duration
+    if decision.outcome is Outcome.RELEASED:
+        delay = decision.retry_in or timedelta(0)
+        released = _persist(lambda: jobs.release(job.id, attempt, delay=delay), job, database)
+        if released.unknown:
+            return _unknown(job, attempt, duration)
+        if not released.value:
+            return _lost(job, attempt, duration)
+        logger.debug(
+            "job released id=%s task=%s attempt=%d delay=%.3fs reason=%s",
+            job.id,
+            job.task,
+            attempt,
+            delay.total_seconds(),
+            decision.raised,
+        )
+        signals.job_released.send(sender=Job, job=job, delay=delay)
+        return Execution(job.id, attempt, Outcome.RELEASED, duration)
+    if decision.outcome is Outcome.CANCELLED:
+        ended = _persist(lambda: jobs.end_cancelled(job.id, attempt), job, database)
+        if ended.unknown:
+            return _unknown(job, attempt, duration)
+        if not ended.value:
+            return _lost(job, attempt, duration)
+        logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
+        return Execution(job.id, attempt, Outcome.CANCELLED, duration)
+    if decision.failed:
+        execution = _record_failure(jobs, job, attempt, decision, database)
+        if (
+            isinstance(decision.raised, KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()
+        ):
+            raise decision.raised
+        return execution
+
+    result = decision.result
+    if defer_ack is not None:
+        defer_ack(job, attempt, result, duration)
+        return None
+    try:
+        acked = _persist(lambda: jobs.ack(job.id, attempt, result), job, database)
+    except DatabaseError as refused:  # not the connection: this row's ack itself fails
+        return record_ack_error(job, attempt, refused, duration, database)
+    if not acked.unknown and not acked.value:  # a retried ack may have committed before
+        found = _persist(lambda: committed_before(jobs, [(job.id, attempt)]), job, database)
+        acked = Answer(job.id in (found.value or ()), unknown=found.unknown)
+    return record_success(
+        job, attempt, result, duration, acked=None if acked.unknown else bool(acked.value)
+    )
+
+
+def acknowledge(successes: Sequence[Success], database: str) -> list[Execution | None]:
+    """Acknowledge successes in one fenced statement, then log and signal each outcome.
+
+    Each job keeps its own fence (id, attempt, unexpired lease). A passing error is
+    retried until answered (or a lease has passed: the outcome is then unknown), and an
+    ack refused after a retry is checked for having committed the first time. A row
+    whose own ack the database refuses fails that job with the error. Returns each
+    success's Execution, in order (None where recording it failed, which is logged).
+    """
+    jobs = Job.objects.db_manager(database)
+    acks = [(job.id, attempt, result) for job, attempt, result, _ in successes]
+    give_up = min(job.lease.total_seconds() for job, _, _, _ in successes)
+    what = f"ids={','.join(str(job.id) for job, _, _, _ in successes[:10])}"
+    errors: dict[int, DatabaseError] = {}  # rows whose own ack the database refused
+    try:
+        answer = persist(
+            lambda: jobs.ack_many(acks, errors=errors),
+            give_up_after=give_up,
+            what=what,
+            database=database,
+        )
+    except DatabaseError:  # not a passing error, and not one row's: log, leave
+        logger.exception("worker could not acknowledge %s; left to the reaper", what)
+        answer = Answer(unknown=True)
+    unknown, acked = answer.unknown, set(answer.value or ())
+    refused = [
+        (job.id, attempt)
+        for job, attempt, _, _ in successes
+        if job.id not in acked and job.id not in errors
+    ]
+    if refused and not unknown:
+        try:
+            found = persist(
+                lambda: committed_before(jobs, refused),
+                give_up_after=give_up,
+                what=what,
+                database=database,
+            )
+        except DatabaseError:  # not a passing error: their outcome is unknown
+            logger.exception("worker could not check refused acks %s", what)
+            found = Answer(unknown=True)
+        acked |= found.value or set()
+        unknown = found.unknown
+    executions: list[Execution | None] = []
+    for job, attempt, result, duration in successes:
+        try:
+            if job.id in errors:
+                executions.append(
+                    record_ack_error(job, attempt, errors[job.id], duration, database)
+                )
+            else:
+                outcome = True if job.id in acked else (None if unknown else False)
+                executions.append(record_success(job, attempt, result, duration, acked=outcome))
+        except Exception:
+            logger.exception("worker could not record job id=%s", job.id)
+            executions.append(None)
+    # The success signals' receivers ran on this thread: nothing they left open may
+    # hold the next batch's acks uncommitted.
+    for left in end_open_transactions():
+        logger.error("worker rolled back %s, left by a signal receiver", left)
+    return executions
+
+
+def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> int:
+    """Give each attempt back at a graceful stop (fenced): pending again without
+    spending an attempt. Returns how many were released; the others had finished or
+    lost their lease, or the database did not answer (then the reaper takes them back).
+    """
+    jobs = Job.objects.db_manager(database)
+    released = 0
+    for job, attempt in attempts:
+        try:
+            if not jobs.release(job.id, attempt):
+                continue
+        except DatabaseError as error:
+            logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
+            continue
+        released += 1
+        logger.warning(
+            "job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt
+        )
+    return released
+
+
+def record_ack_error(
+    job: Job, attempt: int, error: DatabaseError, duration: float, database: str
+) -> Execution:
+    """A success whose own ack the database refused (not by the connection): the job
+    fails with that error, as if the task had raised it (not retried for a bad row)."""
+    task = registry.get(job.task) if job.task in registry else None
+    jobs = Job.objects.db_manager(database)
+    decision = decide_failure(task, error, attempt, duration)
+    return _record_failure(jobs, job, attempt, decision, database)
+
+
+def committed_before(jobs: JobManager, refused: list[tuple[int, int]]) -> set[int]:
+    """Of refused acks, the ids whose ack had committed before its connection died.
+
+    A retried ack is refused when the first try committed but its answer was lost:
+    the job is then done with exactly that attempt number.
+    """
+    done = jobs.filter(id__in=[job_id for job_id, _ in refused], state=JobState.DONE)
+    found = set(done.values_list("id", "attempts"))
+    return {job_id for job_id, attempt in refused if (job_id, attempt) in found}
+
+
+def record_success(
+    job: Job, attempt: int, result: Any, duration: float, *, acked: bool | None
+) -> Execution:
+    """Log and signal a success by what its fenced ack became: accepted (True),
+    refused by the fence (False), or unknown (None: no answer within a lease)."""
+    if acked is None:
+        return _unknown(job, attempt, duration)
+    if not acked:
+        return _lost(job, attempt, duration)
+    logger.debug(
+        "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
+    )
+    signals.job_succeeded.send(sender=Job, job=job, result=result, duration=duration)
+    return Execution(job.id, attempt, Outcome.SUCCEEDED, duration)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of a job run from the broker (`run_brokered`): nothing is written."""
+
+    outcome: Outcome  # SUCCEEDED, RETRYING (retry_in set), FAILED or RELEASED
+    duration: float
+    result: Any = None
+    error: ErrorInfo | None = None
+    retry_in: timedelta | None = None
+
+
+def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
+    """Run `job`, an unsaved Job made from a RabbitMQ message (a relayed queue), and say
+    what became of it; the consumer acts on the verdict in the broker (ack, delayed
+    retry, dead letter). The same task call, context, signals and logs as `execute`,
+    but no fenced write: the broker's redelivery, not a lease, owns a lost attempt."""
+    database = database or get_settings().DATABASE_ALIAS
+    attempt = job.attempts
+    # The result is not size-checked here: it is never stored unless RESULTS is on.
+    decision = run_and_decide(
+        job, database=database, cancel=CancelFlag(), brokered=True, check_size=False
+    )
+    duration = decision.duration
+    if decision.outcome is Outcome.RELEASED:
+        signals.job_released.send(sender=Job, job=job, delay=decision.retry_in)
+        return Verdict(Outcome.RELEASED, duration, retry_in=decision.retry_in)
+    if decision.failed:
+        error = decision.error
+        assert error is not None  # noqa: S101  (a failure has its error)
+        _log_raised(job, attempt, duration, error)
+        if decision.retry_in is not None and attempt < job.max_attempts:
+            retry_in = decision.retry_in
+            signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+            return Verdict(Outcome.RETRYING, duration, error=error, retry_in=retry_in)
+        logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
+        signals.job_failed.send(sender=Job, job=job, error=error)
+        return Verdict(Outcome.FAILED, duration, error=error)
+    logger.debug(
+        "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
+    )
+    signals.job_succeeded.send(sender=Job, job=job, result=decision.result, duration=duration)
+    return Verdict(Outcome.SUCCEEDED, duration, result=decision.result)
+
+
+def _record_failure(
+    jobs: JobManager, job: Job, attempt: int, decision: Decision, database: str
+) -> Execution:
+    error, retry_in, duration = decision.error, decision.retry_in, decision.duration
+    assert error is not None  # noqa: S101  (a failure has its error)
+    answer = _persist(
+        lambda: jobs.fail(job.id, attempt, error=error, retry_in=retry_in), job, database
+    )
+    if answer.unknown:
+        return _unknown(job, attempt, duration, error)
+    state = answer.value
+    if state is None:
+        return _lost(job, attempt, duration, error)
+    if isinstance(decision.raised, UnknownTaskError):
+        logger.error("job task unknown id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    else:
+        _log_raised(job, attempt, duration, error)
+    if state == JobState.CANCELLED:  # failed after a cancel request: not retried
+        logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
+        return Execution(job.id, attempt, Outcome.CANCELLED, duration, error)
+    if state == JobState.PENDING:
+        logger.debug(
+            "job retrying id=%s task=%s attempt=%d in=%.3fs",
+            job.id,
+            job.task,
+            attempt,
+            retry_in.total_seconds() if retry_in else 0.0,
+        )
+        signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+        return Execution(job.id, attempt, Outcome.RETRYING, duration, error)
+    logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    signals.job_failed.send(sender=Job, job=job, error=error)
+    return Execution(job.id, attempt, Outcome.FAILED, duration, error)
+
+
+def _log_raised(job: Job, attempt: int, duration: float, error: ErrorInfo) -> None:
+    # The stored, redacted traceback, not exc_info: secrets stay out of logs too.
+    logger.error(
+        "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
+        job.id,
+        job.task,
+        attempt,
+        duration,
+        error.type,
+        error.traceback.rstrip(),
+    )
+
+
+def _persist(write: Callable[[], T], job: Job, database: str) -> Answer[T]:
+    """Run a fenced write of `job`'s outcome; see `persist`."""
+    return persist(
+        write, give_up_after=job.lease.total_seconds(), what=f"id={job.id}", database=database
+    )
+
+
+def persist(write: Callable[[], T], *, give_up_after: float, what: str, database: str) -> Answer[T]:
+    """Run a fenced write, retrying through passing errors, never dropping it.
+
+    A passing error (faults.is_transient: the connection, a read-only or restarting
+    server) leaves the outcome unknown, so the write is retried with backoff
+    (the fence makes a repeat harmless) until it is answered, or until `give_up_after`
+    seconds (a whole lease) have passed: by then the lease has surely run out and the
+    write would be refused anyway, and the reaper owns the job. The answer then says
+    `unknown`; a database error that is not passing is raised.
+    """
+    give_up = time.monotonic() + give_up_after
+    delay = 0.05
+    fresh = False  # tried once on a new connection after an error that is not passing
+    while True:
+        try:
+            return Answer(write())
+        except DatabaseError as error:
+            if not is_transient(error):
+                if fresh or connections[database].in_atomic_block:
+                    raise
+                # A task may have left its session changed behind our back (a SET on
+                # the raw connection): the same write on a new session tells a broken
+                # session from a refused row. The fence makes the repeat harmless.
+                logger.warning("job outcome write failed %s, on a new connection: %s", what, error)
+                discard(connections[database])
+                fresh = True
+                continue
+            discard(connections[database])
+            if time.monotonic() + delay > give_up:
+                logger.error("job outcome not written %s: %s; left to the reaper", what, error)
+                return Answer(unknown=True)
+            logger.warning("job outcome write failed %s, retrying in %.2fs: %s", what, delay, error)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def _unknown(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:
+    logger.error(
+        "job outcome unknown id=%s task=%s attempt=%d: no answer from the database within "
+        "a lease; the reaper will take the job back if the write did not happen",
+        job.id,
+        job.task,
+        attempt,
+    )
+    signals.job_outcome_unknown.send(sender=Job, job=job)
+    return Execution(job.id, attempt, Outcome.UNKNOWN, duration, error)
+
+
+def _lost(job: Job, attempt: int, duration: float, error: ErrorInfo | None = None) -> Execution:
+    logger.warning(
+        "job lease lost id=%s task=%s attempt=%d: outcome refused by the fence",
+        job.id,
+        job.task,
+        attempt,
+    )
+    signals.job_lost.send(sender=Job, job=job)
+    return Execution(job.id, attempt, Outcome.LOST, duration, error)

@@ -1,0 +1,171 @@
+"""The housekeeper: a worker's maintenance thread.
+
+It renews the leases of the jobs the worker holds (every third of a lease), stops
+renewing a job past its task's timeout (so the reaper takes it back), records the
+worker's heartbeat, and reaps expired leases and prunes dead workers every
+REAP_INTERVAL_SECONDS. Every pass catches its own errors and backs off: the thread must
+not die, or renewals would stop (see docs/explanation/protocol.md, "Faults").
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import connections
+from django.db.models.functions import Now
+
+from django_skipqueue.faults import is_transient
+from django_skipqueue.maintenance.reaper import Reaper
+from django_skipqueue.models import Job, WorkerProcess
+from django_skipqueue.queue.connections import Backoff, discard_connection
+from django_skipqueue.queue.managers import Renewal
+from django_skipqueue.runtime.inflight import Flight, InFlight
+
+if TYPE_CHECKING:
+    from django_skipqueue.runtime.flow import FlowView
+    from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
+
+logger = logging.getLogger(__name__)
+
+#: The longest the housekeeper sleeps between passes: a renewal due sooner than this
+#: after a claim needs a wake-up (Worker._claim), a later one is found by a pass.
+MAX_WAIT = 1.0
+
+
+class Housekeeper:
+    """Maintenance for one worker; `run()` loops until `halted` is set."""
+
+    def __init__(
+        self,
+        *,
+        database: str,
+        held: InFlight,
+        stats: WorkerStats,
+        halted: threading.Event,
+        abandon: Callable[[Flight], None],
+        heartbeat_interval: float,
+        reap_interval: float,
+        prune_workers_after: timedelta,
+        progress: ProgressLog | None = None,
+        flow: FlowView | None = None,
+        wake_dispatcher: Callable[[], None] | None = None,
+    ) -> None:
+        self.database = database
+        self.held = held
+        self.stats = stats
+        self.halted = halted
+        self.abandon = abandon  # the worker's: give up on a timed-out job's thread
+        self.heartbeat_interval = heartbeat_interval
+        self.reap_interval = reap_interval
+        self.prune_workers_after = prune_workers_after
+        self.progress = progress  # the periodic INFO line of what ran
+        self.flow = flow  # the worker's view of flow control: keyed jobs to look for
+        self.wake_dispatcher = wake_dispatcher
+        #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
+        #: boundary race, case T3 of docs/explanation/failure-model.md).
+        self.renew_leases = True
+        self.process: WorkerProcess | None = None  # set once the worker is registered
+        self.wake = threading.Event()  # new jobs to schedule, or halted
+
+    def run(self) -> None:
+        reaper = Reaper(database=self.database)
+        now = time.monotonic()
+        next_beat = now + self.heartbeat_interval
+        first_reap = self.reap_interval * random.uniform(0.1, 1.0) if self.reap_interval else 0
+        next_reap = now + first_reap
+        backoff = Backoff()
+        try:
+            while not self.halted.is_set():
+                try:
+                    self.renew_due_leases()
+                    now = time.monotonic()
+                    if now >= next_beat:
+                        self.heartbeat()
+                        next_beat = now + self.heartbeat_interval
+                    if self.reap_interval and now >= next_reap:
+                        result = reaper.reap()
+                        self.stats.reaped += result.requeued + result.failed + result.cancelled
+                        if not result.locked_out:
+                            reaper.prune(workers_dead_for=self.prune_workers_after)
+                        next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
+                    if self.progress is not None and now >= self.progress.next_at:
+                        self.progress.emit(now)
+                    self.probe_keyed()
+                    backoff.reset()
+                    soonest = min(
+                        self.held.next_renewal(),
+                        next_beat,
+                        next_reap if self.reap_interval else next_beat,
+                        self.progress.next_at if self.progress is not None else next_beat,
+                    )
+                    wait = min(soonest - time.monotonic(), MAX_WAIT)
+                except Exception as error:  # noqa: BLE001  (this thread must not die)
+                    wait = backoff.next()
+                    if is_transient(error):
+                        logger.warning("housekeeping failed, retrying in %.2fs: %s", wait, error)
+                    else:
+                        logger.exception("housekeeping failed, retrying in %.2fs", wait)
+                    discard_connection(self.database)
+                self.wake.wait(max(wait, 0.01))
+                self.wake.clear()
+        finally:
+            connections.close_all()
+
+    def renew_due_leases(self) -> None:
+        """Give up on jobs past their timeout, then renew the leases that are due."""
+        now = time.monotonic()
+        for flight in self.held.timed_out(now):
+            self.abandon(flight)
+        if not self.renew_leases:
+            return
+        jobs = Job.objects.db_manager(self.database)
+        for flight in self.held.due_renewals(now):
+            renewal = jobs.renewal(flight.job.id, flight.attempt)
+            if renewal is Renewal.RENEWED:
+                self.held.renewed(flight, now=time.monotonic())
+                self.stats.renewed += 1
+                continue
+            if renewal is Renewal.CANCEL_REQUESTED:
+                self.held.cancel_requested(flight)
+                logger.info(
+                    "job cancel requested id=%s task=%s attempt=%d: told the task; its "
+                    "lease is no longer renewed",
+                    flight.job.id,
+                    flight.job.task,
+                    flight.attempt,
+                )
+                continue
+            self.held.renewal_refused(flight)
+            self.stats.renew_refused += 1
+            logger.warning(
+                "job lease lost id=%s task=%s attempt=%d: renewal refused; its outcome "
+                "will be refused too",
+                flight.job.id,
+                flight.job.task,
+                flight.attempt,
+            )
+
+    def probe_keyed(self) -> None:
+        """Once a KEYED_PROBE_SECONDS, look for due keyed jobs that no NOTIFY announced
+        (a schedule's, a run_after's, those a limit held back) and tell the dispatcher:
+        off its path, so that plain claims never wait for this probe."""
+        if self.flow is None or self.flow.keyed_waiting() or not self.flow.keyed_probe_due():
+            return
+        fast, _limited = self.flow.plan()
+        if Job.objects.db_manager(self.database).keyed_due(fast):
+            self.flow.note_keyed(True)
+            if self.wake_dispatcher is not None:
+                self.wake_dispatcher()
+
+    def heartbeat(self) -> None:
+        if self.process is None:
+            return
+        beat = WorkerProcess.objects.using(self.database).filter(id=self.process.id)
+        if not beat.update(heartbeat_at=Now()):
+            self.process.save(using=self.database, force_insert=True)  # pruned as dead: back

@@ -1,0 +1,317 @@
+"""The jobs a worker process holds, from claim to outcome: the one owner of that state.
+
+A held job is buffered (claimed, waiting for a thread), running (a thread has it),
+acking (it succeeded; its fenced ack waits for the dispatcher's next batch) or
+abandoned (past its task's timeout; its thread was given up on). Four kinds of thread
+read and change this: the dispatcher (claims, acks), the executors (start, finish), the
+housekeeper (renewals, timeouts) and the shutdown. Every method takes the one lock; no
+caller touches the collections, and no method does I/O or calls user code.
+
+The process clock is passed in (`now`): it only schedules renewals and timeouts; every
+decision on a lease is the database's.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django_skipqueue.core.cancel import CancelFlag
+
+if TYPE_CHECKING:
+    from django_skipqueue.models import Job
+
+NEVER = float("inf")
+
+
+@dataclass
+class Flight:
+    """A claimed job while this process holds it."""
+
+    job: Job
+    attempt: int
+    lease_seconds: float
+    renew_at: float  # process clock: when to renew next
+    timeout: float | None = None  # the task's timeout in seconds, from its start
+    timeout_at: float = NEVER  # process clock: stop renewing after this
+    #: Set when a renewal found that an operator asked the job to stop (the task sees
+    #: it as `TaskContext.cancel_requested`).
+    cancel: CancelFlag = field(default_factory=CancelFlag)
+    claimed_at: float = 0.0  # process clock: when it was claimed (it waits in the buffer)
+
+
+@dataclass
+class Finished:
+    """A success waiting for the dispatcher's batched, fenced ack."""
+
+    job: Job
+    attempt: int
+    result: Any
+    duration: float
+
+
+class InFlight:
+    """The held jobs and their states. Safe to call from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flights: dict[int, Flight] = {}  # every held job, by id
+        self._acking: set[int] = set()  # succeeded, ack not yet answered
+        self._finished: list[Finished] = []  # the same, for the next ack batch
+        self._abandoned: set[int] = set()  # past their timeout, thread given up on
+        self._timed_out: set[int] = set()  # the same ids, until their outcome is in
+        self._running: dict[threading.Thread, int] = {}  # executor thread -> its job
+        self.busy = 0  # executor threads inside a job
+
+    # -- reads -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._flights)
+
+    def held(self) -> int:
+        """Jobs buffered or running (not those whose success waits for its ack)."""
+        with self._lock:
+            return len(self._flights) - len(self._acking)
+
+    def next_renewal(self) -> float:
+        with self._lock:
+            return min((flight.renew_at for flight in self._flights.values()), default=NEVER)
+
+    # -- the dispatcher --------------------------------------------------------------
+
+    def add(self, job: Job, *, now: float, timeout: float | None) -> Flight:
+        """A job just claimed: its first renewal is due after a third of its lease."""
+        lease = job.lease.total_seconds()
+        flight = Flight(job, job.attempts, lease, now + lease / 3, timeout, claimed_at=now)
+        with self._lock:
+            self._flights[job.id] = flight
+        return flight
+
+    def take_acks(self) -> list[Finished]:
+        """The successes to acknowledge now (they stay held until `acked`)."""
+        with self._lock:
+            batch, self._finished = self._finished, []
+        return batch
+
+    def acked(self, job_id: int) -> None:
+        """Its ack was answered (accepted or not): no longer waiting for one."""
+        with self._lock:
+            self._acking.discard(job_id)
+
+    # -- executor threads ------------------------------------------------------------
+
+    def start(self, job: Job, thread: threading.Thread, *, now: float) -> float:
+        """A thread takes `job` from the buffer: its timeout counts from now. Returns the
+        seconds it waited in the buffer since its claim."""
+        with self._lock:
+            self.busy += 1
+            self._running[thread] = job.id
+            flight = self._flights.get(job.id)
+            if flight is None:
+                return 0.0
+            if flight.timeout is not None:
+                flight.timeout_at = now + flight.timeout
+            return now - flight.claimed_at
+
+    def stop_running(self, thread: threading.Thread) -> None:
+        """The thread is out of its job (whatever the outcome)."""
+        with self._lock:
+            self.busy -= 1
+            self._running.pop(thread, None)
+
+    def queue_ack(self, finished: Finished) -> None:
+        """A success: its ack waits for the dispatcher's next batch."""
+        with self._lock:
+            self._finished.append(finished)
+            self._acking.add(finished.job.id)
+
+    def finish(self, job_id: int) -> bool:
+        """The job's outcome is in: no longer held. False if it had timed out (it was
+        counted then, and its thread was replaced)."""
+        with self._lock:
+            self._flights.pop(job_id, None)
+            if job_id in self._timed_out:
+                self._timed_out.discard(job_id)
+                return False
+            return True
+
+    def thread_retires(self, job_id: int) -> bool:
+        """After its job: True if this thread was given up on (a replacement took its
+        place), so it must end."""
+        with self._lock:
+            if job_id in self._abandoned:
+                self._abandoned.discard(job_id)
+                return True
+            return False
+
+    def thread_died(self, thread: threading.Thread) -> int | None:
+        """A thread died: the job it ran (if any) is no longer held, so it is no longer
+        renewed and the reaper takes it back. Returns that job's id."""
+        with self._lock:
+            job_id = self._running.pop(thread, None)
+            if job_id is not None:
+                self._flights.pop(job_id, None)
+                self.busy -= 1
+            return job_id
+
+    # -- the housekeeper -------------------------------------------------------------
+
+    def due_renewals(self, now: float) -> list[Flight]:
+        """Held jobs whose lease is due for renewal and whose timeout has not passed."""
+        with self._lock:
+            return [
+                flight
+                for flight in self._flights.values()
+                if flight.renew_at <= now and flight.timeout_at > now
+            ]
+
+    def renewed(self, flight: Flight, *, now: float) -> None:
+        with self._lock:
+            flight.renew_at = now + flight.lease_seconds / 3
+
+    def cancel_requested(self, flight: Flight) -> None:
+        """A renewal found a cancel request: tell the task, and renew no more (a task
+        that ignores it loses the job when this lease ends)."""
+        with self._lock:
+            flight.renew_at = NEVER
+        flight.cancel.set()
+
+    def cancel_event(self, job_id: int) -> CancelFlag | None:
+        """The cancel flag of a held job, for its TaskContext (None if not held)."""
+        with self._lock:
+            flight = self._flights.get(job_id)
+            return flight.cancel if flight is not None else None
+
+    def renewal_refused(self, flight: Flight) -> None:
+        """The fence refused a renewal: this attempt lost the job; never renew it again."""
+        with self._lock:
+            flight.renew_at = NEVER
+
+    def timed_out(self, now: float) -> list[Flight]:
+        """Running jobs past their task's timeout (not those already finished)."""
+        with self._lock:
+            return [
+                flight
+                for flight in self._flights.values()
+                if flight.timeout_at <= now and flight.job.id not in self._acking
+            ]
+
+    def abandon(self, job_id: int, *, keep_lease: bool = False) -> int | None:
+        """Give up on a timed-out job's thread: a new thread takes its place. Returns how
+        many threads are now given up on, or None if the job finished meanwhile.
+
+        The job is no longer held nor renewed, so the reaper takes it back; unless
+        `keep_lease` (a job under a concurrency limit): then it stays held and renewed
+        until its thread ends, so that its slot stays taken while its code can still
+        run, and its outcome is written as usual then."""
+        with self._lock:
+            flight = self._flights.get(job_id)
+            if flight is None:
+                return None
+            if keep_lease:
+                flight.timeout_at = NEVER  # renewed again; never timed out twice
+            else:
+                del self._flights[job_id]
+            self._abandoned.add(job_id)
+            self._timed_out.add(job_id)
+            return len(self._abandoned)
+
+    # -- shutdown --------------------------------------------------------------------
+
+    def unstarted(self, job_ids: Iterable[int]) -> list[Flight]:
+        """Jobs taken back out of the buffer, never started: no longer held."""
+        with self._lock:
+            return [
+                flight
+                for job_id in job_ids
+                if (flight := self._flights.pop(job_id, None)) is not None
+            ]
+
+    def remaining(self) -> list[Flight]:
+        with self._lock:
+            return list(self._flights.values())
+
+
+class Buffer:
+    """Claimed jobs on their way from the dispatcher to the executor threads (FIFO).
+
+    `close(n)` ends n threads: each `get()` then returns None once the jobs before it
+    are taken. `drain()` takes back the jobs no thread has started.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+
+    def put(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def get(self) -> Job | None:
+        """The next job, waiting for one; None: this thread should end."""
+        return self._queue.get()
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def drain(self) -> list[int]:
+        """The ids of the jobs still waiting, taken out (up to an end marker)."""
+        taken = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                break
+            taken.append(job.id)
+        return taken
+
+    def close(self, threads: int) -> None:
+        for _ in range(threads):
+            self._queue.put(None)
+
+
+class ClaimSize:
+    """How many jobs a worker claims at a time: free threads plus a prefetch buffer.
+
+    The prefetch is fixed if PREFETCH (or --prefetch) says so. Otherwise it is enough to
+    keep every thread busy for about WINDOW_SECONDS at the jobs' mean run time, at most
+    PER_THREAD_MAX per thread: many for jobs of milliseconds (claims and acks then come
+    in large batches), none for jobs of a second or more (they stay in the table, where
+    an idle worker elsewhere can take them), and none until the first jobs have run.
+    """
+
+    WINDOW_SECONDS = 0.05
+    PER_THREAD_MAX = 16
+
+    def __init__(self, *, concurrency: int, fixed: int | None) -> None:
+        if fixed is not None and fixed < 0:
+            raise ValueError(f"prefetch must be zero or more, got {fixed}")
+        self.concurrency = concurrency
+        self.fixed = fixed
+        self.mean_duration: float | None = None  # moving average of jobs' run time
+
+    def observe(self, seconds: float) -> None:
+        mean = self.mean_duration
+        self.mean_duration = seconds if mean is None else 0.9 * mean + 0.1 * seconds
+
+    def prefetch(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.mean_duration is None:
+            return 0
+        ahead = self.concurrency * self.WINDOW_SECONDS / max(self.mean_duration, 1e-6)
+        return int(min(ahead, self.concurrency * self.PER_THREAD_MAX))
+
+    def free(self, *, held: int, idle_thread: bool) -> int:
+        """Jobs to claim now, with `held` buffered or running. Claims wait until half the
+        room is free (so that they come in batches) unless a thread is idle; 0 means do
+        not claim yet."""
+        capacity = self.concurrency + self.prefetch()
+        free = capacity - held
+        if free <= 0 or (not idle_thread and free < max(1, capacity // 2)):
+            return 0
+        return free

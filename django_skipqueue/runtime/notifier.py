@@ -1,0 +1,119 @@
+"""The notifier: LISTEN for enqueues on a worker's own direct connection, and wake it.
+
+One thread a worker. It LISTENs on its queues' channels on a connection of its own (a
+session-level feature: never through a transaction pooler), checks once that
+notifications really arrive, and sets the worker's wake event on each. If they do not
+(LISTEN behind PgBouncer in transaction mode receives nothing, and says nothing), it
+warns and ends: the worker polls instead. A lost connection is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connections
+
+from django_skipqueue.queue import sql
+from django_skipqueue.queue.connections import Backoff
+
+logger = logging.getLogger(__name__)
+
+#: How often a quiet listener looks at `halted`: an idle worker stops within this.
+HALT_CHECK_SECONDS = 0.05
+
+
+class Notifier:
+    """LISTENs for `queues` on `database` and sets `wake` on each notification."""
+
+    def __init__(
+        self,
+        *,
+        database: str,
+        queues: Sequence[str],
+        wake: threading.Event,
+        halted: threading.Event,
+        poll_interval: float,
+        on_control: Callable[[], None] | None = None,
+        on_listening: Callable[[bool], None] | None = None,
+        on_keyed: Callable[[], None] | None = None,
+    ) -> None:
+        self.database = database
+        self.on_control = on_control  # a queue was paused or resumed (flow.FlowView)
+        self.on_listening = on_listening  # LISTEN works now, or stopped working
+        self.on_keyed = on_keyed  # jobs with a concurrency key were enqueued
+        self.queues = list(queues)
+        self.wake = wake
+        self.halted = halted
+        self.poll_interval = poll_interval
+
+    def run(self) -> None:
+        """Until `halted` is set, or until it finds that LISTEN does not work here."""
+        backoff = Backoff()
+        while not self.halted.is_set():
+            raw = None
+            try:
+                wrapper = connections[self.database]
+                raw = wrapper.get_new_connection(wrapper.get_connection_params())
+                raw.autocommit = True
+                sql.listen(raw, self.queues)
+                sql.listen_control(raw)
+                if not self.works(raw):
+                    logger.warning(
+                        "LISTEN does not receive notifications on this connection (a "
+                        "transaction pooler such as PgBouncer?); polling every %.1fs instead. "
+                        "Point the worker at a direct connection, or set "
+                        "SKIPQUEUE['LISTEN'] = False to silence this.",
+                        self.poll_interval,
+                    )
+                    return
+                logger.info("worker listening queues=%s", ",".join(self.queues))
+                if self.on_listening:
+                    self.on_listening(True)  # and read again what we may have missed
+                self.wake.set()  # anything enqueued while we were not listening
+                backoff.reset()
+                while not self.halted.is_set():
+                    for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
+                        logger.debug("worker notified channel=%s", notify.channel)
+                        if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
+                            self.on_control()
+                        elif notify.channel == sql.KEYED_CHANNEL and self.on_keyed:
+                            self.on_keyed()
+                        self.wake.set()
+            except Exception as error:  # noqa: BLE001  (psycopg's own errors come raw here)
+                if self.on_listening:
+                    self.on_listening(False)
+                delay = backoff.next()
+                logger.warning("listen failed, retrying in %.2fs: %s", delay, error)
+                self.halted.wait(delay)
+            finally:
+                if raw is not None:
+                    try:
+                        raw.close()
+                    except Exception:  # noqa: BLE001, S110  (already broken)
+                        pass
+
+    def works(self, raw: Any) -> bool:
+        """Send a NOTIFY from another connection; through a transaction pooler it never comes.
+
+        From the same connection the test could pass by luck: a pooler may hand that
+        connection the very server session its LISTEN ran on. From another one, only a
+        session that really stays ours receives it.
+        """
+        channel = sql.channel_name(self.queues[0])
+        payload = f"{sql.SELF_TEST_PAYLOAD}:{secrets.token_hex(8)}"
+        try:
+            with connections[self.database].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+        finally:
+            connections[self.database].close()  # the notifier keeps only its own session
+        for notify in raw.notifies(timeout=2.0):
+            if notify.payload == payload:
+                return True
+            if notify.payload.startswith(sql.SELF_TEST_PAYLOAD):
+                continue  # another worker's check (through a pooler, it can reach us)
+            self.wake.set()  # a real one arrived meanwhile
+        return False

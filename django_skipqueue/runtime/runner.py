@@ -1,0 +1,339 @@
+"""Run a job and decide its outcome, writing nothing: the one run path of both workers.
+
+`run_and_decide()` calls the task (with its context, the django.tasks bridge, async
+tasks run to completion), rolls back what it left open, watches the session for changes
+that would outlive the job, checks the return value, and classifies what happened as a
+`Decision`: succeeded (with the result), released (`Retry`, with its delay), cancelled,
+or failed (with the error and, when another attempt may help, the backoff before it).
+
+The PostgreSQL worker writes a decision through the fence (`executor.execute`); the
+broker consumer turns it into an ack, a delayed retry or a dead letter
+(`executor.run_brokered`). Only registered tasks run (tasks/registry.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from django.db import connections
+
+from django_skipqueue import signals
+from django_skipqueue.conf import get_settings
+from django_skipqueue.core.cancel import CancelFlag
+from django_skipqueue.core.compat import drop_atomic_blocks
+from django_skipqueue.core.payload import Undecodable, encoded_size, normalize, storable_text
+from django_skipqueue.core.redaction import redact_text
+from django_skipqueue.exceptions import (
+    InvalidJobError,
+    JobCancelled,
+    Retry,
+    TransactionLeftOpenError,
+    UnknownTaskError,
+)
+from django_skipqueue.faults import is_row_fault
+from django_skipqueue.models import Job
+from django_skipqueue.queue.connections import discard
+from django_skipqueue.queue.managers import ErrorInfo
+from django_skipqueue.tasks.base import TaskContext, default_retry_policy
+from django_skipqueue.tasks.registry import registry
+
+if TYPE_CHECKING:
+    from django_skipqueue.tasks.base import Task
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_MAX_CHARS = 8 * 1024
+TRACEBACK_MAX_CHARS = 32 * 1024
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"  # acked: done
+    RETRYING = "retrying"  # failed attempt, pending again after a backoff
+    FAILED = "failed"  # ended failed
+    RELEASED = "released"  # attempt given back (Retry)
+    LOST = "lost"  # the fence refused the write: this attempt had lost the job
+    UNKNOWN = "unknown"  # no answer from the database within a lease: the reaper owns it
+    CANCELLED = "cancelled"  # stopped on an operator's cancel request: ended cancelled
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What running a job came to, before anything is written.
+
+    `outcome` is SUCCEEDED (`result`), RELEASED (`retry_in`: the Retry's delay),
+    CANCELLED, RETRYING (a retryable failure: `error`, and `retry_in` the backoff before
+    the next attempt, if one is left) or FAILED (`error`, not retryable). `raised` is
+    the exception of a failure, for what only its type says.
+    """
+
+    outcome: Outcome
+    duration: float
+    result: Any = None
+    error: ErrorInfo | None = None
+    retry_in: timedelta | None = None
+    raised: BaseException | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in (Outcome.RETRYING, Outcome.FAILED)
+
+
+def run_and_decide(
+    job: Job,
+    *,
+    database: str,
+    cancel: CancelFlag | None = None,
+    brokered: bool = False,
+    check_size: bool = True,
+) -> Decision:
+    """Run `job` (a claimed row, or an unsaved Job made from a broker message) and
+    decide its outcome. Sends `job_started`; never raises for what the task does."""
+    attempt = job.attempts
+    started = time.monotonic()  # durations only; no decision uses the process clock
+    signals.job_started.send(sender=Job, job=job)
+    logger.debug(
+        "job started id=%s task=%s attempt=%d%s",
+        job.id,
+        job.task,
+        attempt,
+        " broker" if brokered else "",
+    )
+    task: Task[Any, Any] | None = None
+    depth = len(connections[database].atomic_blocks)
+    try:
+        task = registry.get(job.task)
+        if cancel is not None and cancel.is_set():  # cancelled before it started
+            raise JobCancelled(job.id)
+        try:
+            with SessionWatch(database):
+                value = _call(task, job, database, cancel, brokered=brokered)
+        finally:
+            _roll_back_left_open(database, depth)
+        result = normalize(value, "the return value")
+        if check_size:
+            limit = get_settings().MAX_PAYLOAD_BYTES
+            size = encoded_size(result)
+            if size > limit:
+                raise InvalidJobError(
+                    f"the return value takes {size} bytes as stored (jsonb text), over the "
+                    f"limit of {limit} (SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
+                )
+    except Retry as request:
+        duration = time.monotonic() - started
+        return Decision(Outcome.RELEASED, duration, retry_in=request.delay, raised=request)
+    except JobCancelled as cancelled:
+        if brokered:  # no cancel reaches a brokered job: a failure like any other
+            return decide_failure(task, cancelled, attempt, time.monotonic() - started)
+        return Decision(Outcome.CANCELLED, time.monotonic() - started)
+    except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
+        return decide_failure(task, raised, attempt, time.monotonic() - started)
+    return Decision(Outcome.SUCCEEDED, time.monotonic() - started, result=result)
+
+
+def decide_failure(
+    task: Task[Any, Any] | None, raised: BaseException, attempt: int, duration: float
+) -> Decision:
+    """A failed attempt: its error, and the backoff if another attempt may help."""
+    error = describe_error(raised)
+    retry_in = retry_delay(task, raised, attempt)
+    outcome = Outcome.RETRYING if retry_in is not None else Outcome.FAILED
+    return Decision(outcome, duration, error=error, retry_in=retry_in, raised=raised)
+
+
+def retry_delay(
+    task: Task[Any, Any] | None, raised: BaseException, attempt: int
+) -> timedelta | None:
+    """The backoff before the attempt after `attempt`, or None if `raised` is not worth
+    another (whether one is left is the caller's: the table's fence, or the message)."""
+    if not _is_retryable(task, raised):
+        return None
+    policy = task.retry_policy if task is not None else default_retry_policy()
+    return policy.delay(attempt)
+
+
+def describe_error(error: BaseException) -> ErrorInfo:
+    """The class path, message and traceback of `error`: capped, redacted, no frame locals.
+
+    Every text is made storable (NUL and lone surrogates escaped), and a message whose
+    `__str__` raises is described instead, so the history always shows the real error.
+    """
+    kind = type(error)
+    text = "".join(traceback.format_exception(kind, error, error.__traceback__))
+    if len(text) > TRACEBACK_MAX_CHARS:
+        text = "...(truncated)\n" + text[-TRACEBACK_MAX_CHARS:]
+    try:
+        message = str(error)
+    except Exception as unprintable:  # noqa: BLE001  (any __str__ may raise)
+        message = f"<str() of the exception raised {type(unprintable).__name__}>"
+    return ErrorInfo(
+        type=storable_text(f"{kind.__module__}.{kind.__qualname__}"),
+        message=storable_text(redact_text(message[:MESSAGE_MAX_CHARS])),
+        traceback=storable_text(redact_text(text)),
+    )
+
+
+def _call(
+    task: Task[Any, Any],
+    job: Job,
+    database: str,
+    cancel: CancelFlag | None = None,
+    *,
+    brokered: bool = False,
+) -> Any:
+    for name in ("args", "kwargs"):
+        value = getattr(job, name)
+        if isinstance(value, Undecodable):
+            raise InvalidJobError(
+                f"job {job.id} has {name} that Python cannot load from JSON ({value.reason}); "
+                f"it was written by another client"
+            )
+    if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+        raise InvalidJobError(
+            f"job {job.id} has malformed arguments: args must be a JSON array and kwargs a "
+            f"JSON object, got {type(job.args).__name__} and {type(job.kwargs).__name__}"
+        )
+    args: list[Any] = list(job.args)
+    if task.django_task is not None:  # declared with django.tasks' @task
+        return _call_django_task(task, job, args)
+    if task.takes_context:
+        context = TaskContext(
+            job_id=job.id,
+            attempt=job.attempts,
+            max_attempts=job.max_attempts,
+            task_name=job.task,
+            queue_name=job.queue_name,
+            database=database,
+            cancel_event=cancel,
+            brokered=brokered,
+        )
+        args.insert(0, context)
+    if task.is_async:
+        return async_to_sync(task.func)(*args, **job.kwargs)
+    return task.func(*args, **job.kwargs)
+
+
+def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
+    """Call a django.tasks Task: its own context class, async run in an event loop."""
+    django_task = task.django_task
+    if django_task.takes_context:
+        from django.tasks import TaskContext as DjangoTaskContext
+
+        result = django_task.get_backend().result_from_job(job)  # the job's own options
+        args.insert(0, DjangoTaskContext(task_result=result))
+    return django_task.call(*args, **job.kwargs)
+
+
+#: Statements that change a session for its life, not one transaction's: a task that
+#: runs one leaves its thread's connection changed for every later job (a search_path
+#: under which our tables are not found, a statement_timeout, a role).
+_SESSION_CHANGES = re.compile(
+    r"\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b)"
+    r"|.*\bset_config\s*\(.*\bfalse\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+class SessionWatch:
+    """Around a task's call: if the task changed its connection's session state (SET,
+    RESET, `set_config(..., false)`: `_SESSION_CHANGES`), the connection is closed
+    after the call, so that our fenced write and the next job run on a fresh session
+    (behind a transaction pooler too: the server connection is not kept). Seen through
+    Django's execute wrappers, so it costs one regular expression per statement of the
+    task. A task that reaches the raw psycopg connection is not seen; `persist`
+    reconnects once when our own write fails after such a task."""
+
+    __slots__ = ("_connection", "changed")
+
+    def __init__(self, database: str) -> None:
+        self._connection = connections[database]
+        self.changed = False
+
+    def __enter__(self) -> SessionWatch:
+        self._connection.execute_wrappers.append(self._watch)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._connection.execute_wrappers.remove(self._watch)
+        except ValueError:  # the task replaced the list
+            pass
+        if self.changed and not self._connection.in_atomic_block:
+            logger.warning(
+                "the task changed its database session (SET); the connection is closed "
+                "so that later jobs do not inherit it"
+            )
+            discard(self._connection)
+
+    def _watch(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if isinstance(sql, str) and _SESSION_CHANGES.match(sql):
+            self.changed = True
+        return execute(sql, params, many, context)
+
+
+def _roll_back_left_open(database: str, depth: int) -> None:
+    """Roll back every transaction the task left open on this thread, and say so.
+
+    Two ways to leave one: atomic() blocks entered and never exited (the stack is
+    deeper than before the task), or a transaction begun behind Django's back (a raw
+    `BEGIN`), which only the server's status shows. Either way the connection is
+    closed (the server rolls back) and Django's bookkeeping reset, so the fenced write
+    that follows, and the next job, run on a clean connection in autocommit. Raises
+    TransactionLeftOpenError naming what was rolled back.
+    """
+    left = []
+    connection = connections[database]
+    if len(connection.atomic_blocks) > depth:
+        left.append(
+            f"{len(connection.atomic_blocks) - depth} atomic() block(s) on {database!r}, "
+            f"entered and never exited"
+        )
+        discard(connection)
+        drop_atomic_blocks(connection, depth)
+    left.extend(end_open_transactions())
+    if left:
+        raise TransactionLeftOpenError(
+            f"the task left a transaction open ({'; '.join(left)}); its writes were rolled "
+            f"back, so this job is failed, not retried"
+        )
+
+
+def end_open_transactions() -> list[str]:
+    """Close this thread's connections that the server says are inside a transaction
+    Django did not open (outside atomic(), in autocommit); one line for each.
+
+    Closing makes the server roll the transaction back. A connection in atomic() (the
+    caller's own transaction, in tests) is left alone.
+    """
+    found = []
+    for connection in connections.all(initialized_only=True):
+        raw = connection.connection
+        if raw is None or connection.in_atomic_block or not connection.get_autocommit():
+            continue
+        status = int(raw.info.transaction_status)
+        if status == 0:  # IDLE: nothing open
+            continue
+        if status not in (1, 2, 3):  # UNKNOWN: the connection is broken, nothing is open
+            discard(connection)
+            continue
+        name = {1: "ACTIVE", 2: "INTRANS", 3: "INERROR"}[status]
+        found.append(f"a transaction outside atomic() on {connection.alias!r}, status {name}")
+        discard(connection)
+    return found
+
+
+def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
+    if isinstance(error, (InvalidJobError, TransactionLeftOpenError)):
+        return False  # malformed row or result: another attempt would fail the same way
+    if is_row_fault(error):
+        return False  # the database refused this job's own row or result
+    if isinstance(error, UnknownTaskError):
+        return True  # a rolling deploy: a newer worker may know the task
+    return task is None or not isinstance(error, task.non_retryable)

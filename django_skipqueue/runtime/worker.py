@@ -1,0 +1,596 @@
+"""Worker: claim in batches, run jobs on threads, renew leases, housekeep, stop gracefully.
+
+Threads and connections (N = concurrency; `connection_budget()` says how many at most):
+- the dispatcher (the thread that calls `run()`): acknowledges every job that finished
+  since its last turn in one fenced statement, claims as many due jobs as there are free
+  threads plus the prefetch buffer in one claim, then waits for a NOTIFY, a finished job
+  or the poll timeout;
+- N executor threads: each runs one job at a time on its own Django connection; a
+  success is handed to the dispatcher to acknowledge, other outcomes are written at once;
+- the housekeeper (housekeeper.py): renews the leases of jobs in flight, records the
+  heartbeat, and reaps expired leases;
+- the notifier (notifier.py): LISTENs on the queues' channels on its own connection;
+- the scheduler (maintenance/scheduler.py): enqueues the schedules' occurrences (a
+  worker whose code has none left syncs once, then its thread ends).
+
+The jobs held, from claim to outcome, are owned by an InFlight (inflight.py); the
+threads change them only through its methods. A thread that dies is started again.
+
+The process clock only schedules (when to renew, how long to wait); every decision on
+a lease is made by the database in a fenced statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+from django.db import DatabaseError, connections
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.conf.limits import queue_limits
+from django_skipqueue.conf.relay import relayed_queues
+from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.faults import is_transient
+from django_skipqueue.maintenance.scheduler import Scheduler, defined_schedules
+from django_skipqueue.models import Job, Queue, WorkerProcess
+from django_skipqueue.queue import sql
+from django_skipqueue.queue.connections import (
+    Backoff,
+    discard_connection,
+    refresh_connections,
+    retry_transient,
+)
+from django_skipqueue.queue.managers import JobManager
+from django_skipqueue.runtime.executor import (
+    Execution,
+    Success,
+    acknowledge,
+    execute,
+    release_on_shutdown,
+)
+from django_skipqueue.runtime.flow import REFRESH_SECONDS, FlowView
+from django_skipqueue.runtime.housekeeper import MAX_WAIT, Housekeeper
+from django_skipqueue.runtime.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
+from django_skipqueue.runtime.notifier import Notifier
+from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
+from django_skipqueue.runtime.stopsignals import StopSignals
+from django_skipqueue.runtime.threads import Supervisor
+from django_skipqueue.tasks.registry import registry
+
+logger = logging.getLogger(__name__)
+
+
+def connection_budget(
+    concurrency: int, *, listen: bool = True, schedules: bool = True, relay: bool = False
+) -> int:
+    """The most database connections one worker process opens: the dispatcher, one per
+    executor thread, the housekeeper, the notifier (with LISTEN), the scheduler (with
+    schedules), and `--relay`'s thread and its own notifier. Size `max_connections`
+    and a pooler's pool with it (docs/howto/deploy-workers.md)."""
+    return 1 + concurrency + 1 + int(listen) + int(schedules) + (2 if relay else 0)
+
+
+#: A job that waited this long in the prefetch buffer is checked for a cancel request
+#: before it starts (one read by primary key): cancelled while buffered, it never runs.
+BUFFERED_CANCEL_CHECK_SECONDS = 0.5
+
+
+class Worker:
+    """Runs jobs from `queues` on `concurrency` threads until stopped. See the module doc."""
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] = (DEFAULT_QUEUE_NAME,),
+        concurrency: int = 1,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        max_memory_mb: float | None = None,
+        grace: float | None = None,
+        poll_interval: float | None = None,
+        listen: bool | None = None,
+        reap_interval: float | None = None,
+        prefetch: int | None = None,
+        database: str | None = None,
+        schedules: bool | None = None,
+    ) -> None:
+        conf = get_settings()
+        self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
+        if not self.queues:
+            raise ValueError("a worker needs at least one queue")
+        relayed = sorted(relayed_queues().intersection(self.queues))
+        if relayed:
+            raise ConfigurationError(
+                f"queue {', '.join(relayed)} is relayed to RabbitMQ (SKIPQUEUE['RELAY']): "
+                f"its jobs are published by 'manage.py relayjobs' and run by "
+                f"'manage.py runworker --broker', not claimed from the table"
+            )
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.concurrency = concurrency
+        self.sizing = ClaimSize(
+            concurrency=concurrency, fixed=conf.PREFETCH if prefetch is None else prefetch
+        )
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.max_memory_mb = max_memory_mb
+        self.grace = conf.GRACE_SECONDS if grace is None else grace
+        self.poll_interval = conf.POLL_INTERVAL_SECONDS if poll_interval is None else poll_interval
+        self.listen = conf.LISTEN if listen is None else listen
+        self.database = database or conf.DATABASE_ALIAS
+        #: The periodic schedules whose occurrences this worker enqueues: all of them,
+        #: unless turned off (`schedules=False`) or a burst worker (None: not burst).
+        wanted = not burst if schedules is None else schedules
+        self.schedules = defined_schedules() if wanted else {}
+        #: Whether this worker syncs the schedule table at start (even with no schedule
+        #: left in its code: it deletes the rows of those removed).
+        self.syncs_schedules = bool(wanted)
+        self.stats = WorkerStats()
+        self.process: WorkerProcess | None = None
+        self.stop_reason = ""
+
+        self.flow = FlowView(
+            queues=self.queues,
+            limits=queue_limits(),
+            read_paused=Queue.objects.db_manager(self.database).paused_names,
+        )
+        self._held_back: float | None = None  # seconds until a limit may let more through
+        self._last_full = False  # the last claim took all it asked for
+        self.held = InFlight()
+        self._work = Buffer()  # claimed jobs on their way to the executor threads
+        self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
+        self._stopping = threading.Event()  # no more claims
+        self._halted = threading.Event()  # shutdown finished: helpers end
+        self._signals = 0
+        self._release_prefetched = True
+        self.threads = Supervisor(halted=self._halted, died=self._thread_died)
+        self.housekeeper = Housekeeper(
+            database=self.database,
+            held=self.held,
+            stats=self.stats,
+            halted=self._halted,
+            abandon=self._abandon,
+            heartbeat_interval=conf.HEARTBEAT_SECONDS,
+            reap_interval=conf.REAP_INTERVAL_SECONDS if reap_interval is None else reap_interval,
+            prune_workers_after=timedelta(seconds=conf.WORKER_PRUNE_AFTER_SECONDS),
+            progress=ProgressLog(self.stats, conf.PROGRESS_SECONDS)
+            if conf.PROGRESS_SECONDS
+            else None,
+            flow=self.flow,
+            wake_dispatcher=self._wake.set,
+        )
+
+    @property
+    def renew_leases(self) -> bool:
+        """Renew the leases of jobs in flight (only fault tests turn it off)."""
+        return self.housekeeper.renew_leases
+
+    @renew_leases.setter
+    def renew_leases(self, value: bool) -> None:
+        self.housekeeper.renew_leases = value
+
+    # -- control ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or the burst, job or memory limit); returns the exit code 0."""
+        self._register()
+        self._start_threads()
+        logger.info(
+            "worker started id=%s queues=%s concurrency=%d listen=%s",
+            self.process.id if self.process else "-",
+            ",".join(self.queues),
+            self.concurrency,
+            self.listen,
+        )
+        try:
+            self._dispatch()
+        finally:
+            # The signal handlers stay until the process exits: a SIGTERM that comes
+            # while it exits (a pool forwards one to a child that stopped on its own)
+            # is a stop already done, not a kill by the default action.
+            self._shutdown()
+        return 0
+
+    def stop(self, reason: str = "stop requested", *, release_prefetched: bool = True) -> None:
+        """Stop claiming; jobs in flight get the grace period, then are released.
+
+        Jobs claimed ahead and not started are released at once (another worker can
+        run them now), unless `release_prefetched` is False: then they run first, as
+        when a job or memory limit ends the worker.
+        """
+        self._release_prefetched = release_prefetched
+        if not self._stopping.is_set():
+            self.stop_reason = reason
+            logger.info("worker stopping reason=%s in_flight=%d", reason, self.in_flight)
+        self._stopping.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: a graceful stop; a second one exits at once. Main thread only.
+
+        The handlers run `_on_signal` from a thread of their own (`stopsignals`): a
+        handler that set the wake Event could deadlock with the dispatcher holding it.
+        """
+        StopSignals(self._on_signal).install()
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second signal: exiting now; jobs in flight are left to the reaper")
+            logging.shutdown()
+            os._exit(1)
+        self.stop(f"signal {signal.Signals(signum).name}")
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.held)
+
+    @property
+    def stuck_threads(self) -> int:
+        """Executor threads still inside a task after shutdown (Python cannot kill them)."""
+        return sum(1 for thread in self.threads.group("executors") if thread.is_alive())
+
+    # -- the dispatcher ---------------------------------------------------------------
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs to hold claimed ahead of free threads now (see `inflight.ClaimSize`)."""
+        return self.sizing.prefetch()
+
+    def _free_slots(self) -> int:
+        """Jobs to claim now (see `inflight.ClaimSize.free`); 0: do not claim yet."""
+        free = self.sizing.free(
+            held=self.held.held(),
+            idle_thread=self.held.busy + self._work.qsize() < self.concurrency,
+        )
+        if self.max_jobs is not None:
+            free = min(free, self.max_jobs - self.stats.claimed)
+        return max(free, 0)
+
+    def _dispatch(self) -> None:
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            self._wake.clear()
+            self._ack_finished()
+            if self._limit_reached():
+                break
+            free = self._free_slots()
+            if free <= 0:
+                self._wake.wait(1.0)
+                continue
+            try:
+                claimed = self._claim(free)
+            except DatabaseError as error:
+                # Passing (the connection, a read-only or restarting server) or not (the
+                # claim already isolated bad rows; what is left is logged): back off.
+                delay = backoff.next()
+                if is_transient(error):
+                    logger.warning("claim failed, retrying in %.2fs: %s", delay, error)
+                else:
+                    logger.exception("claim failed, retrying in %.2fs", delay)
+                discard_connection(self.database)
+                self._stopping.wait(delay)
+                continue
+            backoff.reset()
+            if len(claimed) == free:
+                continue  # there may be more: claim again once a thread is free
+            if not claimed and self.burst and self.in_flight == 0:
+                self.stop("burst: no due job left")
+                break
+            if self._wake.is_set():
+                continue  # a job finished meanwhile: ack it first
+            timeout = self._idle_timeout() if not claimed else 1.0
+            logger.debug("worker idle claimed=%d wait=%.3fs", len(claimed), timeout)
+            self._wake.wait(timeout)
+
+    def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
+        """From an executor thread: queue a success for the dispatcher's next batch."""
+        self.held.queue_ack(Finished(job, attempt, result, duration))
+        self._wake.set()
+
+    def _ack_finished(self) -> None:
+        """Acknowledge every success queued since the last turn (executor.acknowledge)."""
+        batch = self.held.take_acks()
+        if not batch:
+            return
+        successes: list[Success] = [(f.job, f.attempt, f.result, f.duration) for f in batch]
+        executions = acknowledge(successes, self.database)
+        self.stats.acked_batches += 1
+        for item, execution in zip(batch, executions, strict=True):
+            self.held.acked(item.job.id)
+            self._finished(item.job, execution)
+
+    def _claim(self, limit: int) -> list[Job]:
+        """Claim up to `limit` jobs and hand them to the executor threads.
+
+        The fast path (one statement, `JobManager.claim`) takes plain jobs of the queues
+        that are neither paused nor limited (`flow.FlowView` says which). Jobs with a
+        concurrency key and those of limited queues go through `claim_limited`: first
+        when a queue is limited, or when keyed jobs wait and the fast path has kept
+        every claim full for a while (so that they are not starved by plain ones);
+        otherwise after the fast path, when it left room and keyed jobs may wait (a
+        NOTIFY on the keyed channel, or the housekeeper's probe, said so).
+        """
+        jobs = Job.objects.db_manager(self.database)
+        fast, limited = self.flow.plan()
+        self._held_back = None
+        claimed: list[Job] = []
+        keyed = self.flow.keyed_waiting()
+        first = bool(limited) or (keyed and self.flow.keyed_check_due(busy=self._last_full))
+        if first:
+            claimed += self._claim_limited(jobs, fast + limited, limit)
+        if fast and len(claimed) < limit:
+            plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
+            self._hand_over(plain)
+            claimed += plain
+            self.flow.refresh_soon()  # the jobs are running: now is a good time to read
+            if keyed and not first and len(claimed) < limit:
+                claimed += self._claim_limited(jobs, fast, limit - len(claimed))
+        self._last_full = len(claimed) >= limit
+        return claimed
+
+    def _claim_limited(self, jobs: JobManager, queues: list[str], limit: int) -> list[Job]:
+        claimed, held_back = jobs.claim_limited(
+            queues=queues, limits=self.flow.limits, limit=limit, worker=self.process
+        )
+        if held_back is not None:
+            self._held_back = held_back
+        # Keyed jobs still wait if this claim was full or a limit held some back;
+        # otherwise the housekeeper's probe or the next keyed NOTIFY says when to look.
+        self.flow.note_keyed(len(claimed) >= limit or held_back is not None)
+        self._hand_over(claimed)
+        return claimed
+
+    def _hand_over(self, claimed: list[Job]) -> None:
+        """Hold the claimed jobs (their leases renewed from now) and queue them to run."""
+        if not claimed:
+            return
+        now = time.monotonic()
+        first_renewal = NEVER
+        for job in claimed:
+            timeout = registry.get(job.task).timeout if job.task in registry else None
+            seconds = timeout.total_seconds() if timeout else None
+            flight = self.held.add(job, now=now, timeout=seconds)
+            first_renewal = min(first_renewal, flight.renew_at)
+        self.stats.claimed += len(claimed)
+        if first_renewal - now < MAX_WAIT:
+            # Sooner than the housekeeper's next pass: wake it to schedule the renewal.
+            # Otherwise it is left asleep: waking it took the GIL just as the job began.
+            self.housekeeper.wake.set()
+        for job in claimed:
+            logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
+            self._work.put(job)
+
+    def _idle_timeout(self) -> float:
+        """Until the next scheduled job is due, at most the (jittered) poll interval.
+
+        A limit that held jobs back sets the wait instead (`_held_back`); a paused queue
+        caps it at the flow view's refresh, so that a resume is seen by polling too.
+        """
+        timeout = self.poll_interval * random.uniform(0.9, 1.1)
+        fast, limited = self.flow.plan()
+        if len(fast) + len(limited) < len(self.queues):
+            timeout = min(timeout, REFRESH_SECONDS)
+        if self._held_back is not None:
+            return min(timeout, max(self._held_back, 0.005))
+        if not fast + limited:
+            return timeout
+        try:
+            with connections[self.database].cursor() as cursor:
+                next_due = sql.seconds_until_next_due(cursor, fast + limited)
+        except DatabaseError:
+            discard_connection(self.database)
+            return min(timeout, 1.0)
+        if next_due is not None:
+            timeout = min(timeout, max(next_due, 0.005))
+        return timeout
+
+    def _limit_reached(self) -> bool:
+        if self.max_jobs is not None and self.stats.claimed >= self.max_jobs:
+            self.stop(f"max jobs reached ({self.max_jobs})", release_prefetched=False)
+            return True
+        if self.max_memory_mb is not None:
+            rss = resident_memory_mb()
+            if rss > self.max_memory_mb:
+                self.stop(
+                    f"max memory reached ({rss:.0f} MB > {self.max_memory_mb:g} MB)",
+                    release_prefetched=False,
+                )
+                return True
+        return False
+
+    # -- executor threads -------------------------------------------------------------
+
+    def _execute_loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            while (job := self._work.get()) is not None:
+                waited = self.held.start(job, me, now=time.monotonic())
+                self._wake.set()  # room in the buffer
+                execution: Execution | None = None
+                raised = True
+                refresh_connections()
+                if waited >= BUFFERED_CANCEL_CHECK_SECONDS:
+                    self._check_cancelled_while_buffered(job)
+                try:
+                    execution = execute(
+                        job,
+                        database=self.database,
+                        defer_ack=self._defer_ack,
+                        cancel=self.held.cancel_event(job.id),
+                    )
+                    raised = False
+                except Exception:
+                    logger.exception("worker could not record job id=%s", job.id)
+                finally:
+                    refresh_connections()
+                    self.held.stop_running(me)
+                    if execution is not None or raised:  # else the dispatcher acks it
+                        self._finished(job, execution)
+                if self.held.thread_retires(job.id):
+                    self.threads.retire(me)
+                    return  # a replacement thread took this one's place
+        finally:
+            connections.close_all()
+
+    def _check_cancelled_while_buffered(self, job: Job) -> None:
+        """A job that waited in the buffer may have been cancelled meanwhile (the cancel
+        only asked, as it was running already): if so its flag is set now, and the
+        executor ends it cancelled without calling the task. One read by primary key,
+        only for jobs that waited at least BUFFERED_CANCEL_CHECK_SECONDS."""
+        flag = self.held.cancel_event(job.id)
+        if flag is None or flag.is_set():
+            return
+        fenced = Job.objects.db_manager(self.database).holding(job.id, job.attempts)
+        try:
+            if fenced.filter(cancel_requested_at__isnull=False).exists():
+                flag.set()
+        except DatabaseError as error:  # the task's own run will meet the same database
+            logger.debug("cancel check failed id=%s: %r", job.id, error)
+
+    def _finished(self, job: Job, execution: Execution | None) -> None:
+        if self.held.finish(job.id):  # else counted when it timed out
+            self.stats.finished += 1
+            if execution is not None:
+                self.sizing.observe(execution.duration)
+                key = execution.outcome.value
+                self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
+        self._wake.set()
+
+    def _abandon(self, flight: Flight) -> None:
+        """From the housekeeper: stop renewing a job past its timeout and give its
+        thread's place to a new one.
+
+        Python cannot stop a thread: the old one runs on until the task returns, and its
+        outcome is then refused by the fence if the reaper took the job back meanwhile.
+        """
+        job = flight.job
+        # A job under a concurrency limit keeps its lease, and so its slot, while its
+        # code can still run: given away, the slot would let a second run start beside
+        # it (docs/explanation/failure-model.md, H15).
+        limited = job.concurrency_key is not None or (
+            job.queue_name in self.flow.limits
+            and self.flow.limits[job.queue_name].concurrency is not None
+        )
+        hung = self.held.abandon(job.id, keep_lease=limited)
+        if hung is None:
+            return  # finished just now
+        self.stats.timed_out += 1
+        logger.warning(
+            "job timed out id=%s task=%s attempt=%d: %s",
+            job.id,
+            job.task,
+            flight.attempt,
+            "its lease is kept while its thread runs (a concurrency limit holds its slot)"
+            if limited
+            else "lease no longer renewed; the reaper will take it back",
+        )
+        self._spawn_executor()
+        self._wake.set()
+        if hung > self.concurrency:
+            self.stop(f"{hung} threads hung in timed-out tasks; restart the process")
+
+    # -- threads ----------------------------------------------------------------------
+
+    def _spawn_executor(self) -> None:
+        name = f"skipqueue-executor-{len(self.threads.group('executors'))}"
+        self.threads.start("executors", name, self._execute_loop)
+
+    def _thread_died(self, thread: threading.Thread) -> None:
+        """A supervised thread died (it is being restarted): drop the job it ran, if any,
+        so that its lease is no longer renewed and the reaper takes it back."""
+        job_id = self.held.thread_died(thread)
+        self.stats.thread_restarts += 1
+        logger.error("worker thread died thread=%s job=%s; restarting it", thread.name, job_id)
+        self._wake.set()
+
+    # -- start and stop ---------------------------------------------------------------
+
+    def _register(self) -> None:
+        """Record this worker's row; a passing error (no server yet, a read-only one) is
+        retried with backoff until it goes through or the worker is stopped."""
+        workers = WorkerProcess.objects.db_manager(self.database)
+        self.process = retry_transient(
+            lambda: workers.register(queues=self.queues, concurrency=self.concurrency),
+            what="worker registration",
+            alias=self.database,
+            stopping=self._stopping,
+        )
+
+    def _start_threads(self) -> None:
+        for _ in range(self.concurrency):
+            self._spawn_executor()
+        self.housekeeper.process = self.process
+        self.threads.start("helpers", "skipqueue-housekeeper", self.housekeeper.run)
+        if self.syncs_schedules:
+            scheduler = Scheduler(
+                schedules=self.schedules, database=self.database, halted=self._halted
+            )
+            self.threads.start("helpers", "skipqueue-scheduler", scheduler.run)
+        if self.listen:
+            notifier = Notifier(
+                database=self.database,
+                queues=self.queues,
+                wake=self._wake,
+                halted=self._halted,
+                poll_interval=self.poll_interval,
+                on_control=self.flow.changed,
+                on_listening=self.flow.listening,
+                on_keyed=self.flow.keyed_arrived,
+            )
+            self.threads.start("helpers", "skipqueue-listener", notifier.run)
+
+    def _shutdown(self) -> None:
+        """Give jobs in flight the grace period, release the rest, then end every thread."""
+        # Jobs claimed ahead and never started: out of the buffer, to release at once.
+        unstarted = self.held.unstarted(self._work.drain()) if self._release_prefetched else []
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline:
+            self._wake.clear()
+            self._ack_finished()
+            if not len(self.held):
+                break
+            self._wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+        self._ack_finished()
+        flights = [*unstarted, *self.held.remaining()]
+        attempts = [(flight.job, flight.attempt) for flight in flights]
+        self.stats.released_on_shutdown += release_on_shutdown(attempts, self.database)
+        self._end_threads()
+        if self.process is not None:
+            try:  # dead at once, for the admin and the pruner
+                WorkerProcess.objects.db_manager(self.database).mark_stopped(self.process.id)
+            except DatabaseError:
+                pass
+        connections.close_all()
+        logger.info("worker stopped reason=%s %s", self.stop_reason or "-", self.stats.summary())
+
+    def _end_threads(self) -> None:
+        self._halted.set()
+        self.housekeeper.wake.set()
+        self._work.close(len(self.threads.group("executors")))
+        # One shared deadline: threads still inside a task (past the grace, their jobs
+        # released) are not waited for one by one.
+        self.threads.join_all(within=1.0)
+
+
+def resident_memory_mb() -> float:
+    """This process's resident set size in MB (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+__all__ = ["Worker", "WorkerStats", "resident_memory_mb"]

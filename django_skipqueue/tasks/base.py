@@ -1,0 +1,705 @@
+"""Tasks: the @task decorator, Task (a frozen, configurable handle) and TaskContext.
+
+Importing this module never imports models: `@task` runs at import time of user
+modules, possibly before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, overload
+
+from django.conf import settings
+from django.utils import timezone
+
+from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.core.cron import Cron
+from django_skipqueue.core.payload import normalize_arguments
+from django_skipqueue.core.retry import RetryPolicy
+from django_skipqueue.core.states import (
+    DEFAULT_QUEUE_NAME,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    UNIQUE_KEY_MAX_LENGTH,
+    idempotency_key_of,
+    validate_queue_name,
+)
+from django_skipqueue.exceptions import (
+    ConfigurationError,
+    InvalidJobError,
+    JobCancelled,
+    QueueFullError,
+)
+from django_skipqueue.tasks.registry import registry
+
+if TYPE_CHECKING:
+    from django_skipqueue.core.cancel import CancelFlag
+    from django_skipqueue.models import Job
+    from django_skipqueue.queue.managers import JobManager
+
+P = ParamSpec("P")
+R = TypeVar("R")
+#: A task's unique key: a string, parameter names, or a function of the call's arguments.
+UniqueKey: TypeAlias = "str | Sequence[str] | Callable[..., str]"
+#: What an enqueue whose unique key is held does (Task.on_conflict).
+ON_CONFLICT_CHOICES = ("existing", "replace", "raise")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+def _validate_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidJobError(f"priority must be an integer, got {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJobError(
+            f"priority {priority} is out of range: use {MIN_PRIORITY} to {MAX_PRIORITY} "
+            f"(higher runs first)"
+        )
+    return priority
+
+
+def _validate_run_after(run_after: object) -> datetime | timedelta | None:
+    if run_after is None:
+        return None
+    if isinstance(run_after, timedelta):
+        if run_after < timedelta(0):
+            raise InvalidJobError(f"run_after is a negative delay ({run_after}); use >= 0")
+        return run_after
+    if isinstance(run_after, datetime):
+        if settings.USE_TZ and timezone.is_naive(run_after):
+            raise InvalidJobError(
+                f"run_after {run_after.isoformat()} is a naive datetime while USE_TZ is on; "
+                f"pass an aware datetime (django.utils.timezone.make_aware) or a timedelta"
+            )
+        return run_after
+    raise InvalidJobError(
+        f"run_after must be an aware datetime or a timedelta, got {type(run_after).__name__}"
+    )
+
+
+def _validate_max_attempts(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJobError(f"max_attempts must be a positive integer, got {value!r}")
+    return value
+
+
+def _validate_lease(value: object, name: str = "lease") -> timedelta | None:
+    """A lease (or timeout) as a timedelta within MIN_LEASE..MAX_LEASE, from seconds too."""
+    if value is None:
+        return None
+    bounds = f"use {MIN_LEASE.total_seconds():g} seconds to {MAX_LEASE.days} days"
+    seconds: float | None = None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
+    if seconds is None or math.isnan(seconds):
+        raise InvalidJobError(f"{name} must be a timedelta or seconds, got {value!r}")
+    if not MIN_LEASE.total_seconds() <= seconds <= MAX_LEASE.total_seconds():
+        raise InvalidJobError(f"{name} {value!r} is out of bounds: {bounds}")
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
+    """The signature a call's arguments must bind to (the context left out), if known."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin or C function without one
+        return None
+    parameters = list(signature.parameters.values())
+    return signature.replace(parameters=parameters[1:] if takes_context else parameters)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A signature of named parameters only (no *args, **kwargs, positional-only): a
+    call binds to it when its positional count fits, its keywords are named, none twice,
+    and every required parameter is given. Checked in a few set operations, where
+    `Signature.bind` costs several microseconds a call (a fifth of a bulk enqueue)."""
+
+    positional: tuple[str, ...]
+    names: frozenset[str]
+    required: frozenset[str]
+
+    def binds(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        if len(args) > len(self.positional):
+            return False
+        given = self.positional[: len(args)]
+        if not kwargs:
+            return self.required.issubset(given)
+        if not self.names.issuperset(kwargs) or not set(given).isdisjoint(kwargs):
+            return False
+        return self.required.issubset(set(given).union(kwargs))
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_shape(func: Callable[..., Any], takes_context: bool) -> _Shape | None:
+    """The fast check of `_call_signature`, when the signature allows one."""
+    signature = _call_signature(func, takes_context)
+    if signature is None:
+        return None
+    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
+    parameters = list(signature.parameters.values())
+    if any(parameter.kind not in kinds for parameter in parameters):
+        return None
+    return _Shape(
+        positional=tuple(
+            p.name for p in parameters if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ),
+        names=frozenset(p.name for p in parameters),
+        required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
+    )
+
+
+def default_retry_policy() -> RetryPolicy:
+    """The project-wide policy from SKIPQUEUE's RETRY_* settings."""
+    conf = get_settings()
+    return RetryPolicy(
+        base=conf.RETRY_BASE_SECONDS, cap=conf.RETRY_CAP_SECONDS, jitter=conf.RETRY_JITTER
+    )
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task declared with `takes_context=True` receives as its first argument."""
+
+    job_id: int
+    attempt: int
+    max_attempts: int
+    task_name: str
+    queue_name: str
+    database: str
+    #: Set by the worker when its lease renewal finds a cancel request (None when the
+    #: job runs outside a worker: then the row is read).
+    cancel_event: CancelFlag | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: The job came from RabbitMQ (a relayed queue): no row holds a lease, the broker
+    #: holds the message until it is acknowledged.
+    brokered: bool = dataclasses.field(default=False, repr=False, compare=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every attempt of this job: hand it to external services."""
+        return idempotency_key_of(self.job_id)
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def extend_lease(
+        self, seconds: timedelta | float | None = None, *, lease: timedelta | float | None = None
+    ) -> bool:
+        """Push this attempt's lease to at least now + `seconds` (default: the job's lease).
+
+        Never shortens it, and the worker's own renewals never shorten what this set.
+        Fenced like an ack: False means this attempt no longer owns the job, and the
+        task should stop; its result would be refused. Raises JobCancelled if an
+        operator cancelled the job. `lease=` is the older name.
+        """
+        from django_skipqueue.models import Job
+        from django_skipqueue.queue.managers import Renewal
+
+        if seconds is not None and lease is not None:
+            raise TypeError("extend_lease() takes seconds or lease, not both")
+        wanted = _validate_lease(seconds if seconds is not None else lease, "seconds")
+        if self.brokered:
+            return True  # the broker redelivers only if this consumer's connection dies
+        jobs = Job.objects.db_manager(self.database)
+        renewal = jobs.renewal(self.job_id, self.attempt, wanted)
+        if renewal is Renewal.CANCEL_REQUESTED:
+            self._cancelled()
+        return renewal is Renewal.RENEWED
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether an operator asked this job to stop. In a worker, as its last lease
+        renewal found (within a third of the lease); outside one, read from the row."""
+        if self.cancel_event is not None:
+            return self.cancel_event.is_set()
+        return self._cancel_in_row()
+
+    def check_cancelled(self) -> None:
+        """Raise JobCancelled if an operator asked this job to stop (reads the row now)."""
+        if (self.cancel_event is not None and self.cancel_event.is_set()) or (
+            self._cancel_in_row()
+        ):
+            self._cancelled()
+
+    def _cancel_in_row(self) -> bool:
+        from django_skipqueue.models import Job
+
+        fenced = Job.objects.db_manager(self.database).holding(self.job_id, self.attempt)
+        return fenced.filter(cancel_requested_at__isnull=False).exists()
+
+    def _cancelled(self) -> None:
+        if self.cancel_event is not None:
+            self.cancel_event.set()
+        raise JobCancelled(self.job_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task(Generic[P, R]):
+    """A registered task. `using()` returns a configured copy; the original is unchanged.
+
+    Options left as None take the project defaults from SKIPQUEUE at enqueue time.
+    """
+
+    func: Callable[P, R]
+    name: str
+    queue_name: str = DEFAULT_QUEUE_NAME
+    priority: int = 0
+    run_after: datetime | timedelta | None = None
+    max_attempts: int | None = None
+    lease: timedelta | None = None
+    retry: RetryPolicy | None = None
+    non_retryable: tuple[type[BaseException], ...] = ()
+    takes_context: bool = False
+    database: str | None = None
+    #: After this long a worker stops renewing the attempt's lease, so the reaper takes
+    #: it back (a hung task cannot hold its job forever). None: renew while it runs.
+    timeout: timedelta | None = None
+    #: The django.tasks Task this one runs, when declared with Django's @task under
+    #: SkipQueueBackend (see backends.py).
+    django_task: Any = None
+    #: Unique jobs: the key a call holds while its job is unfinished (see `key_for`): a
+    #: string, the names of the parameters it is made of, or a function of the call's
+    #: arguments returning it. None: jobs of this task are not unique.
+    unique_key: UniqueKey | None = None
+    #: What an enqueue whose key is held does: "existing" (return the holder), "replace"
+    #: (give a pending holder this call's arguments and run time) or "raise".
+    on_conflict: str = "existing"
+    #: Periodic schedules (`@task(schedule=...)`), each bound to this task.
+    schedules: tuple[Cron, ...] = ()
+    #: Flow control: jobs whose calls share this key (a string, parameter names, or a
+    #: function of the call's arguments, as `unique_key`) run at most
+    #: `concurrency_limit` at a time across every worker. None: no key.
+    concurrency_key: UniqueKey | None = None
+    concurrency_limit: int = 1
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.queue_name)
+        _validate_priority(self.priority)
+        _validate_run_after(self.run_after)
+        _validate_max_attempts(self.max_attempts)
+        object.__setattr__(self, "lease", _validate_lease(self.lease))
+        object.__setattr__(self, "timeout", _validate_lease(self.timeout, "timeout"))
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a RetryPolicy, got {self.retry!r}")
+        if isinstance(self.non_retryable, type):
+            object.__setattr__(self, "non_retryable", (self.non_retryable,))
+        for kind in self.non_retryable:
+            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+                raise ConfigurationError(f"non_retryable holds {kind!r}, not an exception class")
+        if self.on_conflict not in ON_CONFLICT_CHOICES:
+            raise InvalidJobError(
+                f"on_conflict={self.on_conflict!r} is not one of {', '.join(ON_CONFLICT_CHOICES)}"
+            )
+        object.__setattr__(self, "unique_key", self._checked_key(self.unique_key, "unique_key"))
+        object.__setattr__(
+            self, "concurrency_key", self._checked_key(self.concurrency_key, "concurrency_key")
+        )
+        limit = self.concurrency_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 32767:
+            raise InvalidJobError(f"concurrency_limit must be 1 to 32767, got {limit!r}")
+
+    def _checked_key(self, key: Any, option: str) -> Any:
+        if key is None or callable(key):
+            return key
+        if isinstance(key, str):
+            return self._valid_key(key, option)
+        if isinstance(key, (tuple, list)) and key and all(isinstance(n, str) for n in key):
+            signature = _call_signature(self.func, self.takes_context)
+            known = set(signature.parameters) if signature is not None else set(key)
+            unknown = [name for name in key if name not in known]
+            if unknown:
+                raise ConfigurationError(
+                    f"{option} of {self.name} names {', '.join(unknown)}, which "
+                    f"{self.name} does not take; name its parameters"
+                )
+            return tuple(key)
+        raise ConfigurationError(
+            f"{option} of {self.name} must be a string, a list of parameter names or a "
+            f"function of the call's arguments, got {key!r}"
+        )
+
+    def _valid_key(self, key: object, option: str = "unique_key") -> str:
+        what = option.replace("_", " ")
+        if not isinstance(key, str) or not key:
+            raise InvalidJobError(
+                f"the {what} of {self.name} must be a non-empty string, got {key!r}"
+            )
+        if "\x00" in key or not _encodable(key):
+            raise InvalidJobError(
+                f"the {what} of {self.name} holds a NUL character or a lone surrogate, "
+                f"which PostgreSQL cannot store in text: {key!r}"
+            )
+        if len(key) > UNIQUE_KEY_MAX_LENGTH:
+            raise InvalidJobError(
+                f"the {what} of {self.name} is {len(key)} characters; at most "
+                f"{UNIQUE_KEY_MAX_LENGTH} fit (hash a long one)"
+            )
+        return key
+
+    def key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The unique key of one call: the string `unique_key`, or the named parameters'
+        values as JSON (`invoice_id=42`, defaults applied), or what the function
+        `unique_key` returns for these arguments."""
+        return self._key(self.unique_key, "unique_key", args, kwargs)
+
+    def concurrency_key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The concurrency key of one call, made as `key_for` makes the unique key."""
+        return self._key(self.concurrency_key, "concurrency_key", args, kwargs)
+
+    def _key(self, key: Any, option: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        if callable(key):
+            return self._valid_key(key(*args, **kwargs), option)
+        if isinstance(key, tuple):
+            signature = _call_signature(self.func, self.takes_context)
+            bound = signature.bind(*args, **kwargs) if signature is not None else None
+            if bound is not None:
+                bound.apply_defaults()
+            values = bound.arguments if bound is not None else dict(kwargs)
+            return self._valid_key(
+                ",".join(
+                    f"{name}={json.dumps(values.get(name), sort_keys=True, separators=(',', ':'))}"
+                    for name in key
+                ),
+                option,
+            )
+        return self._valid_key(key, option)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here and now, as if it were not a task."""
+        return self.func(*args, **kwargs)
+
+    def call(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here and now (django.tasks' name for it)."""
+        return self.func(*args, **kwargs)
+
+    def using(
+        self,
+        *,
+        queue_name: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | timedelta | None = None,
+        max_attempts: int | None = None,
+        lease: timedelta | float | None = None,
+        database: str | None = None,
+        unique_key: UniqueKey | None = None,
+        on_conflict: str | None = None,
+        concurrency_key: UniqueKey | None = None,
+        concurrency_limit: int | None = None,
+    ) -> Task[P, R]:
+        """A copy with these options changed; options left out (None) are kept.
+
+        `unique_key` makes the jobs it enqueues unique (at most one unfinished job of this
+        task holds the key); `on_conflict` says what an enqueue whose key is held does.
+        """
+        changes: dict[str, Any] = {
+            key: value
+            for key, value in {
+                "queue_name": queue_name,
+                "priority": priority,
+                "run_after": run_after,
+                "max_attempts": max_attempts,
+                "lease": _validate_lease(lease),
+                "database": database,
+                "unique_key": unique_key,
+                "on_conflict": on_conflict,
+                "concurrency_key": concurrency_key,
+                "concurrency_limit": concurrency_limit,
+            }.items()
+            if value is not None
+        }
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return self.retry if self.retry is not None else default_retry_policy()
+
+    @property
+    def resolved_max_attempts(self) -> int:
+        """This task's max_attempts, or SKIPQUEUE['MAX_ATTEMPTS']."""
+        return self.max_attempts or get_settings().MAX_ATTEMPTS
+
+    @property
+    def resolved_lease(self) -> timedelta:
+        """This task's lease, or SKIPQUEUE['LEASE_SECONDS']."""
+        return self.lease or timedelta(seconds=get_settings().LEASE_SECONDS)
+
+    def get_database(self) -> str:
+        return self.database or get_settings().DATABASE_ALIAS
+
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Refuse a call that does not bind to the function's signature, naming it.
+
+        At enqueue, not at run time: a call with an argument too many or a keyword the
+        function does not take would otherwise fail every attempt.
+        """
+        shape = _call_shape(self.func, self.takes_context)
+        if shape is not None and shape.binds(args, kwargs):
+            return  # the common case; any refusal is explained by Signature.bind below
+        signature = _call_signature(self.func, self.takes_context)
+        if signature is None:
+            return
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as error:
+            shown = signature.replace(
+                parameters=[
+                    parameter.replace(annotation=inspect.Parameter.empty)
+                    for parameter in signature.parameters.values()
+                ],
+                return_annotation=inspect.Signature.empty,
+            )
+            raise InvalidJobError(
+                f"{self.name}{shown} cannot be called with these arguments: {error}"
+            ) from None
+
+    def build(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """An unsaved, checked Job for this call. Raises InvalidJobError before any SQL."""
+        return self._jobs().build(self, args, kwargs)
+
+    def check_limits(self, adding: int) -> None:
+        """That workers can find this task, then the volume guards (case S11,
+        docs/explanation/failure-model.md), before any SQL.
+
+        max_attempts and run_after against their caps; with MAX_PENDING_PER_QUEUE, the
+        queue's pending jobs, counted up to the cap only (an index scan of at most that
+        many entries). A run_after datetime is compared with this process's clock: a
+        bound of days or more, not a lease decision.
+        """
+        registry.check_discoverable(self.name)
+        conf = get_settings()
+        max_attempts = self.resolved_max_attempts
+        if max_attempts > conf.MAX_ATTEMPTS_LIMIT:
+            raise InvalidJobError(
+                f"max_attempts {max_attempts} is over SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
+                f"({conf.MAX_ATTEMPTS_LIMIT})"
+            )
+        if self.run_after is not None:
+            delay = self.run_after
+            if isinstance(delay, datetime):
+                delay = delay - timezone.now()
+            if delay.total_seconds() > conf.MAX_DELAY_SECONDS:
+                raise InvalidJobError(
+                    f"run_after is {delay} ahead, over SKIPQUEUE['MAX_DELAY_SECONDS'] "
+                    f"({conf.MAX_DELAY_SECONDS:.0f} s)"
+                )
+        cap = conf.MAX_PENDING_PER_QUEUE
+        if cap is not None:
+            pending = self._jobs().pending_up_to(self.queue_name, cap)
+            if pending + adding > cap:
+                raise QueueFullError(
+                    f"queue {self.queue_name!r} holds {pending} pending jobs; adding {adding} "
+                    f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
+                )
+
+    def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """INSERT a pending job in the caller's transaction and return it.
+
+        Nothing is written if the arguments do not survive JSON; the job exists if and
+        only if the caller's transaction commits. See `JobManager.enqueue`.
+        """
+        return self._jobs().enqueue(self, args, kwargs)
+
+    @overload
+    def enqueue_many(
+        self,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int = ...,
+        ids_only: Literal[False] = ...,
+    ) -> list[Job]: ...
+
+    @overload
+    def enqueue_many(
+        self,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int = ...,
+        ids_only: Literal[True],
+    ) -> list[int]: ...
+
+    def enqueue_many(
+        self,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int = 5000,
+        ids_only: bool = False,
+    ) -> list[Job] | list[int]:
+        """Enqueue many calls, each `(args, kwargs)`, with one INSERT per `batch_size`.
+
+        All run in the caller's transaction. By default every call is checked before the
+        first row is written, and the jobs come back (id, run_at and created_at filled
+        in): about 1.4 KB of memory a job.
+
+        With `ids_only`, `calls` (a generator, say) is read one batch at a time, each
+        batch checked and then written, and only the ids come back: memory stays
+        bounded by the batch, for fan-outs of millions. A bad call then raises after
+        the batches before it were written; wrap the call in `transaction.atomic()` so
+        that none of them commits. See `JobManager.enqueue_many`.
+        """
+        jobs = self._jobs()
+        if ids_only:
+            return jobs.enqueue_many(self, calls, batch_size=batch_size, ids_only=True)
+        return jobs.enqueue_many(self, calls, batch_size=batch_size)
+
+    def _jobs(self) -> JobManager:
+        """Job.objects on this task's database (imported here: `@task` runs at import
+        time of user modules, possibly before the app registry is ready)."""
+        from django_skipqueue.models import Job
+
+        return Job.objects.db_manager(self.get_database())
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue_name}>"
+
+
+@overload
+def task(function: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = ...,
+    queue_name: str = ...,
+    priority: int = ...,
+    max_attempts: int | None = ...,
+    lease: timedelta | float | None = ...,
+    retry: RetryPolicy | None = ...,
+    non_retryable: tuple[type[BaseException], ...] = ...,
+    takes_context: bool = ...,
+    database: str | None = ...,
+    timeout: timedelta | float | None = ...,
+    schedule: str | Cron | Sequence[str | Cron] | None = ...,
+    unique_key: UniqueKey | None = ...,
+    on_conflict: str = ...,
+    concurrency_key: UniqueKey | None = ...,
+    concurrency_limit: int = ...,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+def task(
+    function: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue_name: str = DEFAULT_QUEUE_NAME,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    lease: timedelta | float | None = None,
+    retry: RetryPolicy | None = None,
+    non_retryable: tuple[type[BaseException], ...] = (),
+    takes_context: bool = False,
+    database: str | None = None,
+    timeout: timedelta | float | None = None,
+    schedule: str | Cron | Sequence[str | Cron] | None = None,
+    unique_key: UniqueKey | None = None,
+    on_conflict: str = "existing",
+    concurrency_key: UniqueKey | None = None,
+    concurrency_limit: int = 1,
+) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    """Register a module-level function as a task, bare (`@task`) or with options.
+
+    The task is registered under its dotted path, or `name`. Options are defaults for
+    each enqueue and can be changed per call with `using()`. `schedule` runs it
+    periodically: a cron expression, a `Cron`, or a list of them (see schedules.py).
+    """
+
+    def wrap(func: Callable[P, R]) -> Task[P, R]:
+        if not callable(func) or not hasattr(func, "__qualname__"):
+            raise ConfigurationError(f"@task takes a function, got {func!r}")
+        if "<locals>" in func.__qualname__ or "." in func.__qualname__:
+            raise ConfigurationError(
+                f"@task needs a module-level function; {func.__qualname__} is nested in "
+                f"another function or class, so a worker could not find it by name"
+            )
+        if func.__module__ == "__main__" and name is None:
+            raise ConfigurationError(
+                f"@task on {func.__qualname__} in __main__: a worker cannot import __main__; "
+                f"move it into a module"
+            )
+        new = Task(
+            func=func,
+            name=name or f"{func.__module__}.{func.__qualname__}",
+            queue_name=queue_name,
+            priority=priority,
+            max_attempts=max_attempts,
+            lease=_validate_lease(lease),  # seconds or a timedelta, as a timedelta
+            retry=retry,
+            non_retryable=tuple(non_retryable),
+            takes_context=takes_context,
+            database=database,
+            timeout=_validate_lease(timeout, "timeout"),
+            unique_key=unique_key,
+            on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+        )
+        if schedule is not None:
+            new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))
+        registry.register(new)
+        return new
+
+    if function is not None:
+        return wrap(function)
+    return wrap
+
+
+def bind_schedules(
+    task: Task[Any, Any], schedule: str | Cron | Sequence[str | Cron]
+) -> tuple[Cron, ...]:
+    """`schedule` (an expression, a Cron, or a list of them) as Crons bound to `task`:
+    named (the task's name, when it has one schedule), with arguments that its function
+    takes and that JSON can hold. ConfigurationError otherwise."""
+    given = [schedule] if isinstance(schedule, (str, Cron)) else list(schedule)
+    crons = [Cron(expression=item) if isinstance(item, str) else item for item in given]
+    for cron in crons:
+        if not isinstance(cron, Cron):
+            raise ConfigurationError(
+                f"schedule of {task.name} must be a cron expression or a Cron, got {cron!r}"
+            )
+    if len(crons) > 1 and any(cron.name is None for cron in crons):
+        raise ConfigurationError(
+            f"{task.name} has {len(crons)} schedules: give each a name "
+            f"(Cron('...', name='...')), so that each keeps its own state"
+        )
+    bound = []
+    for cron in crons:
+        try:
+            task.check_call(cron.args, cron.kwargs or {})
+            args, kwargs = normalize_arguments(
+                cron.args, cron.kwargs or {}, limit=get_settings().MAX_PAYLOAD_BYTES
+            )
+        except InvalidJobError as error:
+            raise ConfigurationError(f"schedule {cron.name or task.name!r}: {error}") from None
+        bound.append(
+            dataclasses.replace(
+                cron, name=cron.name or task.name, task=task.name, args=args, kwargs=kwargs
+            )
+        )
+    return tuple(bound)
