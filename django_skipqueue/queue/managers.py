@@ -1035,9 +1035,13 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         fenced = self.holding(job_id, attempt)
         if fenced.filter(cancel_requested_at__isnull=True).update(leased_until=until):
             return Renewal.RENEWED
-        if fenced.filter(cancel_requested_at__isnull=False).exists():
+        if self.cancel_requested(job_id, attempt):
             return Renewal.CANCEL_REQUESTED
         return Renewal.LOST
+
+    def cancel_requested(self, job_id: int, attempt: int) -> bool:
+        """Whether an operator asked this attempt, still held, to stop (one read)."""
+        return self.holding(job_id, attempt).filter(cancel_requested_at__isnull=False).exists()
 
     def end_cancelled(self, job_id: int, attempt: int) -> bool:
         """The attempt stopped on a cancel request: the job ends cancelled, never to be

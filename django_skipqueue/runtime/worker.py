@@ -449,9 +449,9 @@ class Worker:
         flag = self.held.cancel_event(job.id)
         if flag is None or flag.is_set():
             return
-        fenced = Job.objects.db_manager(self.database).holding(job.id, job.attempts)
+        jobs = Job.objects.db_manager(self.database)
         try:
-            if fenced.filter(cancel_requested_at__isnull=False).exists():
+            if jobs.cancel_requested(job.id, job.attempts):
                 flag.set()
         except DatabaseError as error:  # the task's own run will meet the same database
             logger.debug("cancel check failed id=%s: %r", job.id, error)

@@ -246,8 +246,7 @@ class TaskContext:
     def _cancel_in_row(self) -> bool:
         from django_skipqueue.models import Job
 
-        fenced = Job.objects.db_manager(self.database).holding(self.job_id, self.attempt)
-        return fenced.filter(cancel_requested_at__isnull=False).exists()
+        return Job.objects.db_manager(self.database).cancel_requested(self.job_id, self.attempt)
 
     def _cancelled(self) -> None:
         if self.cancel_event is not None:
