@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 from django_skipqueue.core.cron import MISSED_POLICIES, SCHEDULE_NAME_MAX_LENGTH
 from django_skipqueue.core.payload import PayloadField
 from django_skipqueue.core.states import (
+    ACTOR_MAX_LENGTH,
     CLAIM_ORDER,
     DEFAULT_QUEUE_NAME,
     FINISHED_STATES,
@@ -170,7 +171,9 @@ class Job(models.Model):
     )
     # A default in the table too: rows inserted by the enqueue statement or by another
     # client that does not know the column still get "".
-    cancelled_by = models.CharField(max_length=150, blank=True, default="", db_default="")
+    cancelled_by = models.CharField(
+        max_length=ACTOR_MAX_LENGTH, blank=True, default="", db_default=""
+    )
     worker = models.ForeignKey(
         WorkerProcess,
         null=True,
@@ -293,7 +296,7 @@ class Queue(models.Model):
 
     name = models.CharField(primary_key=True, max_length=QUEUE_NAME_MAX_LENGTH)
     paused_at = DateTimeField(null=True, blank=True)
-    paused_by = models.CharField(max_length=150, blank=True, default="")
+    paused_by = models.CharField(max_length=ACTOR_MAX_LENGTH, blank=True, default="")
     rate_tokens = models.FloatField(
         default=0.0, help_text=_("Job starts the rate limit allows now (a token bucket).")
     )
@@ -357,7 +360,7 @@ class Schedule(models.Model):
         null=True, blank=True, help_text=_("The latest occurrence enqueued or passed over.")
     )
     paused_at = DateTimeField(null=True, blank=True)
-    paused_by = models.CharField(max_length=150, blank=True, default="")
+    paused_by = models.CharField(max_length=ACTOR_MAX_LENGTH, blank=True, default="")
     created_at = DateTimeField(db_default=Now())
     synced_at = DateTimeField(
         db_default=Now(), help_text=_("When a worker last copied the definition from code.")

@@ -387,7 +387,8 @@ def test_enqueue_sends_save_signals_when_a_receiver_listens():
 def test_the_fast_call_check_agrees_with_signature_bind(parameters, positional, keywords):
     """`_Shape.binds` is the fast path of check_call: it must say yes exactly when
     `inspect.Signature.bind` accepts the call, for any signature of named parameters."""
-    from django_skipqueue.tasks.base import _call_shape, _call_signature
+    from django_skipqueue.core.spec import call_shape as _call_shape
+    from django_skipqueue.core.spec import call_signature as _call_signature
 
     parameters = sorted(parameters, key=lambda p: p[2])  # keyword-only ones last
     parameters = sorted(parameters, key=lambda p: (p[2], p[1]))  # defaults after required

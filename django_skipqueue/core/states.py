@@ -19,6 +19,9 @@ from django_skipqueue.conf.validators import (  # noqa: F401  (part of this modu
 )
 
 DEFAULT_QUEUE_NAME = "default"
+#: The longest operator name kept where a job was cancelled or a queue or schedule paused
+#: (`cancelled_by`, `paused_by`): Django's own username length.
+ACTOR_MAX_LENGTH = 150
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 

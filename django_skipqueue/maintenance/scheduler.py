@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,6 +44,12 @@ from django_skipqueue.tasks.base import bind_schedules
 from django_skipqueue.tasks.registry import registry
 
 logger = logging.getLogger(__name__)
+
+
+def default_zone() -> str:
+    """The zone a schedule without its own is read in: settings.TIME_ZONE, else UTC."""
+    return settings.TIME_ZONE or "UTC"
+
 
 #: The keys a SKIPQUEUE['SCHEDULES'] entry may have ("cron" is the expression).
 SETTING_KEYS = frozenset(
@@ -122,7 +128,7 @@ def sync(schedules: Mapping[str, Cron], *, database: str) -> None:
     synced; `tick()` fires from it.
     """
     rows = Schedule.objects.using(database)
-    zone = settings.TIME_ZONE or "UTC"
+    zone = default_zone()
     with bounded(database):
         existing = {row.name: row for row in rows.select_for_update()}
         fresh = []
@@ -226,7 +232,7 @@ def tick(schedules: Mapping[str, Cron], *, database: str) -> TickResult:
     """
     if not schedules:
         return TickResult()
-    zone_default = settings.TIME_ZONE or "UTC"
+    zone_default = default_zone()
     enqueued = missed_count = 0
     found = _active_rows(list(schedules), database)
     now = found[0]["now"] if found else _database_now(database)
@@ -341,8 +347,7 @@ def _tick_one(defined: Cron, database: str, zone_default: str) -> tuple[int, int
         fire, last, missed = due_occurrences(cron, last_at or locked["created_at"], now, zone)
         if last is None:
             return 0, 0
-        jobs = _jobs_for(cron, fire)
-        inserted = Job.objects.db_manager(database).enqueue_occurrences(jobs) if jobs else 0
+        inserted = _enqueue(cron, fire, database) if fire else 0
         rows.filter(name=cron.name).update(
             last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), last), last)
         )
@@ -358,33 +363,16 @@ def _tick_one(defined: Cron, database: str, zone_default: str) -> tuple[int, int
     return inserted, int(missed)
 
 
-def _jobs_for(cron: Cron, instants: Iterable[datetime]) -> list[Job]:
+def _enqueue(cron: Cron, instants: list[datetime], database: str) -> int:
+    """The occurrences at `instants`, through the queue layer's verb, from the task's spec
+    with the schedule's queue and priority: how many rows were really inserted."""
     task = registry.get(cron.task or "")
     if cron.queue_name or cron.priority is not None:
         task = task.using(queue_name=cron.queue_name, priority=cron.priority)
-    kwargs = cron.kwargs or {}
-    key = task.key_for(cron.args, kwargs) if task.unique_key is not None else None
-    flow_key = (
-        task.concurrency_key_for(cron.args, kwargs) if task.concurrency_key is not None else None
+    jobs = Job.objects.db_manager(database)
+    return jobs.enqueue_occurrences(
+        task.spec(), cron.args, cron.kwargs or {}, schedule=cron.name or "", instants=instants
     )
-    return [
-        Job(
-            task=task.name,
-            args=list(cron.args),
-            kwargs=dict(cron.kwargs or {}),
-            queue_name=task.queue_name,
-            priority=task.priority,
-            max_attempts=task.resolved_max_attempts,
-            lease=task.resolved_lease,
-            run_at=instant,
-            schedule=cron.name,
-            scheduled_for=instant,
-            unique_key=key,
-            concurrency_key=flow_key,
-            concurrency_limit=task.concurrency_limit if flow_key is not None else None,
-        )
-        for instant in instants
-    ]
 
 
 def _database_now(database: str) -> datetime:
@@ -396,7 +384,7 @@ def _database_now(database: str) -> datetime:
 
 def _next_in(schedules: Mapping[str, Cron], now: datetime) -> float | None:
     """Seconds from the database's `now` to the soonest next occurrence."""
-    zone_default = settings.TIME_ZONE or "UTC"
+    zone_default = default_zone()
     soonest = None
     for cron in schedules.values():
         upcoming = cron.next_after(now, cron.zone(zone_default))
@@ -479,7 +467,7 @@ def schedule_statuses(
     defined = defined_schedules() if schedules is None else schedules
     rows = {row.name: row for row in Schedule.objects.using(database)}
     now = _database_now(database)
-    zone_default = settings.TIME_ZONE or "UTC"
+    zone_default = default_zone()
     found = []
     for name in sorted(set(defined) | set(rows)):
         cron, row = defined.get(name), rows.get(name)

@@ -45,6 +45,7 @@ from django_skipqueue.core.payload import (
     storable_text,
 )
 from django_skipqueue.core.states import (
+    ACTOR_MAX_LENGTH,
     CLAIM_ORDER,
     FINISHED_STATES,
     UNFINISHED_STATES,
@@ -52,7 +53,7 @@ from django_skipqueue.core.states import (
     sort_in_claim_order,
     validate_queue_name,
 )
-from django_skipqueue.exceptions import DuplicateJobError, InvalidJobError
+from django_skipqueue.exceptions import DuplicateJobError, InvalidJobError, QueueFullError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import bounded
@@ -64,8 +65,8 @@ if TYPE_CHECKING:
 
     from django_skipqueue.conf.limits import QueueLimit
     from django_skipqueue.core.payload import JSONValue
+    from django_skipqueue.core.spec import JobSpec
     from django_skipqueue.models import Job, Queue, Schedule, WorkerProcess  # noqa: F401
-    from django_skipqueue.queue.spec import JobSpec
 
 T = TypeVar("T")
 #: A call checked for enqueue: plain args, plain kwargs, and their JSON texts.
@@ -603,27 +604,31 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     # -- enqueue: INSERTs in the caller's transaction ------------------------------------
 
-    def build(self, task: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
-        """An unsaved, checked Job for one call of `task`. InvalidJobError before any SQL."""
-        task.check_call(args, kwargs)
+    def build(self, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        """An unsaved, checked Job for one call of `spec`. InvalidJobError before any SQL."""
+        spec.check_call(args, kwargs)
         plain_args, plain_kwargs = normalize_arguments(
             args, kwargs, limit=get_settings().MAX_PAYLOAD_BYTES
         )
-        task.check_limits(1)
-        job = self.model(
-            task=task.name,
-            args=plain_args,
-            kwargs=plain_kwargs,
-            queue_name=task.queue_name,
-            priority=task.priority,
-            max_attempts=task.resolved_max_attempts,
-            lease=task.resolved_lease,
-            unique_key=task.key_for(plain_args, plain_kwargs) if task.unique_key else None,
-            **self._flow_fields(task, plain_args, plain_kwargs),
-        )
-        if task.run_after is not None:
-            job.run_at = _run_at(task.run_after)
+        self._check_room(spec, 1)
+        job = self.model(**spec.columns(plain_args, plain_kwargs))
+        if spec.run_after is not None:
+            job.run_at = _run_at(spec.run_after)
         return job
+
+    def _check_room(self, spec: JobSpec, adding: int) -> None:
+        """The volume guards before any write (case S11, docs/explanation/failure-model.md):
+        the spec's own bounds, then, with MAX_PENDING_PER_QUEUE, the queue's pending jobs,
+        counted up to the cap only (an index scan of at most that many entries)."""
+        spec.check_bounds()
+        cap = get_settings().MAX_PENDING_PER_QUEUE
+        if cap is not None:
+            pending = self.pending_up_to(spec.queue_name, cap)
+            if pending + adding > cap:
+                raise QueueFullError(
+                    f"queue {spec.queue_name!r} holds {pending} pending jobs; adding {adding} "
+                    f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
+                )
 
     def enqueue(self, task: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
         """INSERT one pending job of `task` in the caller's transaction and return it.
@@ -693,17 +698,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             for field in self.model._meta.concrete_fields
             if field.has_default()
         }
-        template = (
-            dict.fromkeys(names)
-            | defaults
-            | {
-                "task": task.name,
-                "queue_name": task.queue_name,
-                "priority": task.priority,
-                "lease": task.resolved_lease,
-                "max_attempts": task.resolved_max_attempts,
-            }
-        )
+        template = dict.fromkeys(names) | defaults | task.shared_columns()
         jobs: list[Job] = []
         for start in range(0, len(checked), batch_size):
             batch = checked[start : start + batch_size]
@@ -717,7 +712,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     (
                         shared
                         | {"id": job_id, "args": args, "kwargs": kwargs, "errors": []}
-                        | self._flow_fields(task, args, kwargs)
+                        | task.key_columns(args, kwargs)
                         for (args, kwargs, _, _), job_id in zip(batch, inserted, strict=True)
                     ),
                 )
@@ -812,24 +807,34 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             cursor.execute(sql.REPLACE_PENDING, params)
             return dict(cursor.fetchall())
 
-    @staticmethod
-    def _flow_fields(task: JobSpec, args: Any, kwargs: Any) -> dict[str, Any]:
-        if task.concurrency_key is None:
-            return {}
-        return {
-            "concurrency_key": task.concurrency_key_for(args, kwargs),
-            "concurrency_limit": task.concurrency_limit,
-        }
+    def enqueue_occurrences(
+        self,
+        spec: JobSpec,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        schedule: str,
+        instants: Sequence[datetime],
+    ) -> int:
+        """Insert a schedule's due occurrences (one call of `spec`, at each of `instants`),
+        in the caller's transaction; returns how many were inserted.
 
-    def enqueue_occurrences(self, jobs: Sequence[Job]) -> int:
-        """Insert a schedule's due occurrences (unsaved Jobs the scheduler built from the
-        schedule's row), in the caller's transaction; returns how many were inserted.
-
-        An occurrence another worker inserted first (the occurrence constraint), or whose
-        unique key an unfinished job holds, is skipped, each in a savepoint so that the
-        transaction goes on. `MAX_PENDING_PER_QUEUE` holds for them as for any enqueue:
-        an occurrence that would pass it is not enqueued, and a warning says so.
+        Each row comes from `spec.columns()`, as every enqueue's does, with the
+        occurrence's instant as its run_at. An occurrence another worker inserted first
+        (the occurrence constraint), or whose unique key an unfinished job holds, is
+        skipped, each in a savepoint so that the transaction goes on.
+        `MAX_PENDING_PER_QUEUE` holds for them as for any enqueue: an occurrence that
+        would pass it is not enqueued, and a warning says so.
         """
+        jobs = [
+            self.model(
+                **spec.columns(args, kwargs),
+                run_at=instant,
+                schedule=schedule,
+                scheduled_for=instant,
+            )
+            for instant in instants
+        ]
         cap = get_settings().MAX_PENDING_PER_QUEUE
         inserted = 0
         for job in jobs:
@@ -917,7 +922,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for args, kwargs in calls:
             task.check_call(args, kwargs)
             checked.append(encode_arguments(args, kwargs, limit=limit))
-        task.check_limits(len(checked))
+        self._check_room(task, len(checked))
         return checked
 
     def _insert(
@@ -944,14 +949,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     @staticmethod
     def _insert_params(task: JobSpec, batch: Sequence[Checked]) -> dict[str, Any]:
+        shared = task.shared_columns()
         return {
-            "task": task.name,
-            "queue": task.queue_name,
-            "priority": task.priority,
+            "task": shared["task"],
+            "queue": shared["queue_name"],
+            "priority": shared["priority"],
             "run_at": task.run_after if isinstance(task.run_after, datetime) else None,
             "delay": task.run_after if isinstance(task.run_after, timedelta) else timedelta(0),
-            "lease": task.resolved_lease,
-            "max_attempts": task.resolved_max_attempts,
+            "lease": shared["lease"],
+            "max_attempts": shared["max_attempts"],
             # One JSON array text per column, not a text[] of one element per call:
             # psycopg dumps a list element by element (measured: a sixth of a bulk enqueue).
             "args": "[" + ", ".join(args_json for _, _, args_json, _ in batch) + "]",
@@ -1199,7 +1205,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         the worker's next lease renewal tells the task, which ends the job cancelled, or
         loses it at the end of its lease and the reaper ends it cancelled). Returns how
         many were cancelled or asked. Each write re-checks the state it expects."""
-        who = by[:150]
+        who = by[:ACTOR_MAX_LENGTH]
 
         def write(batch: list[int]) -> int:
             pending = self.filter(id__in=batch, state=JobState.PENDING).update(
@@ -1366,7 +1372,7 @@ class ScheduleManager(models.Manager.from_queryset(ScheduleQuerySet)):  # type: 
         """Stop enqueuing these schedules' occurrences until resumed; returns how many
         were running. Occurrences passed while paused are not run on resume."""
         return self.filter(name__in=list(names), paused_at__isnull=True).update(
-            paused_at=Now(), paused_by=by[:150]
+            paused_at=Now(), paused_by=by[:ACTOR_MAX_LENGTH]
         )
 
     def resume(self, names: Iterable[str]) -> int:
@@ -1395,7 +1401,7 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
         with bounded(self.db):
             self.bulk_create([self.model(name=name) for name in names], ignore_conflicts=True)
             changed = self.filter(name__in=names, paused_at__isnull=True).update(
-                paused_at=Now(), paused_by=by[:150]
+                paused_at=Now(), paused_by=by[:ACTOR_MAX_LENGTH]
             )
             _notify_control(self.db)
         return changed

@@ -7,9 +7,7 @@ modules, possibly before the app registry is ready.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,11 +21,18 @@ from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
+from django_skipqueue.core.spec import (
+    ON_CONFLICT_CHOICES,
+    CallRule,
+    JobSpec,
+    KeyRule,
+    call_signature,
+    valid_key,
+)
 from django_skipqueue.core.states import (
     DEFAULT_QUEUE_NAME,
     MAX_PRIORITY,
     MIN_PRIORITY,
-    UNIQUE_KEY_MAX_LENGTH,
     idempotency_key_of,
     validate_queue_name,
 )
@@ -35,7 +40,6 @@ from django_skipqueue.exceptions import (
     ConfigurationError,
     InvalidJobError,
     JobCancelled,
-    QueueFullError,
 )
 from django_skipqueue.tasks.registry import registry
 
@@ -48,16 +52,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 #: A task's unique key: a string, parameter names, or a function of the call's arguments.
 UniqueKey: TypeAlias = "str | Sequence[str] | Callable[..., str]"
-#: What an enqueue whose unique key is held does (Task.on_conflict).
-ON_CONFLICT_CHOICES = ("existing", "replace", "raise")
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
 
 
 def _validate_priority(priority: object) -> int:
@@ -116,58 +110,6 @@ def _validate_lease(value: object, name: str = "lease") -> timedelta | None:
     if not MIN_LEASE.total_seconds() <= seconds <= MAX_LEASE.total_seconds():
         raise InvalidJobError(f"{name} {value!r} is out of bounds: {bounds}")
     return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
-
-
-@functools.lru_cache(maxsize=1024)
-def _call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
-    """The signature a call's arguments must bind to (the context left out), if known."""
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):  # a builtin or C function without one
-        return None
-    parameters = list(signature.parameters.values())
-    return signature.replace(parameters=parameters[1:] if takes_context else parameters)
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A signature of named parameters only (no *args, **kwargs, positional-only): a
-    call binds to it when its positional count fits, its keywords are named, none twice,
-    and every required parameter is given. Checked in a few set operations, where
-    `Signature.bind` costs several microseconds a call (a fifth of a bulk enqueue)."""
-
-    positional: tuple[str, ...]
-    names: frozenset[str]
-    required: frozenset[str]
-
-    def binds(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-        if len(args) > len(self.positional):
-            return False
-        given = self.positional[: len(args)]
-        if not kwargs:
-            return self.required.issubset(given)
-        if not self.names.issuperset(kwargs) or not set(given).isdisjoint(kwargs):
-            return False
-        return self.required.issubset(set(given).union(kwargs))
-
-
-@functools.lru_cache(maxsize=1024)
-def _call_shape(func: Callable[..., Any], takes_context: bool) -> _Shape | None:
-    """The fast check of `_call_signature`, when the signature allows one."""
-    signature = _call_signature(func, takes_context)
-    if signature is None:
-        return None
-    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
-    parameters = list(signature.parameters.values())
-    if any(parameter.kind not in kinds for parameter in parameters):
-        return None
-    return _Shape(
-        positional=tuple(
-            p.name for p in parameters if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
-        ),
-        names=frozenset(p.name for p in parameters),
-        required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
-    )
 
 
 def default_retry_policy() -> RetryPolicy:
@@ -323,9 +265,9 @@ class Task(Generic[P, R]):
         if key is None or callable(key):
             return key
         if isinstance(key, str):
-            return self._valid_key(key, option)
+            return valid_key(key, self.name, option)
         if isinstance(key, (tuple, list)) and key and all(isinstance(n, str) for n in key):
-            signature = _call_signature(self.func, self.takes_context)
+            signature = call_signature(self.func, self.takes_context)
             known = set(signature.parameters) if signature is not None else set(key)
             unknown = [name for name in key if name not in known]
             if unknown:
@@ -339,51 +281,47 @@ class Task(Generic[P, R]):
             f"function of the call's arguments, got {key!r}"
         )
 
-    def _valid_key(self, key: object, option: str = "unique_key") -> str:
-        what = option.replace("_", " ")
-        if not isinstance(key, str) or not key:
-            raise InvalidJobError(
-                f"the {what} of {self.name} must be a non-empty string, got {key!r}"
-            )
-        if "\x00" in key or not _encodable(key):
-            raise InvalidJobError(
-                f"the {what} of {self.name} holds a NUL character or a lone surrogate, "
-                f"which PostgreSQL cannot store in text: {key!r}"
-            )
-        if len(key) > UNIQUE_KEY_MAX_LENGTH:
-            raise InvalidJobError(
-                f"the {what} of {self.name} is {len(key)} characters; at most "
-                f"{UNIQUE_KEY_MAX_LENGTH} fit (hash a long one)"
-            )
-        return key
+    @property
+    def call_rule(self) -> CallRule:
+        """Which calls this task's function accepts (checked at enqueue)."""
+        return CallRule(self.name, self.func, self.takes_context)
+
+    def _key_rule(self, source: Any, option: str) -> KeyRule | None:
+        return KeyRule(option, source, self.call_rule) if source is not None else None
 
     def key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """The unique key of one call: the string `unique_key`, or the named parameters'
         values as JSON (`invoice_id=42`, defaults applied), or what the function
         `unique_key` returns for these arguments."""
-        return self._key(self.unique_key, "unique_key", args, kwargs)
+        return self._rule("unique_key").of(args, kwargs)
 
     def concurrency_key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """The concurrency key of one call, made as `key_for` makes the unique key."""
-        return self._key(self.concurrency_key, "concurrency_key", args, kwargs)
+        return self._rule("concurrency_key").of(args, kwargs)
 
-    def _key(self, key: Any, option: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        if callable(key):
-            return self._valid_key(key(*args, **kwargs), option)
-        if isinstance(key, tuple):
-            signature = _call_signature(self.func, self.takes_context)
-            bound = signature.bind(*args, **kwargs) if signature is not None else None
-            if bound is not None:
-                bound.apply_defaults()
-            values = bound.arguments if bound is not None else dict(kwargs)
-            return self._valid_key(
-                ",".join(
-                    f"{name}={json.dumps(values.get(name), sort_keys=True, separators=(',', ':'))}"
-                    for name in key
-                ),
-                option,
-            )
-        return self._valid_key(key, option)
+    def _rule(self, option: str) -> KeyRule:
+        rule = self._key_rule(getattr(self, option), option)
+        if rule is None:
+            raise InvalidJobError(f"{self.name} has no {option}")
+        return rule
+
+    def spec(self) -> JobSpec:
+        """What an enqueue of this task writes, as the queue layer takes it: its options
+        resolved against SKIPQUEUE now (options left None take the project's defaults),
+        its call rule and its key rules."""
+        return JobSpec(
+            name=self.name,
+            queue_name=self.queue_name,
+            priority=self.priority,
+            run_after=self.run_after,
+            max_attempts=self.resolved_max_attempts,
+            lease=self.resolved_lease,
+            call=self.call_rule,
+            unique_key=self._key_rule(self.unique_key, "unique_key"),
+            on_conflict=self.on_conflict,
+            concurrency_key=self._key_rule(self.concurrency_key, "concurrency_key"),
+            concurrency_limit=self.concurrency_limit,
+        )
 
     @property
     def is_async(self) -> bool:
@@ -457,64 +395,11 @@ class Task(Generic[P, R]):
         At enqueue, not at run time: a call with an argument too many or a keyword the
         function does not take would otherwise fail every attempt.
         """
-        shape = _call_shape(self.func, self.takes_context)
-        if shape is not None and shape.binds(args, kwargs):
-            return  # the common case; any refusal is explained by Signature.bind below
-        signature = _call_signature(self.func, self.takes_context)
-        if signature is None:
-            return
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError as error:
-            shown = signature.replace(
-                parameters=[
-                    parameter.replace(annotation=inspect.Parameter.empty)
-                    for parameter in signature.parameters.values()
-                ],
-                return_annotation=inspect.Signature.empty,
-            )
-            raise InvalidJobError(
-                f"{self.name}{shown} cannot be called with these arguments: {error}"
-            ) from None
+        self.call_rule.check(args, kwargs)
 
     def build(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
         """An unsaved, checked Job for this call. Raises InvalidJobError before any SQL."""
-        return self._jobs().build(self, args, kwargs)
-
-    def check_limits(self, adding: int) -> None:
-        """That workers can find this task, then the volume guards (case S11,
-        docs/explanation/failure-model.md), before any SQL.
-
-        max_attempts and run_after against their caps; with MAX_PENDING_PER_QUEUE, the
-        queue's pending jobs, counted up to the cap only (an index scan of at most that
-        many entries). A run_after datetime is compared with this process's clock: a
-        bound of days or more, not a lease decision.
-        """
-        registry.check_discoverable(self.name)
-        conf = get_settings()
-        max_attempts = self.resolved_max_attempts
-        if max_attempts > conf.MAX_ATTEMPTS_LIMIT:
-            raise InvalidJobError(
-                f"max_attempts {max_attempts} is over SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
-                f"({conf.MAX_ATTEMPTS_LIMIT})"
-            )
-        if self.run_after is not None:
-            delay = self.run_after
-            if isinstance(delay, datetime):
-                delay = delay - timezone.now()
-            if delay.total_seconds() > conf.MAX_DELAY_SECONDS:
-                raise InvalidJobError(
-                    f"run_after is {delay} ahead, over SKIPQUEUE['MAX_DELAY_SECONDS'] "
-                    f"({conf.MAX_DELAY_SECONDS:.0f} s)"
-                )
-        cap = conf.MAX_PENDING_PER_QUEUE
-        if cap is not None:
-            pending = self._jobs().pending_up_to(self.queue_name, cap)
-            if pending + adding > cap:
-                raise QueueFullError(
-                    f"queue {self.queue_name!r} holds {pending} pending jobs; adding {adding} "
-                    f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
-                )
+        return self._jobs().build(self._checked_spec(), args, kwargs)
 
     def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
         """INSERT a pending job in the caller's transaction and return it.
@@ -522,7 +407,7 @@ class Task(Generic[P, R]):
         Nothing is written if the arguments do not survive JSON; the job exists if and
         only if the caller's transaction commits. See `JobManager.enqueue`.
         """
-        return self._jobs().enqueue(self, args, kwargs)
+        return self._jobs().enqueue(self._checked_spec(), args, kwargs)
 
     @overload
     def enqueue_many(
@@ -561,10 +446,16 @@ class Task(Generic[P, R]):
         the batches before it were written; wrap the call in `transaction.atomic()` so
         that none of them commits. See `JobManager.enqueue_many`.
         """
-        jobs = self._jobs()
+        jobs, spec = self._jobs(), self._checked_spec()
         if ids_only:
-            return jobs.enqueue_many(self, calls, batch_size=batch_size, ids_only=True)
-        return jobs.enqueue_many(self, calls, batch_size=batch_size)
+            return jobs.enqueue_many(spec, calls, batch_size=batch_size, ids_only=True)
+        return jobs.enqueue_many(spec, calls, batch_size=batch_size)
+
+    def _checked_spec(self) -> JobSpec:
+        """`spec()`, refusing first (ConfigurationError) a task that workers would not
+        find: one registered after start-up from a module they do not import."""
+        registry.check_discoverable(self.name)
+        return self.spec()
 
     def _jobs(self) -> JobManager:
         """Job.objects on this task's database (imported here: `@task` runs at import

@@ -1,0 +1,267 @@
+"""JobSpec: the one value that passes from the task API to the queue layer.
+
+A `Task` (tasks/) resolves its options against the project's settings and hands the
+queue layer (queue/) a frozen `JobSpec`: the task's name and resolved options, its call
+rule (which arguments bind to the function), its key rules (unique and concurrency
+keys) and `columns()`, the one mapping of a call to a job row's columns. Every job row
+is built from a spec: `enqueue`, `enqueue_many`, the django.tasks backend, unique
+inserts and a schedule's occurrences (docs/explanation/architecture.md, "The port").
+The queue layer never imports `Task` and never calls back into it.
+
+Pure: nothing here imports a model, opens a connection or starts a thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.core.states import UNIQUE_KEY_MAX_LENGTH
+from django_skipqueue.exceptions import InvalidJobError
+
+#: What an enqueue whose unique key is held does (JobSpec.on_conflict).
+ON_CONFLICT_CHOICES = ("existing", "replace", "raise")
+
+
+@functools.lru_cache(maxsize=1024)
+def call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
+    """The signature a call's arguments must bind to (the context left out), if known."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin or C function without one
+        return None
+    parameters = list(signature.parameters.values())
+    return signature.replace(parameters=parameters[1:] if takes_context else parameters)
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """A signature of named parameters only (no *args, **kwargs, positional-only): a
+    call binds to it when its positional count fits, its keywords are named, none twice,
+    and every required parameter is given. Checked in a few set operations, where
+    `Signature.bind` costs several microseconds a call (a fifth of a bulk enqueue)."""
+
+    positional: tuple[str, ...]
+    names: frozenset[str]
+    required: frozenset[str]
+
+    def binds(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        if len(args) > len(self.positional):
+            return False
+        given = self.positional[: len(args)]
+        if not kwargs:
+            return self.required.issubset(given)
+        if not self.names.issuperset(kwargs) or not set(given).isdisjoint(kwargs):
+            return False
+        return self.required.issubset(set(given).union(kwargs))
+
+
+@functools.lru_cache(maxsize=1024)
+def call_shape(func: Callable[..., Any], takes_context: bool) -> CallShape | None:
+    """The fast check of `call_signature`, when the signature allows one."""
+    signature = call_signature(func, takes_context)
+    if signature is None:
+        return None
+    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
+    parameters = list(signature.parameters.values())
+    if any(parameter.kind not in kinds for parameter in parameters):
+        return None
+    return CallShape(
+        positional=tuple(
+            p.name for p in parameters if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ),
+        names=frozenset(p.name for p in parameters),
+        required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
+    )
+
+
+@dataclass(frozen=True)
+class CallRule:
+    """Which calls a task's function accepts: checked at enqueue, not at run time, so a
+    call with an argument too many or a keyword the function does not take is refused
+    before it is stored (it would otherwise fail every attempt)."""
+
+    task_name: str
+    func: Callable[..., Any]
+    takes_context: bool = False
+
+    def check(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Refuse (InvalidJobError, naming the problem) a call that does not bind."""
+        shape = call_shape(self.func, self.takes_context)
+        if shape is not None and shape.binds(args, kwargs):
+            return  # the common case; any refusal is explained by Signature.bind below
+        signature = call_signature(self.func, self.takes_context)
+        if signature is None:
+            return
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as error:
+            shown = signature.replace(
+                parameters=[
+                    parameter.replace(annotation=inspect.Parameter.empty)
+                    for parameter in signature.parameters.values()
+                ],
+                return_annotation=inspect.Signature.empty,
+            )
+            raise InvalidJobError(
+                f"{self.task_name}{shown} cannot be called with these arguments: {error}"
+            ) from None
+
+    def bound_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied."""
+        signature = call_signature(self.func, self.takes_context)
+        if signature is None:
+            return dict(kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+def valid_key(key: object, task_name: str, option: str = "unique_key") -> str:
+    """`key` if PostgreSQL can store it as a key of `task_name`; InvalidJobError if not."""
+    what = option.replace("_", " ")
+    if not isinstance(key, str) or not key:
+        raise InvalidJobError(f"the {what} of {task_name} must be a non-empty string, got {key!r}")
+    if "\x00" in key or not _encodable(key):
+        raise InvalidJobError(
+            f"the {what} of {task_name} holds a NUL character or a lone surrogate, "
+            f"which PostgreSQL cannot store in text: {key!r}"
+        )
+    if len(key) > UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidJobError(
+            f"the {what} of {task_name} is {len(key)} characters; at most "
+            f"{UNIQUE_KEY_MAX_LENGTH} fit (hash a long one)"
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """How one call's key is made (a unique key, or a concurrency key): a fixed string,
+    the named parameters' values as JSON (`invoice_id=42`, defaults applied), or what a
+    function of the call's arguments returns."""
+
+    option: str  # "unique_key" or "concurrency_key", for the error messages
+    source: str | tuple[str, ...] | Callable[..., Any]
+    call: CallRule
+
+    def of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The key of this call; InvalidJobError if it is not one PostgreSQL can store."""
+        source, name = self.source, self.call.task_name
+        if callable(source):
+            return valid_key(source(*args, **kwargs), name, self.option)
+        if isinstance(source, tuple):
+            values = self.call.bound_arguments(args, kwargs)
+            parts = (
+                f"{param}={json.dumps(values.get(param), sort_keys=True, separators=(',', ':'))}"
+                for param in source
+            )
+            return valid_key(",".join(parts), name, self.option)
+        return valid_key(source, name, self.option)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A task's resolved options, call rule and key rules: what one enqueue writes.
+
+    Made by `Task.spec()` (options left unset take the project's settings then) and by
+    the scheduler from a schedule's row; taken by every enqueue verb of the queue layer.
+    """
+
+    name: str
+    queue_name: str
+    priority: int
+    run_after: datetime | timedelta | None
+    max_attempts: int
+    lease: timedelta
+    call: CallRule
+    unique_key: KeyRule | None = None
+    on_conflict: str = "existing"
+    concurrency_key: KeyRule | None = None
+    concurrency_limit: int = 1
+
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Refuse (InvalidJobError) a call that does not bind to the task's signature."""
+        self.call.check(args, kwargs)
+
+    def key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The unique key of one call (InvalidJobError for a spec without one)."""
+        return self._rule(self.unique_key, "unique_key").of(args, kwargs)
+
+    def concurrency_key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The concurrency key of one call (InvalidJobError for a spec without one)."""
+        return self._rule(self.concurrency_key, "concurrency_key").of(args, kwargs)
+
+    def _rule(self, rule: KeyRule | None, option: str) -> KeyRule:
+        if rule is None:
+            raise InvalidJobError(f"{self.name} has no {option}")
+        return rule
+
+    def check_bounds(self) -> None:
+        """The per-task volume guards (case S11, docs/explanation/failure-model.md):
+        max_attempts and run_after against SKIPQUEUE's caps. A run_after datetime is
+        compared with this process's clock: a bound of days or more, not a lease
+        decision. The queue's pending cap is the queue layer's to count."""
+        conf = get_settings()
+        if self.max_attempts > conf.MAX_ATTEMPTS_LIMIT:
+            raise InvalidJobError(
+                f"max_attempts {self.max_attempts} is over SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
+                f"({conf.MAX_ATTEMPTS_LIMIT})"
+            )
+        if self.run_after is not None:
+            delay = self.run_after
+            if isinstance(delay, datetime):
+                delay = delay - timezone.now()
+            if delay.total_seconds() > conf.MAX_DELAY_SECONDS:
+                raise InvalidJobError(
+                    f"run_after is {delay} ahead, over SKIPQUEUE['MAX_DELAY_SECONDS'] "
+                    f"({conf.MAX_DELAY_SECONDS:.0f} s)"
+                )
+
+    def shared_columns(self) -> dict[str, Any]:
+        """The columns every job of this spec holds alike."""
+        return {
+            "task": self.name,
+            "queue_name": self.queue_name,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "lease": self.lease,
+        }
+
+    def key_columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The columns one call's keys fill (none for a spec without keys)."""
+        columns: dict[str, Any] = {}
+        if self.unique_key is not None:
+            columns["unique_key"] = self.unique_key.of(args, kwargs)
+        if self.concurrency_key is not None:
+            columns["concurrency_key"] = self.concurrency_key.of(args, kwargs)
+            columns["concurrency_limit"] = self.concurrency_limit
+        return columns
+
+    def columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The one mapping of a checked call (JSON-ready arguments) to a job row's columns.
+
+        `run_at` is left out: the insert computes it on the database's clock from
+        `run_after` (or the scheduler gives an occurrence's instant).
+        """
+        return (
+            self.shared_columns()
+            | {"args": list(args), "kwargs": dict(kwargs)}
+            | self.key_columns(args, kwargs)
+        )
