@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,6 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from django_skipqueue.broker.handoff import Done, Handoff
 from django_skipqueue.broker.message import Message
 from django_skipqueue.broker.topology import (
     BROKER_DELIVERIES_HEADER,
@@ -67,16 +66,6 @@ WRITE_BACK_SECONDS = 0.2
 
 
 @dataclass
-class Done:
-    """A finished delivery, handed from a pool thread to the consuming thread."""
-
-    generation: int  # the connection it came on: tags of a closed one cannot be acked
-    tag: int
-    message: Message
-    verdict: Verdict
-
-
-@dataclass
 class ConsumerStats:
     succeeded: int = 0
     retried: int = 0
@@ -102,7 +91,9 @@ class Consumer:
         self.database = database or get_settings().DATABASE_ALIAS
         self.stop = threading.Event()
         self.stats = ConsumerStats()
-        self._done: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        #: What this thread and the pool's threads share (finished deliveries, the
+        #: pending wake-up, timeout deadlines): its own owner, with one lock.
+        self._handoff = Handoff()
         self._generation = 0
         self._pending_write: list[Done] = []
         self._write_due = 0.0
@@ -111,10 +102,6 @@ class Consumer:
         #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
         self._suspects: list[tuple[int, Message, int]] = []
         self._isolating = False
-        self._wake: Callable[[], None] = lambda: None
-        self._wake_pending = False
-        #: Deliveries running a task with a timeout: (generation, tag) -> (deadline, message).
-        self._deadlines: dict[tuple[int, int], tuple[float, Message]] = {}
 
     # -- the loop ------------------------------------------------------------------
 
@@ -135,7 +122,8 @@ class Consumer:
                     self.stats.reconnects += 1
                     self._pending_write.clear()  # their tags died with the channel
                     self._suspects.clear()
-                    self._running, self._isolating, self._wake_pending = 0, False, False
+                    self._handoff.lost()
+                    self._running, self._isolating = 0, False
                     delay = backoff.next()
                     logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
                     self.stop.wait(delay)
@@ -192,13 +180,12 @@ class Consumer:
                 self._submit(pool, generation, method.delivery_tag, message)
 
             def turn() -> None:  # in this thread, from process_data_events
-                self._wake_pending = False  # before draining: a later finish wakes again
                 self._time_out(generation)
                 self._settle(channel, publisher, generation)
                 self._isolate(channel, publisher, pool, generation)
 
             # A finished job wakes this thread at once (the acks free prefetch room).
-            self._wake = lambda: connection.add_callback_threadsafe(turn)
+            self._handoff.connected(lambda: connection.add_callback_threadsafe(turn))
             for name in self.queues:
                 channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
             backoff.reset()
@@ -288,13 +275,7 @@ class Consumer:
         the broker, or dead-lettered after the last), as a worker gives up on them. Their
         threads cannot be stopped: each holds a thread of the pool until its task
         returns, and what it returns then is dropped."""
-        now = time.monotonic()
-        for (born, tag), (deadline, message) in list(self._deadlines.items()):
-            if born != generation:
-                self._deadlines.pop((born, tag), None)  # its channel is gone
-                continue
-            if now < deadline or not self._deadlines.pop((born, tag), None):
-                continue  # not yet, or it finished meanwhile
+        for tag, message in self._handoff.expired(generation, time.monotonic()):
             task = registry.get(message.task)
             seconds = task.timeout.total_seconds() if task.timeout else 0.0
             raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
@@ -311,7 +292,7 @@ class Consumer:
                 verdict = Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
             else:
                 verdict = Verdict(Outcome.FAILED, seconds, error=error)
-            self._done.put(Done(generation, tag, message, verdict))
+            self._handoff.settle_here(Done(generation, tag, message, verdict))
 
     def _run(self, generation: int, tag: int, message: Message) -> None:
         job = Job(
@@ -328,7 +309,7 @@ class Consumer:
         task = registry.get(job.task) if job.task in registry else None
         if task is not None and task.timeout is not None:
             deadline = time.monotonic() + task.timeout.total_seconds()
-            self._deadlines[(generation, tag)] = (deadline, message)
+            self._handoff.timed((generation, tag), deadline, message)
         try:
             verdict = run_brokered(job, database=self.database)
         except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
@@ -336,28 +317,16 @@ class Consumer:
             verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
         finally:
             connections[self.database].close_if_unusable_or_obsolete()
+        # A delivery settled already as timed out (_time_out): this late outcome is dropped.
         timed = task is not None and task.timeout is not None
-        if timed and not self._deadlines.pop((generation, tag), None):
-            return  # settled already as timed out (_time_out): this late outcome is dropped
-        self._done.put(Done(generation, tag, message, verdict))
-        if self._wake_pending:
-            return  # a turn is coming, and it drains every finished job
-        self._wake_pending = True
-        try:
-            self._wake()
-        except Exception as error:  # noqa: BLE001  (the connection closed meanwhile)
-            logger.debug("broker consumer: no wake-up for a finished job: %r", error)
+        self._handoff.finish(Done(generation, tag, message, verdict), timed=timed)
 
     # -- acting on verdicts ------------------------------------------------------------
 
     def _settle(
         self, channel: Any, publisher: Any, generation: int, *, final: bool = False
     ) -> None:
-        while True:
-            try:
-                done = self._done.get_nowait()
-            except queue.Empty:
-                break
+        for done in self._handoff.drain():
             if done.generation != generation:
                 continue  # its channel is gone: RabbitMQ delivers it again
             self._running -= 1
