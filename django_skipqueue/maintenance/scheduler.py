@@ -34,7 +34,7 @@ from django.db import DatabaseError, connections
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest, Now
 
-from django_skipqueue.conf import check_entry, get_settings
+from django_skipqueue.conf.schedules import schedule_entries, schedule_entry
 from django_skipqueue.core.cron import MAX_OCCURRENCES_PER_PASS, Cron
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
@@ -51,11 +51,6 @@ def default_zone() -> str:
     return settings.TIME_ZONE or "UTC"
 
 
-#: The keys a SKIPQUEUE['SCHEDULES'] entry may have ("cron" is the expression).
-SETTING_KEYS = frozenset(
-    {"task", "cron", "args", "kwargs", "queue_name", "priority", "timezone", "missed"}
-    | {"catch_up", "grace"}
-)
 #: The longest the scheduler thread sleeps between passes: how soon it sees a schedule
 #: paused or resumed by an operator, or a schedule synced by another worker.
 MAX_WAIT = 5.0
@@ -76,12 +71,7 @@ DEFINITION_FIELDS = (
 
 def cron_from_setting(name: str, entry: object) -> Cron:
     """One SKIPQUEUE['SCHEDULES'] entry as a Cron, or ConfigurationError naming the fault."""
-    entry = check_entry(f"SKIPQUEUE['SCHEDULES'][{name!r}]", entry, SETTING_KEYS)
-    for key in ("task", "cron"):
-        if not isinstance(entry.get(key), str):
-            raise ConfigurationError(f"SKIPQUEUE['SCHEDULES'][{name!r}] needs {key!r}, a string")
-    options = {key: value for key, value in entry.items() if key not in {"cron"}}
-    return Cron(name=name, expression=entry["cron"], **options)
+    return Cron(**schedule_entry(name, entry))
 
 
 def defined_schedules() -> dict[str, Cron]:
@@ -103,7 +93,7 @@ def defined_schedules() -> dict[str, Cron]:
     for task_name in registry.names():
         for cron in registry.get(task_name).schedules:
             add(cron, f"@task {task_name}")
-    for name, entry in get_settings().SCHEDULES.items():
+    for name, entry in schedule_entries().items():
         cron = cron_from_setting(name, entry)
         if cron.task not in registry:
             raise ConfigurationError(

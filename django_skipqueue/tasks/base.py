@@ -18,6 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.conf.limits import MAX_CONCURRENCY
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
@@ -258,8 +259,14 @@ class Task(Generic[P, R]):
             self, "concurrency_key", self._checked_key(self.concurrency_key, "concurrency_key")
         )
         limit = self.concurrency_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 32767:
-            raise InvalidJobError(f"concurrency_limit must be 1 to 32767, got {limit!r}")
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not 1 <= limit <= MAX_CONCURRENCY
+        ):
+            raise InvalidJobError(
+                f"concurrency_limit must be 1 to {MAX_CONCURRENCY}, got {limit!r}"
+            )
 
     def _checked_key(self, key: Any, option: str) -> Any:
         if key is None or callable(key):
