@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.retry import RetryPolicy
-from django_skipqueue.exceptions import DuplicateJobError, Retry
-from django_skipqueue.tasks.base import Task, TaskContext, task
+from django_skipqueue.exceptions import DuplicateJobError, Retry, WorkflowFailed
+from django_skipqueue.tasks.base import Signature, Task, TaskContext, task
+from django_skipqueue.tasks.canvas import chain, chord, group
 
 __version__ = "0.1.0"
 
@@ -18,8 +19,13 @@ __all__ = [
     "DuplicateJobError",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "Task",
     "TaskContext",
+    "WorkflowFailed",
     "__version__",
+    "chain",
+    "chord",
+    "group",
     "task",
 ]

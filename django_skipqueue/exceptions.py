@@ -53,6 +53,26 @@ class DuplicateJobError(SkipQueueError):
         self.existing_id = existing_id
 
 
+class WorkflowFailed(SkipQueueError):  # noqa: N818  (named like Celery's and Django's)
+    """A workflow's result was asked for, and the workflow ended failed or cancelled:
+    names the job that failed (`job_id`, None for an operator's cancel) and its error."""
+
+    def __init__(self, workflow_id: int, job_id: int | None, error: str) -> None:
+        which = f"job {job_id}" if job_id is not None else "an operator"
+        super().__init__(f"workflow {workflow_id} did not finish: {which}: {error}")
+        self.workflow_id = workflow_id
+        self.job_id = job_id
+        self.error = error
+
+
+class WorkflowNotFinished(SkipQueueError):  # noqa: N818
+    """A workflow's result was asked for while it still runs (use `wait()`)."""
+
+    def __init__(self, workflow_id: int) -> None:
+        super().__init__(f"workflow {workflow_id} is still running; wait() for it")
+        self.workflow_id = workflow_id
+
+
 class QueueFullError(SkipQueueError):
     """An enqueue was refused: the queue holds SKIPQUEUE['MAX_PENDING_PER_QUEUE'] pending jobs.
 

@@ -21,6 +21,7 @@ from django_skipqueue.core.states import (
     UNFINISHED_STATES,
     UNIQUE_KEY_MAX_LENGTH,
     JobState,
+    WorkflowState,
     idempotency_key_of,
 )
 from django_skipqueue.queue.managers import (
@@ -29,6 +30,7 @@ from django_skipqueue.queue.managers import (
     ScheduleManager,
     WorkerProcessManager,
 )
+from django_skipqueue.queue.workflows import WorkflowManager
 
 
 class DateTimeField(models.DateTimeField):
@@ -73,6 +75,8 @@ __all__ = [
     "QueueOverview",
     "Schedule",
     "WorkerProcess",
+    "Workflow",
+    "WorkflowState",
 ]
 
 
@@ -182,6 +186,30 @@ class Job(models.Model):
         on_delete=models.DO_NOTHING,
         db_constraint=False,  # worker rows are pruned; jobs keep the id as history
     )
+    # Workflows (docs/howto/workflows.md). NULL for a job of no workflow: the trigger
+    # that moves a workflow on (migration 0012) skips such rows in its WHEN clause.
+    workflow = models.ForeignKey(
+        "Workflow",
+        null=True,
+        blank=True,
+        related_name="jobs",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # no lock on the workflow row per inserted job
+    )
+    waiting_on = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Parents not yet done (a waiting workflow job).")
+    )
+    dependents = PayloadField(
+        null=True, blank=True, help_text=_("The ids of the jobs that wait on this one.")
+    )
+    inputs = PayloadField(
+        null=True,
+        blank=True,
+        help_text=_("Whose results this job receives as its first argument, read at run time."),
+    )
+    ends_workflow = models.BooleanField(
+        null=True, blank=True, help_text=_("Its result is (part of) its workflow's result.")
+    )
 
     objects = JobManager()
 
@@ -231,6 +259,12 @@ class Job(models.Model):
                 fields=["concurrency_key"],
                 name="skipqueue_job_key_running_idx",
                 condition=Q(state="running", concurrency_key__isnull=False),
+            ),
+            # A workflow's jobs (its page, its cancel, a resume's parent count).
+            models.Index(
+                fields=["workflow"],
+                name="skipqueue_job_workflow_idx",
+                condition=Q(workflow__isnull=False),
             ),
             # Pruning: WHERE state IN (finished) AND finished_at < ...
             models.Index(
@@ -287,6 +321,82 @@ class Job(models.Model):
     def idempotency_key(self) -> str:
         """Stable across every attempt of this job: hand it to external services."""
         return idempotency_key_of(self.id)
+
+
+class Workflow(models.Model):
+    """Jobs enqueued together as chains, groups and chords (docs/howto/workflows.md).
+
+    The handle `.enqueue()` of a chain, group or chord returns; found again by id from
+    any process (`Workflow.objects.get(id=...)`). Its jobs move it on in the database
+    itself: a trigger on the job table (migration 0012) makes a dependent due in the
+    transaction that records its last parent's success, ends dependents of a failed or
+    cancelled job, and ends the workflow when its last result is in.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255, blank=True, default="")
+    state = models.CharField(
+        max_length=16, choices=WorkflowState.choices, default=WorkflowState.RUNNING
+    )
+    #: Whose results make the workflow's result: a job id, or a list of such trees.
+    output = PayloadField(null=True, blank=True)
+    outputs_left = models.PositiveIntegerField(
+        default=0, help_text=_("Jobs whose result is part of the workflow's and not yet done.")
+    )
+    on_error_job_id = models.BigIntegerField(null=True, blank=True)
+    failed_job_id = models.BigIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = DateTimeField(db_default=Now())
+    finished_at = DateTimeField(null=True, blank=True)
+
+    objects = WorkflowManager()
+
+    class Meta:
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
+        ordering = ("-id",)
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=WorkflowState.values), name="skipqueue_workflow_state"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'workflow'} #{self.id} ({self.state})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state != WorkflowState.RUNNING
+
+    @property
+    def result(self) -> Any:
+        """The workflow's result once done (a chain's last result, a group's list...);
+        WorkflowFailed if it failed or was cancelled, WorkflowNotFinished before."""
+        return Workflow.objects.db_manager(self._state.db).result_of(self)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the workflow finishes and return its result (see `result`).
+
+        Woken by a NOTIFY when a workflow finishes, with a poll as the fallback; raises
+        TimeoutError after `timeout` seconds. Never holds a transaction while waiting."""
+        return Workflow.objects.db_manager(self._state.db).wait_for(self, timeout)
+
+    async def await_result(self, timeout: float | None = None) -> Any:
+        """`wait()` for async code (an async view): the same, without blocking the loop."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self._wait_then_close, thread_sensitive=False)(timeout)
+
+    def _wait_then_close(self, timeout: float | None) -> Any:
+        from django.db import connections
+
+        try:
+            return self.wait(timeout)
+        finally:
+            connections[self._state.db or "default"].close()  # this worker thread's own
+
+    def refresh(self) -> None:
+        self.refresh_from_db()
 
 
 class Queue(models.Model):

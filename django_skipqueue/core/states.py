@@ -44,16 +44,32 @@ class JobState(models.TextChoices):
     #: Published to RabbitMQ by the relay (a relayed queue that keeps results); the
     #: consumer writes its outcome back. See broker.py.
     RELAYED = "relayed", _("relayed")
+    #: A workflow's job whose parents have not all succeeded yet: never claimed. It
+    #: becomes pending in the transaction that records its last parent's success
+    #: (docs/howto/workflows.md).
+    WAITING = "waiting", _("waiting")
 
 
 FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+class WorkflowState(models.TextChoices):
+    RUNNING = "running", _("running")
+    DONE = "done", _("done")
+    #: A job of it ended failed or cancelled: its dependents were cancelled.
+    FAILED = "failed", _("failed")
+    #: An operator cancelled the whole workflow.
+    CANCELLED = "cancelled", _("cancelled")
+
+
 #: Every change of a job's state the protocol makes, (from, to), with the verbs that make
 #: it: the state machine in one table (docs/explanation/protocol.md draws it). Anything
 #: else is a bug: the test database's guard (tests/testapp, migration 0005) records any
 #: other change, any write that keeps a finished job finished but changes it, and any
 #: fall of `attempts`, and the suite fails on each. A feature that writes `state` adds
-#: its changes here. Rows are inserted pending (enqueue, schedules) and deleted only
-#: when finished (pruning) or relayed without results (the relay).
+#: its changes here. Rows are inserted pending (enqueue, schedules) or waiting (a
+#: workflow's dependents) and deleted only when finished (pruning) or relayed without
+#: results (the relay).
 TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("pending", "pending"): ("enqueue_many (unique, replace)",),
     ("pending", "running"): ("claim", "claim_limited"),
@@ -65,16 +81,27 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("running", "pending"): ("fail (retried)", "release", "reap", "requeue (operator)"),
     ("running", "failed"): ("fail", "reap", "claim (a row that cannot be loaded)"),
     ("running", "cancelled"): ("end_cancelled", "fail", "release", "reap"),
+    ("waiting", "waiting"): ("a parent's ack (one parent fewer to wait on)",),
+    ("waiting", "pending"): ("the ack of its last parent", "the workflow failed (on_error)"),
+    ("waiting", "cancelled"): ("a parent failed or was cancelled", "cancel"),
+    ("cancelled", "waiting"): ("retry_now of its failed parent (operator)",),
     ("relayed", "done"): ("the consumer's write-back",),
     ("relayed", "failed"): ("the consumer's write-back",),
     ("failed", "pending"): ("retry_now (operator)",),
     ("cancelled", "pending"): ("retry_now (operator)",),
 }
 #: The only changes that take a job out of a finished state: an operator's explicit act.
-OPERATOR_TRANSITIONS = frozenset({("failed", "pending"), ("cancelled", "pending")})
+OPERATOR_TRANSITIONS = frozenset(
+    {("failed", "pending"), ("cancelled", "pending"), ("cancelled", "waiting")}
+)
+#: Who ends a workflow's job whose parent failed or was cancelled (`cancelled_by`): such a
+#: job waits again when an operator retries that parent.
+UPSTREAM = "skipqueue:upstream"
+#: Who ends a workflow's on_error job when the workflow succeeded (`cancelled_by`).
+UNNEEDED = "skipqueue:unneeded"
 
 #: The states in which a job holds its unique key (see Job's skipqueue_job_unique_key).
-UNFINISHED_STATES = (JobState.PENDING, JobState.RUNNING)
+UNFINISHED_STATES = (JobState.PENDING, JobState.RUNNING, JobState.WAITING)
 #: Longest unique key (the column's length).
 UNIQUE_KEY_MAX_LENGTH = 255
 

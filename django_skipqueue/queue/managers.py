@@ -49,6 +49,8 @@ from django_skipqueue.core.states import (
     CLAIM_ORDER,
     FINISHED_STATES,
     UNFINISHED_STATES,
+    UNNEEDED,
+    UPSTREAM,
     JobState,
     sort_in_claim_order,
     validate_queue_name,
@@ -184,13 +186,20 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def retryable(self) -> JobQuerySet:
         """Failed or cancelled jobs that `retry_now` would move: not a unique job whose
-        key another unfinished job of its task holds."""
-        return self.filter(state__in=[JobState.FAILED, JobState.CANCELLED]).exclude(
-            Exists(
-                self.model._base_manager.filter(
-                    task=OuterRef("task"),
-                    unique_key=OuterRef("unique_key"),
-                    state__in=UNFINISHED_STATES,
+        key another unfinished job of its task holds, nor a workflow's job that its
+        workflow ended (cancelled because of a failed parent, which an operator retries
+        instead, or an on_error job that was not needed)."""
+        ended_by_workflow = Q(cancelled_by__in=[UPSTREAM, UNNEEDED])
+        return (
+            self.filter(state__in=[JobState.FAILED, JobState.CANCELLED])
+            .exclude(ended_by_workflow)
+            .exclude(
+                Exists(
+                    self.model._base_manager.filter(
+                        task=OuterRef("task"),
+                        unique_key=OuterRef("unique_key"),
+                        state__in=UNFINISHED_STATES,
+                    )
                 )
             )
         )
@@ -621,12 +630,17 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         the spec's own bounds, then, with MAX_PENDING_PER_QUEUE, the queue's pending jobs,
         counted up to the cap only (an index scan of at most that many entries)."""
         spec.check_bounds()
+        self.check_room(spec.queue_name, adding)
+
+    def check_room(self, queue_name: str, adding: int) -> None:
+        """With MAX_PENDING_PER_QUEUE, QueueFullError if `adding` more jobs would pass it
+        (the queue's pending jobs counted up to the cap only)."""
         cap = get_settings().MAX_PENDING_PER_QUEUE
         if cap is not None:
-            pending = self.pending_up_to(spec.queue_name, cap)
+            pending = self.pending_up_to(queue_name, cap)
             if pending + adding > cap:
                 raise QueueFullError(
-                    f"queue {spec.queue_name!r} holds {pending} pending jobs; adding {adding} "
+                    f"queue {queue_name!r} holds {pending} pending jobs; adding {adding} "
                     f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
                 )
 
@@ -796,7 +810,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if not keys:
             return {}
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.UNFINISHED_WITH_KEYS, [task.name, keys])
+            cursor.execute(sql.UNFINISHED_WITH_KEYS, [task.name, keys, list(UNFINISHED_STATES)])
             return {key: (job_id, state) for key, job_id, state in cursor.fetchall()}
 
     def _replace_pending(self, task: JobSpec, calls: dict[str, Checked]) -> dict[str, int]:
@@ -1201,16 +1215,16 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         )
 
     def cancel(self, ids: Iterable[int], *, by: str = "", batch_size: int = 1000) -> int:
-        """Pending jobs end cancelled; running ones are asked to stop (`cancel_requested_at`:
-        the worker's next lease renewal tells the task, which ends the job cancelled, or
+        """Pending and waiting jobs end cancelled; running ones are asked to stop
+        (`cancel_requested_at`: the worker's next lease renewal tells the task, which ends the job cancelled, or
         loses it at the end of its lease and the reaper ends it cancelled). Returns how
         many were cancelled or asked. Each write re-checks the state it expects."""
         who = by[:ACTOR_MAX_LENGTH]
 
         def write(batch: list[int]) -> int:
-            pending = self.filter(id__in=batch, state=JobState.PENDING).update(
-                state=JobState.CANCELLED, finished_at=Now(), cancelled_by=who
-            )
+            pending = self.filter(
+                id__in=batch, state__in=[JobState.PENDING, JobState.WAITING]
+            ).update(state=JobState.CANCELLED, finished_at=Now(), cancelled_by=who)
             running = self.filter(
                 id__in=batch, state=JobState.RUNNING, cancel_requested_at__isnull=True
             ).update(cancel_requested_at=Now(), cancelled_by=who)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from django_skipqueue.core.states import validate_queue_name
+from django_skipqueue.core.states import UNFINISHED_STATES, validate_queue_name
 
 if TYPE_CHECKING:
     import psycopg
@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 #: The advisory lock that lets one housekeeper at a time reap and prune. A constant
 #: from the bytes "skipqueue" so it does not collide with the project's own locks.
 REAPER_LOCK_KEY = int.from_bytes(b"skipqueu", "big") >> 1
+
+#: The states in which a job holds its unique key, as an SQL list: the predicate of the
+#: partial unique index skipqueue_job_unique_key, which ON CONFLICT must repeat.
+UNFINISHED = ", ".join(f"'{state}'" for state in UNFINISHED_STATES)
 
 CHANNEL_PREFIX = "skipqueue_"
 #: The channel of flow-control changes (a queue paused or resumed): every listening
@@ -60,6 +64,11 @@ def listen(connection: psycopg.Connection[tuple[object, ...]], queue_names: list
     """
     for queue_name in queue_names:
         connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(queue_name))))
+
+
+def listen_channel(connection: psycopg.Connection[tuple[object, ...]], channel: str) -> None:
+    """LISTEN on one of our fixed channels (a constant of this package, quoted)."""
+    connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
 def listen_control(connection: psycopg.Connection[tuple[object, ...]]) -> None:
@@ -210,7 +219,7 @@ _UNIQUE_PARTS = {
     "key_name": "u, ",
     "on_conflict": (
         "\n    ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL"
-        " AND state IN ('pending', 'running') DO NOTHING"
+        f" AND state IN ({UNFINISHED}) DO NOTHING"
     ),
     "key_out": ", unique_key",
     "keys_agg": "COALESCE(array_agg(unique_key ORDER BY id), '{}')",
@@ -250,7 +259,7 @@ def enqueue_many_statement(
 UNFINISHED_WITH_KEYS = """
 SELECT unique_key, id, state FROM skipqueue_job
 WHERE task = %s AND unique_key = ANY(%s::text[]) AND unique_key IS NOT NULL
-  AND state IN ('pending', 'running')
+  AND state = ANY(%s::text[])
 """
 
 # Unique jobs, on_conflict="replace": the pending job holding each key takes the new
@@ -290,3 +299,49 @@ FROM unnest(%s::bigint[], %s::text[], %s::jsonb[], %s::text[], %s::int[])
     AS outcome(id, state, result, error, attempt)
 WHERE job.id = outcome.id AND job.state = 'relayed'
 """
+
+
+# Workflows (queue/workflows.py). Ids from the job table's own sequence, so that the
+# jobs of a workflow can name each other (dependents, inputs) in the INSERT that writes
+# them. Raw: the ORM cannot call nextval.
+RESERVE_JOB_IDS = """
+SELECT nextval(pg_get_serial_sequence('skipqueue_job', 'id')) FROM generate_series(1, %s)
+"""
+
+#: The columns WORKFLOW_INSERT fills with the model fields' defaults.
+WORKFLOW_DEFAULTS = ("attempts", "expirations", "releases", "last_error", "errors")
+
+# A workflow's jobs: one INSERT of a JSON array of records (one parameter, however many
+# jobs). A unique key held by an unfinished job inserts nothing for that row (ON
+# CONFLICT on the partial unique index): the caller compares the ids that come back and
+# refuses the whole workflow. The statement-level NOTIFY trigger wakes the workers of the
+# jobs that are due at once.
+WORKFLOW_INSERT = """
+INSERT INTO skipqueue_job (id, task, args, kwargs, queue_name, priority, state, run_at,
+    lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at,
+    unique_key, concurrency_key, concurrency_limit, workflow_id, waiting_on, dependents,
+    inputs, ends_workflow)
+SELECT r.id, r.task, r.args, r.kwargs, r.queue_name, r.priority, r.state,
+    COALESCE(r.run_at, statement_timestamp() + make_interval(secs => r.delay)),
+    make_interval(secs => r.lease), {attempts}, r.max_attempts, {expirations}, {releases},
+    {last_error}, {errors}::jsonb, statement_timestamp(), r.unique_key, r.concurrency_key,
+    r.concurrency_limit, %(workflow)s, r.waiting_on, r.dependents, r.inputs, r.ends_workflow
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id bigint, task text, args jsonb,
+    kwargs jsonb, queue_name text, priority smallint, state text, run_at timestamptz,
+    delay double precision, lease double precision, max_attempts integer,
+    unique_key text, concurrency_key text, concurrency_limit smallint, waiting_on integer,
+    dependents jsonb, inputs jsonb, ends_workflow boolean)
+ORDER BY r.id
+ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL AND state IN ({unfinished})
+DO NOTHING
+RETURNING id
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def workflow_insert_statement(defaults: tuple[tuple[str, object], ...]) -> str:
+    """WORKFLOW_INSERT with the defaults (column, value) quoted in as literals."""
+    literals = {
+        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
+    }
+    return WORKFLOW_INSERT.format(**literals, unfinished=UNFINISHED)

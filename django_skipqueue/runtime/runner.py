@@ -39,7 +39,7 @@ from django_skipqueue.exceptions import (
     UnknownTaskError,
 )
 from django_skipqueue.faults import is_row_fault
-from django_skipqueue.models import Job
+from django_skipqueue.models import Job, Workflow
 from django_skipqueue.queue.connections import discard
 from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
@@ -201,6 +201,8 @@ def _call(
             f"JSON object, got {type(job.args).__name__} and {type(job.kwargs).__name__}"
         )
     args: list[Any] = list(job.args)
+    if job.inputs:  # a workflow's job: its parents' results (or the failure), read now
+        args[:0] = Workflow.objects.db_manager(database).inputs_of(job)
     if task.django_task is not None:  # declared with django.tasks' @task
         return _call_django_task(task, job, args)
     if task.takes_context:

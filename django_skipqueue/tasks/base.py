@@ -404,9 +404,18 @@ class Task(Generic[P, R]):
         """
         self.call_rule.check(args, kwargs)
 
+    def s(self, /, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this call: a step of a workflow (chain, group, chord). It
+        receives its parent's result as its first argument, before `args`."""
+        return Signature(self, args, kwargs)
+
+    def si(self, /, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: a step that does not receive its parent's result."""
+        return Signature(self, args, kwargs, immutable=True)
+
     def build(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
         """An unsaved, checked Job for this call. Raises InvalidJobError before any SQL."""
-        return self._jobs().build(self._checked_spec(), args, kwargs)
+        return self._jobs().build(self.enqueue_spec(), args, kwargs)
 
     def enqueue(self, /, *args: P.args, **kwargs: P.kwargs) -> Job:
         """INSERT a pending job in the caller's transaction and return it.
@@ -414,7 +423,7 @@ class Task(Generic[P, R]):
         Nothing is written if the arguments do not survive JSON; the job exists if and
         only if the caller's transaction commits. See `JobManager.enqueue`.
         """
-        return self._jobs().enqueue(self._checked_spec(), args, kwargs)
+        return self._jobs().enqueue(self.enqueue_spec(), args, kwargs)
 
     @overload
     def enqueue_many(
@@ -453,14 +462,14 @@ class Task(Generic[P, R]):
         the batches before it were written; wrap the call in `transaction.atomic()` so
         that none of them commits. See `JobManager.enqueue_many`.
         """
-        jobs, spec = self._jobs(), self._checked_spec()
+        jobs, spec = self._jobs(), self.enqueue_spec()
         if ids_only:
             return jobs.enqueue_many(spec, calls, batch_size=batch_size, ids_only=True)
         return jobs.enqueue_many(spec, calls, batch_size=batch_size)
 
-    def _checked_spec(self) -> JobSpec:
-        """`spec()`, refusing first (ConfigurationError) a task that workers would not
-        find: one registered after start-up from a module they do not import."""
+    def enqueue_spec(self) -> JobSpec:
+        """`spec()` for an enqueue: refusing first (ConfigurationError) a task that workers
+        would not find, one registered after start-up from a module they do not import."""
         registry.check_discoverable(self.name)
         return self.spec()
 
@@ -473,6 +482,24 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name}>"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A task and the arguments of one call of it: a step of a workflow (tasks/canvas.py).
+
+    Unless `immutable` (`task.si(...)`), the job receives its parent's result (a chain's
+    previous step, or the list of a group's results) as its first positional argument,
+    before `args`.
+    """
+
+    task: Task[Any, Any]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    immutable: bool = False
+
+    def __repr__(self) -> str:
+        return f"{self.task.name}.{'si' if self.immutable else 's'}(...)"
 
 
 @overload

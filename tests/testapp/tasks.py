@@ -351,3 +351,42 @@ def leaks_a_process(pid_file: str) -> None:
 def outlives_its_timeout_per_account(context: TaskContext, account: str, seconds: float) -> None:
     """Runs past its timeout under a concurrency limit of 1 per account."""
     _occupy(context.job_id, seconds, account)
+
+
+# -- workflows (tests/test_workflows.py) ------------------------------------------------
+
+
+@task
+def total(values: list[int], extra: int = 0) -> int:
+    """A chord's body: the sum of its group's results."""
+    return sum(values) + extra
+
+
+@task
+def double(value: int) -> int:
+    return 2 * value
+
+
+@task
+def pair(value: object, label: str = "") -> list[object]:
+    """What it was given, to see a step's input."""
+    return [value, label]
+
+
+@task(max_attempts=1)
+def breaks(message: str = "broken") -> None:
+    raise ValueError(message)
+
+
+@task(max_attempts=1)
+def breaks_unless_file(path: str, value: int = 7) -> int:
+    """Fails until `path` exists: an operator's retry after the file is made succeeds."""
+    if not os.path.exists(path):
+        raise RuntimeError(f"{path} is missing")
+    return value
+
+
+@task
+def note_failure(job_id: int, error: str, where: str) -> list[object]:
+    """An on_error callback: returns what it was told."""
+    return [job_id, error, where]

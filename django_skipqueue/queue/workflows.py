@@ -1,0 +1,413 @@
+"""Workflows in the queue's tables: the verbs that start, wait for, cancel and resume them.
+
+A workflow is a set of job rows (chains, groups, chords: docs/howto/workflows.md) and a
+row of its own. `start` inserts them all in the caller's transaction (in a savepoint, so
+that a refusal leaves the caller's transaction usable and nothing half-written). From
+then on the database moves the workflow on by itself: the trigger of migration 0012 runs
+in the transaction of whatever statement finishes one of its jobs (a fenced ack, the
+reaper, an operator's cancel or retry), so no resolver sits beside the completion path:
+
+- a job done: each dependent waits on one parent fewer, and the last parent's ack makes
+  it pending (due) in that same transaction. A stale attempt's ack is refused by the
+  fence before any of this, so it can unblock nothing. Concurrent siblings serialise on
+  the dependent's row lock; each decrement applies to the latest count.
+- a job failed (its attempts spent) or cancelled: every job downstream of it is ended
+  cancelled (`cancelled_by` UPSTREAM, the reason in `last_error`) and never runs; the
+  workflow ends failed once, and its `on_error` job becomes due.
+- an operator's retry of that job: its downstream jobs wait again and the workflow runs.
+- the last output job done: the workflow ends done; a NOTIFY wakes `wait()`ers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, transaction
+from django.db.models.functions import Now
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.conf.relay import relayed_queues
+from django_skipqueue.core.payload import Undecodable, encode, encode_arguments
+from django_skipqueue.core.states import (
+    FINISHED_STATES,
+    UNFINISHED_STATES,
+    UPSTREAM,
+    JobState,
+    WorkflowState,
+)
+from django_skipqueue.exceptions import (
+    DuplicateJobError,
+    InvalidJobError,
+    WorkflowFailed,
+    WorkflowNotFinished,
+)
+from django_skipqueue.queue import sql
+
+if TYPE_CHECKING:
+    from django_skipqueue.core.spec import JobSpec
+
+logger = logging.getLogger(__name__)
+
+#: Channel of the NOTIFY sent when a workflow finishes (no payload: waiters re-read
+#: their own row). Waiting polls as well, every POLL_SECONDS, in case a NOTIFY is lost
+#: (a pooler that does not pass LISTEN on, say).
+FINISHED_CHANNEL = "skipqueue!workflow"
+POLL_SECONDS = 1.0
+#: Rows of one INSERT when a workflow's jobs are written.
+INSERT_BATCH = 5000
+
+#: A job's inputs, by its position in the plan: a position, or a list of such trees.
+Tree = int | list[Any]
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """One job of a workflow, before it has an id: positions refer to other planned jobs."""
+
+    spec: JobSpec
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    parents: tuple[int, ...] = ()
+    #: The parents' results it receives as its first argument (None: none, `.si()`).
+    inputs: Tree | None = None
+    #: Its result is part of the workflow's result.
+    output: bool = False
+    #: The workflow's on_error job: it receives the failed job's id and error.
+    on_error: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A workflow's jobs in order (parents before their dependents) and its result tree."""
+
+    name: str
+    jobs: tuple[PlannedJob, ...]
+    output: Tree
+
+
+class WorkflowQuerySet(models.QuerySet["Any"]):
+    def running(self) -> WorkflowQuerySet:
+        return self.filter(state=WorkflowState.RUNNING)
+
+    def finished(self) -> WorkflowQuerySet:
+        return self.exclude(state=WorkflowState.RUNNING)
+
+
+class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: ignore[misc]
+    """The protocol verbs of workflows; every one runs in the caller's transaction."""
+
+    @property
+    def _jobs(self) -> Any:
+        """Job.objects on this manager's database (the model is reached through the
+        relation, so that this module need not import models)."""
+        job_model = self.model._meta.get_field("jobs").related_model
+        return job_model.objects.db_manager(self.db)
+
+    # -- start -------------------------------------------------------------------------
+
+    def start(self, plan: Plan) -> Any:
+        """Insert the workflow's row and every job of `plan`, in the caller's transaction.
+
+        Checked before any row is written: each call against its task's signature (a
+        dependent's first argument is its parents' result), the payload limit, the
+        volume guards, and that no job is on a relayed queue. A unique key held by an
+        unfinished job raises DuplicateJobError; the savepoint around the inserts is then
+        rolled back, so the caller's transaction goes on and nothing of the workflow
+        exists. Statements: the workflow row, one `nextval` of as many ids as jobs, and
+        one INSERT per INSERT_BATCH jobs (`sql.workflow_insert_statement`).
+        """
+        settings = get_settings()
+        relayed = relayed_queues() if settings.RELAY else set()
+        encoded = []
+        for planned in plan.jobs:
+            spec = planned.spec
+            if spec.queue_name in relayed:
+                raise InvalidJobError(
+                    f"{spec.name} is on queue {spec.queue_name!r}, which is relayed to "
+                    f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
+                    f"put its jobs on queues of the table"
+                )
+            first: tuple[Any, ...] = ()
+            if planned.on_error:
+                first = (0, "")
+            elif planned.inputs is not None:
+                first = (None,)
+            spec.check_call((*first, *planned.args), planned.kwargs)
+            spec.check_bounds()
+            encoded.append(
+                encode_arguments(planned.args, planned.kwargs, limit=settings.MAX_PAYLOAD_BYTES)
+            )
+        self._check_room(plan)
+        with transaction.atomic(using=self.db):
+            workflow = self.create(name=plan.name[:255])
+            ids = self._reserve_ids(len(plan.jobs))
+            dependents: dict[int, list[int]] = {}
+            for position, planned in enumerate(plan.jobs):
+                for parent in sorted(set(planned.parents)):
+                    dependents.setdefault(parent, []).append(ids[position])
+            rows = [
+                self._row(ids, position, planned, dependents.get(position), args_json, kwargs_json)
+                for position, (planned, (_, _, args_json, kwargs_json)) in enumerate(
+                    zip(plan.jobs, encoded, strict=True)
+                )
+            ]
+            statement = sql.workflow_insert_statement(sql_defaults(self._jobs.model))
+            inserted = 0
+            with connections[self.db].cursor() as cursor:
+                for start in range(0, len(rows), INSERT_BATCH):
+                    batch = rows[start : start + INSERT_BATCH]
+                    cursor.execute(
+                        statement, {"workflow": workflow.id, "rows": "[" + ",".join(batch) + "]"}
+                    )
+                    got = {row[0] for row in cursor.fetchall()}
+                    inserted += len(got)
+                    if len(got) < len(batch):
+                        self._refuse_held_key(plan, ids, got)
+                if any(planned.spec.concurrency_key is not None for planned in plan.jobs):
+                    cursor.execute("SELECT pg_notify(%s, '')", [sql.KEYED_CHANNEL])
+            outputs = {ids[p] for p in _positions(plan.output)}
+            on_error = [ids[p] for p, planned in enumerate(plan.jobs) if planned.on_error]
+            workflow.output = _with_ids(plan.output, ids)
+            workflow.outputs_left = len(outputs)
+            workflow.on_error_job_id = on_error[0] if on_error else None
+            if not outputs:  # an empty group: nothing to wait for
+                workflow.state, workflow.finished_at = WorkflowState.DONE, Now()
+            workflow.save(
+                update_fields=["output", "outputs_left", "on_error_job_id", "state", "finished_at"]
+            )
+            if not outputs:
+                workflow.refresh_from_db(fields=["finished_at"])
+        logger.info("workflow enqueued id=%s name=%s jobs=%d", workflow.id, workflow.name, inserted)
+        return workflow
+
+    def _check_room(self, plan: Plan) -> None:
+        cap = get_settings().MAX_PENDING_PER_QUEUE
+        if cap is None:
+            return
+        adding: dict[str, int] = {}
+        for planned in plan.jobs:
+            adding[planned.spec.queue_name] = adding.get(planned.spec.queue_name, 0) + 1
+        for queue_name, count in adding.items():
+            self._jobs.check_room(queue_name, count)
+
+    def _reserve_ids(self, count: int) -> list[int]:
+        """`count` job ids from the job table's own sequence, so that rows may name each
+        other (dependents, inputs) in the INSERT that writes them."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.RESERVE_JOB_IDS, [count])
+            return [row[0] for row in cursor.fetchall()]
+
+    @staticmethod
+    def _row(
+        ids: Sequence[int],
+        position: int,
+        planned: PlannedJob,
+        dependents: list[int] | None,
+        args_json: str,
+        kwargs_json: str,
+    ) -> str:
+        """One record of the INSERT's JSON array (the payloads spliced in as encoded)."""
+        spec = planned.spec
+        columns = spec.shared_columns() | spec.key_columns(planned.args, planned.kwargs)
+        parents = set(planned.parents)
+        run_after = spec.run_after
+        inputs: Any = None
+        if planned.on_error:
+            inputs = {"failure": True}
+        elif planned.inputs is not None:
+            inputs = {"results": _with_ids(planned.inputs, ids)}
+        fields = {
+            "id": ids[position],
+            "task": columns["task"],
+            "queue_name": columns["queue_name"],
+            "priority": columns["priority"],
+            "state": JobState.WAITING if parents or planned.on_error else JobState.PENDING,
+            "run_at": run_after.isoformat() if isinstance(run_after, datetime) else None,
+            "delay": run_after.total_seconds() if isinstance(run_after, timedelta) else 0.0,
+            "lease": columns["lease"].total_seconds(),
+            "max_attempts": columns["max_attempts"],
+            "unique_key": columns.get("unique_key"),
+            "concurrency_key": columns.get("concurrency_key"),
+            "concurrency_limit": columns.get("concurrency_limit"),
+            "waiting_on": len(parents) if parents else None,
+            "dependents": dependents,
+            "inputs": inputs,
+            "ends_workflow": True if planned.output else None,
+        }
+        text = json.dumps(fields, separators=(",", ":"))
+        return text[:-1] + f',"args":{args_json},"kwargs":{kwargs_json}}}'
+
+    def _refuse_held_key(self, plan: Plan, ids: Sequence[int], inserted: set[int]) -> None:
+        for position, planned in enumerate(plan.jobs):
+            if ids[position] in inserted or planned.spec.unique_key is None:
+                continue
+            key = planned.spec.key_for(planned.args, planned.kwargs)
+            holder = (
+                self._jobs.filter(
+                    task=planned.spec.name, unique_key=key, state__in=UNFINISHED_STATES
+                )
+                .values_list("id", flat=True)
+                .first()
+            )
+            raise DuplicateJobError(planned.spec.name, key, holder)
+
+    # -- results -----------------------------------------------------------------------
+
+    def result_of(self, workflow: Any) -> Any:
+        """The result of a finished workflow, read now (see Workflow.result)."""
+        workflow.refresh_from_db()
+        if workflow.state == WorkflowState.RUNNING:
+            raise WorkflowNotFinished(workflow.id)
+        if workflow.state != WorkflowState.DONE:
+            raise WorkflowFailed(
+                workflow.id, workflow.failed_job_id, workflow.error or str(workflow.state)
+            )
+        return self.resolve(workflow.output)
+
+    def resolve(self, tree: Any) -> Any:
+        """A tree of job ids with each id replaced by that job's result."""
+        wanted = list(_positions(tree))
+        results = dict(self._jobs.filter(id__in=wanted).values_list("id", "result"))
+        for job_id, value in results.items():
+            if isinstance(value, Undecodable):
+                raise InvalidJobError(f"job {job_id}'s result cannot be loaded: {value.reason}")
+        missing = [job_id for job_id in wanted if job_id not in results]
+        if missing:
+            raise InvalidJobError(
+                f"the results of jobs {missing[:5]} are gone (pruned?): a workflow's "
+                f"results live in its job rows"
+            )
+        return _replaced(tree, results)
+
+    def inputs_of(self, job: Any) -> list[Any]:
+        """What a workflow job receives before its own arguments, read at run time: its
+        parents' results as one value, or for an on_error job the failed job's id and
+        error. [] for a job without inputs."""
+        inputs = job.inputs
+        if not inputs:
+            return []
+        if not isinstance(inputs, dict):
+            raise InvalidJobError(f"job {job.id} has inputs that are not a JSON object")
+        if inputs.get("failure"):
+            workflow = self.filter(id=job.workflow_id).values("failed_job_id", "error").first()
+            if workflow is None:
+                return [None, ""]
+            return [workflow["failed_job_id"], workflow["error"]]
+        return [self.resolve(inputs["results"])]
+
+    def wait_for(self, workflow: Any, timeout: float | None = None) -> Any:
+        """Block until `workflow` finishes; its result, or WorkflowFailed. TimeoutError
+        after `timeout` seconds. LISTENs on its own connection (never the caller's, which
+        may be in a transaction); polls every POLL_SECONDS as the fallback."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        listener = _listener(self.db)
+        try:
+            while True:
+                workflow.refresh_from_db(fields=["state"])
+                if workflow.state != WorkflowState.RUNNING:
+                    return self.result_of(workflow)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"workflow {workflow.id} still running after {timeout} s")
+                wait = POLL_SECONDS if left is None else min(POLL_SECONDS, left)
+                if listener is None:
+                    time.sleep(wait)
+                    continue
+                _wait_notified(listener, wait)
+        finally:
+            if listener is not None:
+                listener.close()
+
+    # -- operators ---------------------------------------------------------------------
+
+    def cancel(self, ids: Iterable[int], *, by: str = "") -> int:
+        """End these workflows cancelled: each unfinished job of them is cancelled
+        (waiting and pending ones at once, running ones asked to stop). Returns how many
+        workflows changed; a finished workflow is left as it is."""
+        ids = list(ids)
+        with transaction.atomic(using=self.db):
+            changed = list(
+                self.filter(id__in=ids, state__in=[WorkflowState.RUNNING, WorkflowState.FAILED])
+                .select_for_update(no_key=True)
+                .values_list("id", flat=True)
+            )
+            if not changed:
+                return 0
+            self.filter(id__in=changed).update(
+                state=WorkflowState.CANCELLED,
+                finished_at=Now(),
+                error=f"cancelled by {by or 'an operator'}",
+            )
+            unfinished = self._jobs.filter(workflow_id__in=changed).exclude(
+                state__in=FINISHED_STATES
+            )
+            self._jobs.cancel(list(unfinished.values_list("id", flat=True)), by=by)
+            with connections[self.db].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, '')", [FINISHED_CHANNEL])
+        return len(changed)
+
+    def retry_failed(self, ids: Iterable[int]) -> int:
+        """An operator's retry of each workflow's failed or cancelled jobs (not those
+        cancelled because of them: they wait again on their own when their parent is
+        retried). Returns how many jobs were retried."""
+        jobs = self._jobs.filter(
+            workflow_id__in=list(ids), state__in=[JobState.FAILED, JobState.CANCELLED]
+        ).exclude(cancelled_by=UPSTREAM)
+        return int(self._jobs.retry_now(list(jobs.values_list("id", flat=True))))
+
+
+def sql_defaults(model: Any) -> tuple[tuple[str, object], ...]:
+    """The model's defaults of the columns the workflow INSERT fills with them."""
+    fields = {field.name: field for field in model._meta.concrete_fields}
+    values = {name: fields[name].get_default() for name in sql.WORKFLOW_DEFAULTS}
+    values["errors"] = encode(values["errors"])
+    return tuple(values.items())
+
+
+def _positions(tree: Any) -> Iterable[int]:
+    if isinstance(tree, list):
+        for item in tree:
+            yield from _positions(item)
+    elif tree is not None:
+        yield int(tree)
+
+
+def _with_ids(tree: Any, ids: Sequence[int]) -> Any:
+    if isinstance(tree, list):
+        return [_with_ids(item, ids) for item in tree]
+    return ids[tree]
+
+
+def _replaced(tree: Any, values: dict[int, Any]) -> Any:
+    if isinstance(tree, list):
+        return [_replaced(item, values) for item in tree]
+    return values[int(tree)]
+
+
+def _listener(alias: str) -> Any:
+    """A connection of its own, LISTENing for finished workflows (None if it cannot)."""
+    try:
+        wrapper = connections[alias]
+        listener = wrapper.get_new_connection(wrapper.get_connection_params())
+        listener.autocommit = True
+        sql.listen_channel(listener, FINISHED_CHANNEL)
+        return listener
+    except Exception as error:  # noqa: BLE001  (waiting falls back to polling)
+        logger.debug("workflow wait: no LISTEN, polling: %r", error)
+        return None
+
+
+def _wait_notified(listener: Any, seconds: float) -> None:
+    """Until a notification arrives on `listener`, or `seconds` pass."""
+    if list(listener.notifies(timeout=0, stop_after=1)):
+        return
+    select.select([listener.fileno()], [], [], max(seconds, 0.0))
+    for _ in listener.notifies(timeout=0):
+        pass

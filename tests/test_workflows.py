@@ -1,0 +1,346 @@
+"""Workflows (tasks/canvas.py, queue/workflows.py, migration 0012's trigger).
+
+Jobs run through `testing.run_jobs` (the worker's own executor, in this process) against
+the real database and its trigger; tests/chaos/test_workflows.py runs them in worker
+processes under SIGKILL.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_skipqueue import WorkflowFailed, chain, chord, group
+from django_skipqueue.exceptions import (
+    DuplicateJobError,
+    InvalidJobError,
+    QueueFullError,
+    WorkflowNotFinished,
+)
+from django_skipqueue.models import Job, JobState, Workflow, WorkflowState
+from django_skipqueue.testing import run_jobs
+from tests.testapp.tasks import (
+    add,
+    breaks,
+    breaks_unless_file,
+    double,
+    note_failure,
+    pair,
+    send_invoice,
+    total,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def states(workflow: Workflow) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for task_name, state in workflow.jobs.order_by("id").values_list("task", "state"):
+        found.setdefault(task_name.rsplit(".", 1)[-1], []).append(state)
+    return found
+
+
+# -- results through chains, groups, chords and their nesting ---------------------------
+
+
+def test_a_chain_passes_each_result_to_the_next_step():
+    workflow = chain(add.s(1, 2), double.s(), pair.s(label="end")).enqueue()
+    assert Job.objects.filter(workflow=workflow, state=JobState.PENDING).count() == 1
+    run_jobs()
+    assert workflow.wait(timeout=5) == [6, "end"]
+    assert workflow.result == [6, "end"]
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.DONE and workflow.finished_at is not None
+
+
+def test_a_group_gives_the_list_of_its_results_in_the_order_given():
+    workflow = group(double.s(n) for n in range(10)).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == [2 * n for n in range(10)]
+
+
+def test_a_chord_calls_its_body_once_with_the_groups_results():
+    workflow = chord(group(double.s(n) for n in range(5)), total.s(extra=100)).enqueue()
+    body = workflow.jobs.get(task=total.name)
+    assert (body.state, body.waiting_on) == (JobState.WAITING, 5)
+    run_jobs()
+    assert workflow.wait(timeout=5) == 120
+    body.refresh_from_db()
+    assert (body.state, body.attempts, body.waiting_on) == (JobState.DONE, 1, 0)
+
+
+def test_a_group_inside_a_chain_gives_the_next_step_the_list():
+    workflow = chain(add.s(1, 1), group(double.s(), pair.s("x")), pair.s()).enqueue()
+    run_jobs()
+    # Each member of the group receives 2 (add's result) as its first argument.
+    assert workflow.wait(timeout=5) == [[4, [2, "x"]], ""]
+
+
+def test_nested_groups_and_chains_keep_the_shape_of_their_results():
+    workflow = group(chain(add.s(1, 2), double.s()), group(double.s(1), double.s(2))).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == [6, [2, 4]]
+
+
+def test_a_chord_can_be_a_step_of_a_chain():
+    workflow = chain(
+        add.s(2, 3), chord(group(double.s(), add.s(10)), total.s()), double.s()
+    ).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == 2 * (10 + 15)
+
+
+def test_an_immutable_step_does_not_receive_its_parents_result():
+    workflow = chain(add.s(1, 2), pair.si("alone", "no input")).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == ["alone", "no input"]
+
+
+def test_an_empty_group_is_done_at_once_and_a_chord_body_gets_an_empty_list():
+    assert group([]).enqueue().wait(timeout=1) == []
+    workflow = chord(group([]), total.s()).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == 0
+
+
+def test_options_given_with_using_are_kept_by_the_signature():
+    workflow = chain(add.using(queue_name="other", priority=9).s(1, 2), double.s()).enqueue()
+    first = workflow.jobs.order_by("id").first()
+    assert (first.queue_name, first.priority) == ("other", 9)
+    run_jobs(["default", "other"])
+    assert workflow.wait(timeout=5) == 6
+
+
+# -- the handle --------------------------------------------------------------------------
+
+
+def test_the_handle_is_found_again_by_id_and_says_it_is_not_finished():
+    workflow = chain(add.s(1, 2), double.s()).enqueue()
+    again = Workflow.objects.get(id=workflow.id)
+    assert again.state == WorkflowState.RUNNING and not again.is_finished
+    with pytest.raises(WorkflowNotFinished):
+        _ = again.result
+    with pytest.raises(TimeoutError):
+        again.wait(timeout=0.2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wait_is_woken_by_the_finishing_ack_not_by_its_poll():
+    workflow = chain(add.s(1, 2), double.s()).enqueue()
+    run_jobs(limit=1)  # the first step
+    answer: list[object] = []
+    waiting = threading.Event()
+
+    def waiter() -> None:
+        try:
+            waiting.set()
+            answer.append(Workflow.objects.get(id=workflow.id).wait(timeout=10))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    waiting.wait(timeout=5)
+    run_jobs()
+    thread.join(timeout=10)
+    assert answer == [6]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_await_result_works_in_async_code():
+    import asyncio
+
+    workflow = chain(add.s(4, 5), double.s()).enqueue()
+    run_jobs()
+    assert asyncio.run(workflow.await_result(timeout=5)) == 18
+
+
+# -- transactional enqueue ------------------------------------------------------------
+
+
+def test_a_rolled_back_workflow_leaves_no_row():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        chord(group(double.s(n) for n in range(3)), total.s()).enqueue()
+        raise RuntimeError("the view failed")
+    assert not Job.objects.exists() and not Workflow.objects.exists()
+
+
+def test_a_bad_call_anywhere_writes_nothing_and_names_the_step():
+    with pytest.raises(InvalidJobError, match=r"double\(value\) cannot be called"):
+        chain(add.s(1, 2), double.s(1)).enqueue()  # double gets add's result and 1
+    assert not Job.objects.exists() and not Workflow.objects.exists()
+    with pytest.raises(InvalidJobError, match="must be a signature"):
+        chain(add.s(1, 2), double)  # the task, not a signature
+
+
+def test_a_held_unique_key_refuses_the_whole_workflow_and_the_transaction_goes_on():
+    holder = send_invoice.enqueue(7)
+    with transaction.atomic():
+        with pytest.raises(DuplicateJobError, match=f"held by job {holder.id}"):
+            chain(add.s(1, 2), send_invoice.si(7)).enqueue()
+        assert Job.objects.count() == 1  # the caller's transaction is usable
+    assert not Workflow.objects.exists()
+
+
+def test_a_waiting_job_holds_its_unique_key():
+    workflow = chain(add.s(1, 2), send_invoice.si(8)).enqueue()
+    waiting = workflow.jobs.get(task=send_invoice.name)
+    assert waiting.state == JobState.WAITING
+    assert send_invoice.enqueue(8).id == waiting.id  # "existing": the waiting one
+
+
+def test_the_pending_cap_counts_a_workflows_jobs():
+    with override_settings(SKIPQUEUE={"MAX_PENDING_PER_QUEUE": 3}), pytest.raises(QueueFullError):
+        group(double.s(n) for n in range(5)).enqueue()
+
+
+@override_settings(
+    SKIPQUEUE={"RELAY": {"QUEUES": ["relayed"], "URL": "amqp://guest:guest@127.0.0.1:5672/"}}
+)
+def test_a_job_on_a_relayed_queue_is_refused_at_enqueue():
+    with pytest.raises(InvalidJobError, match="relayed to RabbitMQ"):
+        chain(add.s(1, 2), double.using(queue_name="relayed").s()).enqueue()
+
+
+# -- failure, on_error, cancel and resume --------------------------------------------------
+
+
+def test_a_failed_job_cancels_what_waits_on_it_and_on_error_runs_once():
+    workflow = chain(
+        group(breaks.si("first"), breaks.si("second"), double.s(1)), total.s(), double.s()
+    ).enqueue(on_error=note_failure.s(where="handler"))
+    run_jobs()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.FAILED
+    assert states(workflow) == {
+        "breaks": ["failed", "failed"],
+        "double": ["done", "cancelled"],
+        "total": ["cancelled"],
+        "note_failure": ["done"],
+    }
+    body = workflow.jobs.get(task=total.name)
+    assert body.attempts == 0 and body.last_error.startswith("upstream job ")
+    handler = workflow.jobs.get(task=note_failure.name)
+    failed_id, error, where = handler.result
+    assert failed_id == workflow.failed_job_id and where == "handler"
+    assert "ValueError" in error and ("first" in error or "second" in error)
+    with pytest.raises(WorkflowFailed, match=f"job {failed_id}"):
+        workflow.wait(timeout=1)
+
+
+def test_on_error_never_runs_when_the_workflow_succeeds():
+    workflow = chain(add.s(1, 2), double.s()).enqueue(on_error=note_failure.s(where="x"))
+    run_jobs()
+    assert workflow.wait(timeout=5) == 6
+    handler = workflow.jobs.get(task=note_failure.name)
+    assert (handler.state, handler.attempts) == (JobState.CANCELLED, 0)
+
+
+def test_cancelling_a_workflow_cancels_every_unfinished_job_of_it():
+    workflow = chord(group(double.s(n) for n in range(3)), total.s()).enqueue(
+        on_error=note_failure.s(where="x")
+    )
+    run_jobs(limit=1)
+    assert Workflow.objects.cancel([workflow.id], by="ops") == 1
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.CANCELLED
+    assert run_jobs() == []  # nothing left to run, not even on_error
+    assert sorted(workflow.jobs.values_list("state", flat=True)) == [
+        "cancelled", "cancelled", "cancelled", "cancelled", "done"
+    ]  # fmt: skip
+    with pytest.raises(WorkflowFailed, match="cancelled by ops"):
+        workflow.wait(timeout=1)
+
+
+def test_an_operators_retry_of_the_failed_job_resumes_the_workflow(tmp_path: Path):
+    flag = tmp_path / "ready"
+    workflow = chain(
+        add.s(1, 2), breaks_unless_file.si(str(flag), 5), chord(group(double.s()), total.s())
+    ).enqueue()
+    run_jobs()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.FAILED
+    assert states(workflow)["total"] == ["cancelled"]
+    flag.touch()
+    assert Workflow.objects.retry_failed([workflow.id]) == 1
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.RUNNING
+    assert states(workflow) == {
+        "add": ["done"],
+        "breaks_unless_file": ["pending"],
+        "double": ["waiting"],
+        "total": ["waiting"],
+    }
+    run_jobs()
+    assert workflow.wait(timeout=5) == 10
+
+
+def test_a_cancelled_dependent_is_not_retried_on_its_own():
+    workflow = chain(breaks.si(), double.s()).enqueue()
+    run_jobs()
+    dependent = workflow.jobs.get(task=double.name)
+    assert Job.objects.retry_now([dependent.id]) == 0  # it waits for its parent's retry
+    dependent.refresh_from_db()
+    assert dependent.state == JobState.CANCELLED
+
+
+def test_an_operator_cancelling_one_member_ends_the_workflow_failed():
+    workflow = chord(group(double.s(1), double.s(2)), total.s()).enqueue()
+    first = workflow.jobs.filter(task=double.name).order_by("id").first()
+    Job.objects.cancel([first.id], by="ops")
+    run_jobs()
+    workflow.refresh_from_db()
+    assert (workflow.state, workflow.failed_job_id) == (WorkflowState.FAILED, first.id)
+    assert workflow.error == "cancelled by ops"
+    assert states(workflow) == {"double": ["cancelled", "done"], "total": ["cancelled"]}
+
+
+# -- concurrency ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_hundred_siblings_finishing_together_unblock_the_body_exactly_once():
+    """Twenty connections ack ten members each, released together by a barrier: the
+    body's count reaches zero once, and it becomes due once."""
+    workflow = chord(group(double.s(n) for n in range(200)), total.s()).enqueue()
+    claimed = Job.objects.claim(queues=["default"], limit=200)
+    assert len(claimed) == 200
+    start, acked = threading.Barrier(20), []
+
+    def acker(jobs: list[Job]) -> None:
+        try:
+            start.wait(timeout=10)
+            for job in jobs:
+                acked.append(Job.objects.ack(job.id, job.attempts, 2 * job.args[0]))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=acker, args=(claimed[n::20],)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert acked.count(True) == 200
+    body = workflow.jobs.get(task=total.name)
+    assert (body.state, body.waiting_on) == (JobState.PENDING, 0)
+    run_jobs()
+    assert workflow.wait(timeout=5) == sum(2 * n for n in range(200))
+
+
+def test_a_stale_attempts_ack_unblocks_nothing():
+    workflow = chain(add.s(1, 2), double.s()).enqueue()
+    (job,) = Job.objects.claim(queues=["default"], limit=1)
+    with connection.cursor() as cursor:  # its lease runs out; the reaper takes it back
+        cursor.execute(
+            "UPDATE skipqueue_job SET leased_until = now() - interval '1 s' WHERE id = %s",
+            [job.id],
+        )
+    Job.objects.reap()
+    assert Job.objects.ack(job.id, job.attempts, 3) is False  # refused by the fence
+    assert workflow.jobs.get(task=double.name).state == JobState.WAITING
+    run_jobs()
+    assert workflow.wait(timeout=5) == 6
