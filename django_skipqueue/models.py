@@ -266,6 +266,12 @@ class Job(models.Model):
                 name="skipqueue_job_workflow_idx",
                 condition=Q(workflow__isnull=False),
             ),
+            # Workflow jobs waiting on a parent, per queue (queuestats, the overview).
+            models.Index(
+                fields=["queue_name"],
+                name="skipqueue_job_waiting_idx",
+                condition=Q(state="waiting"),
+            ),
             # Pruning: WHERE state IN (finished) AND finished_at < ...
             models.Index(
                 fields=["finished_at"],

@@ -28,6 +28,8 @@ class QueueStats:
     queue: str
     pending_due: int = 0
     scheduled: int = 0
+    #: Workflow jobs waiting on a parent (not due until it is done).
+    waiting: int = 0
     running: int = 0
     stuck: int = 0
     failed: int = 0
@@ -69,6 +71,11 @@ def queue_stats(database: str | None = None, *, broker: bool = True) -> list[Que
             stuck=Count("id", filter=Q(state=JobState.RUNNING, leased_until__lt=now)),
         )
     )
+    waiting = (  # the partial index skipqueue_job_waiting_idx: waiting jobs only
+        jobs.filter(state=JobState.WAITING).values("queue_name").annotate(n=Count("id"))
+    )
+    for item in waiting:
+        row(item["queue_name"]).waiting = item["n"]
     lags = _lag_seconds(alias)
     for item in active:
         entry = row(item["queue_name"])

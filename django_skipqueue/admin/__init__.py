@@ -12,6 +12,7 @@ from django_skipqueue.admin.jobs import JobAdmin
 from django_skipqueue.admin.queues import QueueOverviewAdmin, QueueOverviewViews, throughput_chart
 from django_skipqueue.admin.schedules import ScheduleAdmin
 from django_skipqueue.admin.workers import WorkerProcessAdmin
+from django_skipqueue.admin.workflows import WorkflowAdmin
 
 __all__ = [
     "STYLESHEET",
@@ -21,5 +22,6 @@ __all__ = [
     "QueueOverviewViews",
     "ScheduleAdmin",
     "WorkerProcessAdmin",
+    "WorkflowAdmin",
     "throughput_chart",
 ]

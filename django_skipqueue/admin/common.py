@@ -148,6 +148,27 @@ class ScheduleFilter(admin.SimpleListFilter):
         return queryset.filter(schedule=self.value()) if self.value() else queryset
 
 
+class WorkflowFilter(admin.SimpleListFilter):
+    """The jobs of one workflow (`?workflow=ID`, linked from a workflow's page)."""
+
+    title, parameter_name = _("workflow"), "workflow"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[str, str | _StrPromise]]:
+        value = self.value()
+        return [(value, f"#{value}")] if value and value.isdigit() else []
+
+    def has_output(self) -> bool:
+        return True  # applied from a link even though it offers no choices of its own
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(workflow_id=int(value)) if value.isdigit() else queryset.none()
+
+
 class AliveFilter(admin.SimpleListFilter):
     title = _("status")
     parameter_name = "status"

@@ -43,6 +43,7 @@ from django_skipqueue.admin.common import (
     QueueFilter,
     ScheduleFilter,
     TaskFilter,
+    WorkflowFilter,
     _age,
     _entries,
     _expired_for,
@@ -62,7 +63,16 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
 
     # HealthFilter, "state", QueueFilter, TaskFilter and the run_at date filter.
     allowed_lookups = frozenset(
-        {"health", "state__exact", "queue", "task", "schedule", "run_at__gte", "run_at__lt"}
+        {
+            "health",
+            "state__exact",
+            "queue",
+            "task",
+            "schedule",
+            "workflow",
+            "run_at__gte",
+            "run_at__lt",
+        }
     )
     # What an operator triages by, all of it within 1280 px with Django's two sidebars
     # open (tests/test_admin_browser.py): long values (task paths, worker ids, errors)
@@ -74,6 +84,7 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
         QueueFilter,
         TaskFilter,
         ScheduleFilter,
+        WorkflowFilter,
         ("run_at", admin.DateFieldListFilter),
     ]
     search_fields = ["task"]  # see get_search_results: an id, or a task name prefix
@@ -105,6 +116,7 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
         "shown_unique_key",
         "schedule_link",
         "scheduled_for",
+        "workflow_link",
         "pretty_args",
         "pretty_result",
         "timeline",
@@ -126,7 +138,10 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
                 ]
             },
         ),
-        (_("Origin"), {"fields": ["shown_unique_key", "schedule_link", "scheduled_for"]}),
+        (
+            _("Origin"),
+            {"fields": ["shown_unique_key", "schedule_link", "scheduled_for", "workflow_link"]},
+        ),
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
@@ -198,6 +213,25 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
             return "-"
         url = reverse("admin:skipqueue_job_changelist") + f"?schedule={quote(job.schedule)}"
         return format_html('<a href="{}">{}</a>', url, job.schedule)
+
+    @admin.display(description=_("workflow"))
+    def workflow_link(self, job: Job) -> str:
+        """The workflow the job is a step of, and what it waits on."""
+        if job.workflow_id is None:
+            return "-"
+        url = reverse("admin:skipqueue_workflow_change", args=[job.workflow_id])
+        waits = ""
+        if job.state == JobState.WAITING and job.waiting_on:
+            waits = format_html(" · {}", _("waits on %d more") % job.waiting_on)
+        siblings = reverse("admin:skipqueue_job_changelist") + f"?workflow={job.workflow_id}"
+        return format_html(
+            '<a href="{}">#{}</a>{} · <a href="{}">{}</a>',
+            url,
+            job.workflow_id,
+            waits,
+            siblings,
+            _("all its jobs"),
+        )
 
     @admin.display(description=_("state"), ordering="state")
     def state_and_health(self, job: Job) -> str:

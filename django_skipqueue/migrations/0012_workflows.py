@@ -217,6 +217,10 @@ class Migration(migrations.Migration):
             model_name='job',
             index=models.Index(condition=models.Q(('workflow__isnull', False)), fields=['workflow'], name='skipqueue_job_workflow_idx'),
         ),
+        AddIndexConcurrently(
+            model_name='job',
+            index=models.Index(condition=models.Q(('state', 'waiting')), fields=['queue_name'], name='skipqueue_job_waiting_idx'),
+        ),
         migrations.SeparateDatabaseAndState(
             state_operations=[
                 migrations.RemoveConstraint(model_name='job', name='skipqueue_job_state_valid'),

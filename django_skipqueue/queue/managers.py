@@ -1216,9 +1216,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def cancel(self, ids: Iterable[int], *, by: str = "", batch_size: int = 1000) -> int:
         """Pending and waiting jobs end cancelled; running ones are asked to stop
-        (`cancel_requested_at`: the worker's next lease renewal tells the task, which ends the job cancelled, or
-        loses it at the end of its lease and the reaper ends it cancelled). Returns how
-        many were cancelled or asked. Each write re-checks the state it expects."""
+        (`cancel_requested_at`: the worker's next lease renewal tells the task, which ends
+        the job cancelled, or loses it at the end of its lease and the reaper ends it
+        cancelled). Returns how many were cancelled or asked. Each write re-checks the
+        state it expects."""
         who = by[:ACTOR_MAX_LENGTH]
 
         def write(batch: list[int]) -> int:

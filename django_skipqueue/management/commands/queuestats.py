@@ -15,6 +15,7 @@ COLUMNS = [
     "queue",
     "pending_due",
     "scheduled",
+    "waiting",
     "running",
     "stuck",
     "failed",
@@ -31,10 +32,11 @@ COLUMNS = [
 
 class Command(BaseCommand):
     help = (
-        "Print, per queue: due and scheduled jobs, running, stuck (lease expired), failed, "
-        "the age of the oldest due job (lag), jobs done in 5 minutes and 1 hour, live workers, "
-        "whether it is paused and its limits; for a queue relayed to RabbitMQ, the messages "
-        "ready in the broker and its dead letters (due and lag are then the relay's backlog)."
+        "Print, per queue: due and scheduled jobs, workflow jobs waiting on a parent, "
+        "running, stuck (lease expired), failed, the age of the oldest due job (lag), jobs "
+        "done in 5 minutes and 1 hour, live workers, whether it is paused and its limits; "
+        "for a queue relayed to RabbitMQ, the messages ready in the broker and its dead "
+        "letters (due and lag are then the relay's backlog)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

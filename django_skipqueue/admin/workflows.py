@@ -1,0 +1,163 @@
+"""The workflow admin: a workflow's jobs as an indented tree, why it failed, and the
+operator's two actions on it (cancel it, retry its failed job), each through the guarded
+verbs of queue/workflows.py and with the job permissions they stand for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext_lazy as _
+
+from django_skipqueue.admin.common import STYLESHEET, OwnLookupsOnly
+from django_skipqueue.core.redaction import redact_text
+from django_skipqueue.models import Job, Workflow
+
+#: The most jobs a workflow's page draws (a chord of 10,000 members would not read).
+TREE_LIMIT = 300
+#: Deeper jobs are drawn at this indent (the stylesheet has a class for each level).
+MAX_INDENT = 8
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(OwnLookupsOnly, admin.ModelAdmin):
+    class Media:
+        css = {"all": (STYLESHEET,)}
+
+    list_display = ["id", "name", "state_badge", "failed_job_link", "created_at", "finished_at"]
+    list_filter = ["state"]
+    allowed_lookups = frozenset({"state__exact"})
+    ordering = ["-id"]
+    show_full_result_count = False
+    actions = ["cancel_workflows", "retry_failed"]
+    readonly_fields = [
+        "id",
+        "name",
+        "state_badge",
+        "shown_error",
+        "failed_job_link",
+        "created_at",
+        "finished_at",
+        "job_tree",
+    ]
+    fields = tuple(readonly_fields)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Who may see jobs may see their workflows (no permission of its own to grant)."""
+        return request.user.has_perm("skipqueue.view_job")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.cancel_job")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("skipqueue.retry_job")
+
+    @admin.display(description=_("state"), ordering="state")
+    def state_badge(self, workflow: Workflow) -> str:
+        return format_html('<b class="skipqueue-state-{}">{}</b>', workflow.state, workflow.state)
+
+    @admin.display(description=_("failed job"))
+    def failed_job_link(self, workflow: Workflow) -> str:
+        if workflow.failed_job_id is None:
+            return "-"
+        url = reverse("admin:skipqueue_job_change", args=[workflow.failed_job_id])
+        return format_html('<a href="{}">#{}</a>', url, workflow.failed_job_id)
+
+    @admin.display(description=_("why it failed"))
+    def shown_error(self, workflow: Workflow) -> str:
+        if not workflow.error:
+            return "-"
+        return format_html(
+            '<pre class="skipqueue-error">{}</pre>', redact_text(workflow.error[:4000])
+        )
+
+    @admin.display(description=_("jobs"))
+    def job_tree(self, workflow: Workflow) -> str:
+        """Each job indented under the parents it waits on, in the order they were given."""
+        rows = list(
+            Job.objects.filter(workflow=workflow)
+            .order_by("id")
+            .values("id", "task", "state", "waiting_on", "dependents", "last_error")[
+                : TREE_LIMIT + 1
+            ]
+        )
+        depth: dict[int, int] = {}
+        for row in rows:
+            depth.setdefault(row["id"], 0)
+            for child in row["dependents"] or []:
+                depth[child] = max(depth.get(child, 0), depth[row["id"]] + 1)
+        lines = format_html_join(
+            "",
+            '<li class="skipqueue-tree-{}"><a href="{}">#{}</a> {} '
+            '<b class="skipqueue-state-{}">{}</b>{}</li>',
+            (
+                (
+                    min(depth.get(row["id"], 0), MAX_INDENT),
+                    reverse("admin:skipqueue_job_change", args=[row["id"]]),
+                    row["id"],
+                    row["task"].rsplit(".", 1)[-1],
+                    row["state"],
+                    row["state"],
+                    _note(row),
+                )
+                for row in rows[:TREE_LIMIT]
+            ),
+        )
+        more = ""
+        if len(rows) > TREE_LIMIT:
+            url = reverse("admin:skipqueue_job_changelist") + f"?workflow={workflow.id}"
+            more = format_html(
+                '<li><a href="{}">{}</a></li>', url, _("… and more: every job of it")
+            )
+        return format_html('<ul class="skipqueue-tree">{}{}</ul>', lines, more)
+
+    @admin.action(
+        description=_("Cancel the workflow (its unfinished jobs)"), permissions=["cancel"]
+    )
+    def cancel_workflows(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
+        ids = list(queryset.values_list("id", flat=True)[:1000])
+        changed = Workflow.objects.cancel(ids, by=request.user.get_username())
+        self.message_user(
+            request,
+            _("%(changed)d of %(asked)d workflows cancelled (finished ones are left as they are).")
+            % {"changed": changed, "asked": len(ids)},
+            messages.SUCCESS if changed else messages.WARNING,
+        )
+
+    @admin.action(
+        description=_("Retry the failed job (resumes the workflow)"), permissions=["retry"]
+    )
+    def retry_failed(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
+        ids = list(queryset.values_list("id", flat=True)[:1000])
+        retried = Workflow.objects.retry_failed(ids)
+        self.message_user(
+            request,
+            _("%(retried)d failed jobs retried; what waited on them waits again.")
+            % {"retried": retried},
+            messages.SUCCESS if retried else messages.WARNING,
+        )
+
+
+def _note(row: dict[str, Any]) -> str:
+    if row["state"] == "waiting" and row["waiting_on"]:
+        return format_html(" <small>{}</small>", _("waits on %d") % row["waiting_on"])
+    if row["state"] in {"failed", "cancelled"} and row["last_error"]:
+        text = redact_text(row["last_error"][:300]).splitlines() or [""]
+        return format_html(' <small class="skipqueue-error">{}</small>', text[0])
+    return ""

@@ -1,0 +1,89 @@
+"""The workflow admin and the workflow numbers of queuestats (admin/workflows.py)."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.urls import reverse
+
+from django_skipqueue import chain, chord, group
+from django_skipqueue.models import Job, JobState, Workflow, WorkflowState
+from django_skipqueue.testing import run_jobs
+from tests.testapp.tasks import add, breaks, double, total
+
+pytestmark = pytest.mark.django_db
+
+
+def staff(client, *perms: str):
+    user = User.objects.create_user("staff", is_staff=True)
+    for codename in ("view_job", *perms):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    return client
+
+
+def test_a_workflows_page_draws_its_jobs_under_their_parents_and_why_it_failed(client):
+    workflow = chain(add.s(1, 2), group(breaks.si("s3cret"), double.s()), total.s()).enqueue()
+    run_jobs()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.FAILED
+    response = staff(client).get(reverse("admin:skipqueue_workflow_change", args=[workflow.id]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    ids = list(workflow.jobs.order_by("id").values_list("id", flat=True))
+    for job_id in ids:
+        assert reverse("admin:skipqueue_job_change", args=[job_id]) in page
+    assert 'class="skipqueue-tree-0"' in page  # add
+    assert page.count('class="skipqueue-tree-1"') == 2  # the group's members
+    assert 'class="skipqueue-tree-2"' in page  # total
+    assert "ValueError" in page and f"upstream job {workflow.failed_job_id}" in page
+    listing = client.get(reverse("admin:skipqueue_workflow_changelist") + "?state__exact=failed")
+    assert listing.status_code == 200 and str(workflow.id) in listing.content.decode()
+
+
+def test_a_jobs_page_links_its_workflow_and_the_list_filters_by_it(client):
+    workflow = chain(add.s(1, 2), double.s()).enqueue()
+    Job.objects.create(task=add.name, args=[0, 0], lease="00:05:00", max_attempts=1)
+    waiting = workflow.jobs.get(state=JobState.WAITING)
+    staff(client)
+    page = client.get(reverse("admin:skipqueue_job_change", args=[waiting.id])).content.decode()
+    assert reverse("admin:skipqueue_workflow_change", args=[workflow.id]) in page
+    assert "waits on 1 more" in page
+    listing = client.get(reverse("admin:skipqueue_job_changelist") + f"?workflow={workflow.id}")
+    assert listing.status_code == 200
+    assert listing.context["cl"].result_count == 2
+    assert client.get(reverse("admin:skipqueue_job_changelist") + "?workflow=x").status_code == 200
+
+
+def test_cancel_and_retry_take_the_job_permissions(client):
+    workflow = chord(group(breaks.si(), double.s(1)), total.s()).enqueue()
+    run_jobs()
+    url = reverse("admin:skipqueue_workflow_changelist")
+    viewer = staff(client)
+    response = viewer.post(url, {"action": "retry_failed", "_selected_action": [workflow.id]})
+    assert response.status_code == 200  # no such action for a viewer: nothing happened
+    assert Job.objects.filter(workflow=workflow, state=JobState.FAILED).count() == 1
+    client.logout()
+    User.objects.all().delete()
+    staff(client, "retry_job", "cancel_job")
+    client.post(url, {"action": "retry_failed", "_selected_action": [workflow.id]})
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.RUNNING
+    assert Job.objects.get(workflow=workflow, task=total.name).state == JobState.WAITING
+    client.post(url, {"action": "cancel_workflows", "_selected_action": [workflow.id]})
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.CANCELLED
+    assert not workflow.jobs.exclude(state__in=["done", "cancelled"]).exists()
+
+
+def test_queuestats_counts_jobs_waiting_on_a_parent_apart_from_due_ones():
+    chord(group(double.s(n) for n in range(3)), total.s()).enqueue()
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())["queues"]
+    assert (row["pending_due"], row["waiting"]) == (3, 1)
+    assert Workflow.objects.count() == 1
