@@ -11,4 +11,5 @@ PARTS = [
     "memory",
     "duplicates",
     "relay",
+    "workflows",
 ]

@@ -828,6 +828,11 @@ def targets(report: dict[str, Any]) -> dict[str, tuple[float, str, bool]]:
     if claim := report.get("claim"):
         ratio = claim["history_ratio"]
         found["claim_history_ratio"] = (ratio, "<= 1.3", ratio <= 1.3)
+    if workflows := report.get("workflows"):  # issue 26: chords and groups
+        ratio = workflows["chord_vs_plain"]
+        found["chord_vs_plain_drain"] = (ratio, ">= 0.7", ratio >= 0.7)
+        ratio = workflows["group_vs_enqueue_many"]
+        found["group_vs_enqueue_many"] = (ratio, ">= 0.5", ratio >= 0.5)
     if enqueue := report.get("enqueue"):
         ratio = enqueue["enqueue_vs_create"]
         found["enqueue_vs_create"] = (ratio, ">= 0.8", ratio >= 0.8)
@@ -837,6 +842,49 @@ def targets(report: dict[str, Any]) -> dict[str, tuple[float, str, bool]]:
         growth = memory["growth"] * 100
         found["rss_growth_percent"] = (growth, "< 10", growth < 10)
     return found
+
+
+def part_workflows(opts: argparse.Namespace) -> dict[str, float]:
+    """A chord of N no-op members and a no-op body against N + 1 plain no-op jobs, drained
+    by the same `runworker --concurrency 4 --burst` from spawn to exit; and a group of N
+    enqueued against `enqueue_many` of the same calls (time and peak Python memory)."""
+    import tracemalloc
+
+    from benchmarks.benchapp.tasks import noop as noop_task
+    from django_skipqueue import chord, group
+
+    members = opts.workflow_members
+    results: dict[str, float] = {}
+    for label, enqueue in [
+        ("plain", lambda: noop_task.enqueue_many(((), {}) for _ in range(members + 1))),
+        ("chord", lambda: chord(group(noop_task.si() for _ in range(members)), noop_task.si())),
+    ]:
+        reset()
+        made = enqueue()
+        if label == "chord":
+            made.enqueue()  # type: ignore[union-attr]
+        execute("ANALYZE skipqueue_job")
+        rate, cpu_ms = run_worker_as_users_do(members + 1, "--concurrency", "4", filled=True)
+        results[f"{label}_jobs_per_s"] = rate
+        results[f"{label}_cpu_ms_per_job"] = cpu_ms
+    results["chord_vs_plain"] = results["chord_jobs_per_s"] / results["plain_jobs_per_s"]
+    for label, enqueue in [
+        ("enqueue_many", lambda: noop_task.enqueue_many(
+            (((), {}) for _ in range(members)), ids_only=True)),
+        ("group", lambda: group(noop_task.si() for _ in range(members)).enqueue()),
+    ]:  # fmt: skip
+        reset()
+        tracemalloc.start()
+        seconds = timed(enqueue)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        results[f"{label}_enqueue_per_s"] = members / seconds
+        results[f"{label}_peak_mb"] = peak / 1e6
+    results["group_vs_enqueue_many"] = (
+        results["group_enqueue_per_s"] / results["enqueue_many_enqueue_per_s"]
+    )
+    reset()
+    return results
 
 
 def main() -> None:
@@ -851,6 +899,7 @@ def main() -> None:
     parser.add_argument("--memory-jobs", type=int, default=200_000)
     parser.add_argument("--storm-jobs", type=int, default=5000)
     parser.add_argument("--storm-seconds", type=float, default=12.0)
+    parser.add_argument("--workflow-members", type=int, default=10_000)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/latest.json")
     opts = parser.parse_args()
 

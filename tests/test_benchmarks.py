@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SMOKE_SIZES = [
     "--jobs", "300", "--concurrency", "2", "--enqueue-jobs", "30", "--trials", "3",
     "--history-rows", "3000", "--memory-jobs", "400", "--storm-jobs", "300",
-    "--storm-seconds", "2.5",
+    "--storm-seconds", "2.5", "--workflow-members", "200",
 ]  # fmt: skip
 
 
@@ -50,6 +50,7 @@ def test_every_benchmark_part_but_the_relay_runs_at_smoke_size(tmp_path):
         "claim",
         "memory",
         "duplicates",
+        "workflows",
         "targets",
     }
     assert report["raw"]["single_prepared_jobs_per_s"] > 0
@@ -58,6 +59,7 @@ def test_every_benchmark_part_but_the_relay_runs_at_smoke_size(tmp_path):
     assert report["throughput"]["p2c4_jobs_per_s"] > 0  # runworker --processes 2
     assert report["throughput"]["c2_cpu_ms_per_job"] > 0
     assert report["duplicates"]["lost"] == 0
+    assert report["workflows"]["chord_jobs_per_s"] > 0
 
 
 @pytest.mark.timeout(300)

@@ -2,7 +2,8 @@
 
 Hypothesis drives every verb that writes a job (enqueue, unique and keyed enqueue, claim,
 claim under limits, ack, ack_many, fail, release, renew, cancel, expire a lease, reap,
-retry_now, requeue, pause and resume a queue, a schedule's tick) in random orders, and
+retry_now, requeue, pause and resume a queue, a schedule's tick, a workflow enqueued,
+cancelled or retried) in random orders, and
 after each step checks the invariants (docs/explanation/failure-model.md, "The state
 machine"):
 - the state guard recorded nothing (tests/testapp migration 0005: only the changes in
@@ -11,7 +12,9 @@ machine"):
 - a finished job never changes unless an operator's retry_now took it back;
 - at most one attempt holds a job (passes the fence);
 - running jobs of a concurrency key never exceed its limit;
-- a unique key has at most one unfinished job.
+- a unique key has at most one unfinished job;
+- a workflow's job is due only once every parent is done, and a waiting one waits on
+  exactly its parents that are not done.
 The deeper model-based test, which also predicts every verb's answer, is T46 in
 tests/chaos/test_model_based.py.
 """
@@ -29,10 +32,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from django_skipqueue import Cron
+from django_skipqueue import Cron, chain, group
 from django_skipqueue.conf.limits import QueueLimit
+from django_skipqueue.core.states import UNFINISHED_STATES
 from django_skipqueue.maintenance.scheduler import sync, tick
-from django_skipqueue.models import FINISHED_STATES, Job, Queue, Schedule
+from django_skipqueue.models import FINISHED_STATES, Job, Queue, Schedule, Workflow
 from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.base import bind_schedules
 from tests import guard
@@ -49,6 +53,7 @@ class Protocol(RuleBasedStateMachine):
         Job.objects.all().delete()
         Queue.objects.all().delete()
         Schedule.objects.all().delete()
+        Workflow.objects.all().delete()
         guard.clear()
         self.tokens: list[tuple[int, int]] = []  # every (job id, attempt) ever claimed
         self.finished: dict[int, tuple] = {}  # finished jobs as last seen
@@ -91,6 +96,17 @@ class Protocol(RuleBasedStateMachine):
     @rule(account=st.sampled_from(["x", "y"]))
     def enqueue_keyed(self, account: str) -> None:
         tasks.per_account.using(max_attempts=3, lease=3600).enqueue(account=account)
+
+    @rule()
+    def enqueue_workflow(self) -> None:
+        def step(task):  # type: ignore[no-untyped-def]
+            return task.using(max_attempts=3, lease=3600)
+
+        chain(
+            step(tasks.add).s(1, 1),
+            group(step(tasks.double).s(), step(tasks.double).s()),
+            step(tasks.total).s(),
+        ).enqueue(on_error=step(tasks.note_failure).s(where="machine"))
 
     @rule()
     def schedule_tick(self) -> None:
@@ -167,8 +183,29 @@ class Protocol(RuleBasedStateMachine):
     def retry_now(self, data: st.DataObject) -> None:
         ids = self._ids(data)
         before = set(Job.objects.filter(id__in=ids).finished().values_list("id", flat=True))
+        self._resumable(Job.objects.filter(id__in=ids).values_list("workflow_id", flat=True))
         Job.objects.retry_now(ids)
         self.operator_retried |= before
+
+    def _resumable(self, workflow_ids: object) -> None:
+        """An operator's retry of a workflow's job takes back what its failure cancelled
+        (cancelled -> waiting): those are the operator's changes too."""
+        self.operator_retried |= set(
+            Job.objects.filter(workflow_id__in=[w for w in workflow_ids if w])  # type: ignore[attr-defined]
+            .finished()
+            .values_list("id", flat=True)
+        )
+
+    @rule(data=st.data())
+    def cancel_workflow(self, data: st.DataObject) -> None:
+        ids = sorted(Workflow.objects.values_list("id", flat=True))
+        Workflow.objects.cancel(self._pick(data, ids, 1), by="ops")
+
+    @rule(data=st.data())
+    def retry_workflow(self, data: st.DataObject) -> None:
+        picked = self._pick(data, sorted(Workflow.objects.values_list("id", flat=True)), 1)
+        self._resumable(picked)
+        Workflow.objects.retry_failed(picked)
 
     @rule(data=st.data())
     def requeue(self, data: st.DataObject) -> None:
@@ -225,11 +262,31 @@ class Protocol(RuleBasedStateMachine):
     @invariant()
     def a_unique_key_has_at_most_one_unfinished_job(self) -> None:
         unfinished = (
-            Job.objects.filter(unique_key__isnull=False, state__in=["pending", "running"])
+            Job.objects.filter(unique_key__isnull=False, state__in=UNFINISHED_STATES)
             .values("task", "unique_key")
             .annotate(n=Count("id"))
         )
         assert all(row["n"] == 1 for row in unfinished)
+
+    @invariant()
+    def a_workflow_job_is_due_only_once_its_parents_are_done(self) -> None:
+        rows = list(
+            Job.objects.filter(workflow__isnull=False).values(
+                "id", "state", "waiting_on", "dependents"
+            )
+        )
+        state = {row["id"]: row["state"] for row in rows}
+        parents: dict[int, list[int]] = {}
+        for row in rows:
+            for child in row["dependents"] or []:
+                parents.setdefault(child, []).append(row["id"])
+        for row in rows:
+            above = parents.get(row["id"], [])
+            not_done = sum(state[parent] != "done" for parent in above)
+            if row["state"] in ("pending", "running", "done"):
+                assert not_done == 0, f"job {row['id']} is {row['state']} before its parents"
+            if row["state"] == "waiting" and above:
+                assert row["waiting_on"] == not_done, f"job {row['id']} waits on a wrong count"
 
 
 @pytest.mark.django_db(transaction=True)

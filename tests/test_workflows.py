@@ -344,3 +344,77 @@ def test_a_stale_attempts_ack_unblocks_nothing():
     assert workflow.jobs.get(task=double.name).state == JobState.WAITING
     run_jobs()
     assert workflow.wait(timeout=5) == 6
+
+
+# -- pruning --------------------------------------------------------------------------------
+
+
+def test_pruning_keeps_the_results_a_running_workflow_still_needs():
+    from datetime import timedelta
+
+    from django_skipqueue.maintenance.reaper import Reaper
+
+    finished = chain(add.s(1, 2), double.s()).enqueue()
+    run_jobs()
+    assert finished.wait(timeout=5) == 6
+    running = chord(group(double.s(1), double.s(2)), total.s()).enqueue()
+    run_jobs(limit=1)  # one member of the chord
+    pruned = Reaper().prune(done_older_than=timedelta(seconds=-1))
+    assert running.jobs.filter(state=JobState.DONE).count() == 1  # kept: total reads it
+    assert pruned.pruned_done == 2 and pruned.pruned_workflows == 1
+    assert not Workflow.objects.filter(id=finished.id).exists()
+    run_jobs()
+    assert running.wait(timeout=5) == 6
+
+
+# -- groups of a generator: written batch by batch ----------------------------------------
+
+
+def test_a_group_of_a_generator_is_written_in_batches_and_keeps_its_order(monkeypatch):
+    from django_skipqueue.queue import workflows
+
+    monkeypatch.setattr(workflows, "INSERT_BATCH", 7)
+    workflow = group(double.s(n) for n in range(30)).enqueue()
+    assert workflow.name == "group(30 x double)"
+    run_jobs()
+    assert workflow.wait(timeout=5) == [2 * n for n in range(30)]
+
+
+def test_a_chord_of_a_generator_gives_its_body_every_result_in_order(monkeypatch):
+    from django_skipqueue.queue import workflows
+
+    monkeypatch.setattr(workflows, "INSERT_BATCH", 7)
+    workflow = chord(group(double.s(n) for n in range(30)), total.s(extra=1)).enqueue(
+        on_error=note_failure.s(where="x")
+    )
+    body = workflow.jobs.get(task=total.name)
+    assert (body.state, body.waiting_on) == (JobState.WAITING, 30)
+    run_jobs()
+    assert workflow.wait(timeout=5) == sum(2 * n for n in range(30)) + 1
+    assert workflow.jobs.get(task=note_failure.name).state == JobState.CANCELLED
+
+
+def test_a_generator_chord_with_no_members_runs_its_body_with_an_empty_list():
+    workflow = chord(group(double.s(n) for n in range(0)), total.s()).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == 0
+
+
+def test_a_refusal_in_a_later_batch_of_a_generator_leaves_nothing(monkeypatch):
+    from django_skipqueue.queue import workflows
+
+    monkeypatch.setattr(workflows, "INSERT_BATCH", 5)
+    holder = send_invoice.enqueue(12)
+
+    def members():
+        yield from (double.s(n) for n in range(8))
+        yield send_invoice.si(12)
+
+    with transaction.atomic():
+        with pytest.raises(DuplicateJobError):
+            chord(group(members()), total.s()).enqueue()
+        assert list(Job.objects.values_list("id", flat=True)) == [holder.id]
+    assert not Workflow.objects.exists()
+    with pytest.raises(InvalidJobError, match="signatures only"):
+        group(chain(add.s(1, 2), double.s()) for _ in range(2)).enqueue()
+    assert not Workflow.objects.exists()

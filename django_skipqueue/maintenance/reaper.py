@@ -14,12 +14,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient
-from django_skipqueue.models import Job, JobState, WorkerProcess
+from django_skipqueue.models import Job, JobState, WorkerProcess, Workflow
 from django_skipqueue.queue.connections import bounded
 from django_skipqueue.queue.managers import ReapResult
 from django_skipqueue.queue.sql import try_advisory_xact_lock
@@ -42,6 +43,7 @@ class HousekeepingResult:
     pruned_done: int = 0
     pruned_failed: int = 0
     pruned_workers: int = 0
+    pruned_workflows: int = 0
     locked_out: bool = False
 
 
@@ -99,13 +101,29 @@ class Reaper:
         if workers_dead_for is not None:
             dead = WorkerProcess.objects.using(self.database).dead(workers_dead_for)
             workers = dead.count() if dry_run else dead.delete()[0]
-        return HousekeepingResult(pruned_done=done, pruned_failed=failed, pruned_workers=workers)
+        workflows = 0
+        if done_older_than is not None:
+            workflows = Workflow.objects.db_manager(self.database).prune(
+                finished_before=done_older_than, dry_run=dry_run
+            )
+        return HousekeepingResult(
+            pruned_done=done,
+            pruned_failed=failed,
+            pruned_workers=workers,
+            pruned_workflows=workflows,
+        )
 
     def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:
         if older_than is None:
             return 0
-        old = Job.objects.db_manager(self.database).filter(
-            state__in=states, finished_at__lt=Now() - older_than
+        # A done job of a running workflow stays: a step that waits reads its result.
+        old = (
+            Job.objects.db_manager(self.database)
+            .filter(state__in=states, finished_at__lt=Now() - older_than)
+            .exclude(
+                Q(workflow_id__isnull=False)
+                & Q(workflow_id__in=Workflow.objects.using(self.database).running().values("id"))
+            )
         )
         if dry_run:
             return old.count()

@@ -188,8 +188,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Failed or cancelled jobs that `retry_now` would move: not a unique job whose
         key another unfinished job of its task holds, nor a workflow's job that its
         workflow ended (cancelled because of a failed parent, which an operator retries
-        instead, or an on_error job that was not needed)."""
-        ended_by_workflow = Q(cancelled_by__in=[UPSTREAM, UNNEEDED])
+        instead, or an on_error job that was not needed) or that was cancelled while it
+        still waited on a parent."""
+        # A workflow's job cancelled while it still waited on a parent (its count stays
+        # above zero: a cancelled job is not counted down) would run before that parent.
+        ended_by_workflow = Q(cancelled_by__in=[UPSTREAM, UNNEEDED]) | Q(waiting_on__gt=0)
         return (
             self.filter(state__in=[JobState.FAILED, JobState.CANCELLED])
             .exclude(ended_by_workflow)

@@ -20,14 +20,16 @@ reaper, an operator's cancel or retry), so no resolver sits beside the completio
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
 import select
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models.functions import Now
@@ -38,6 +40,7 @@ from django_skipqueue.core.payload import Undecodable, encode, encode_arguments
 from django_skipqueue.core.states import (
     FINISHED_STATES,
     UNFINISHED_STATES,
+    UNNEEDED,
     UPSTREAM,
     JobState,
     WorkflowState,
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     from django_skipqueue.core.spec import JobSpec
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Channel of the NOTIFY sent when a workflow finishes (no payload: waiters re-read
 #: their own row). Waiting polls as well, every POLL_SECONDS, in case a NOTIFY is lost
@@ -123,28 +127,9 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         exists. Statements: the workflow row, one `nextval` of as many ids as jobs, and
         one INSERT per INSERT_BATCH jobs (`sql.workflow_insert_statement`).
         """
-        settings = get_settings()
-        relayed = relayed_queues() if settings.RELAY else set()
-        encoded = []
-        for planned in plan.jobs:
-            spec = planned.spec
-            if spec.queue_name in relayed:
-                raise InvalidJobError(
-                    f"{spec.name} is on queue {spec.queue_name!r}, which is relayed to "
-                    f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
-                    f"put its jobs on queues of the table"
-                )
-            first: tuple[Any, ...] = ()
-            if planned.on_error:
-                first = (0, "")
-            elif planned.inputs is not None:
-                first = (None,)
-            spec.check_call((*first, *planned.args), planned.kwargs)
-            spec.check_bounds()
-            encoded.append(
-                encode_arguments(planned.args, planned.kwargs, limit=settings.MAX_PAYLOAD_BYTES)
-            )
-        self._check_room(plan)
+        checks = _Checks()
+        encoded = [checks.encoded(planned) for planned in plan.jobs]
+        self._check_room(plan.jobs)
         with transaction.atomic(using=self.db):
             workflow = self.create(name=plan.name[:255])
             ids = self._reserve_ids(len(plan.jobs))
@@ -153,46 +138,132 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
                 for parent in sorted(set(planned.parents)):
                     dependents.setdefault(parent, []).append(ids[position])
             rows = [
-                self._row(ids, position, planned, dependents.get(position), args_json, kwargs_json)
+                _row(ids, position, planned, dependents.get(position), args_json, kwargs_json)
                 for position, (planned, (_, _, args_json, kwargs_json)) in enumerate(
                     zip(plan.jobs, encoded, strict=True)
                 )
             ]
-            statement = sql.workflow_insert_statement(sql_defaults(self._jobs.model))
-            inserted = 0
-            with connections[self.db].cursor() as cursor:
-                for start in range(0, len(rows), INSERT_BATCH):
-                    batch = rows[start : start + INSERT_BATCH]
-                    cursor.execute(
-                        statement, {"workflow": workflow.id, "rows": "[" + ",".join(batch) + "]"}
-                    )
-                    got = {row[0] for row in cursor.fetchall()}
-                    inserted += len(got)
-                    if len(got) < len(batch):
-                        self._refuse_held_key(plan, ids, got)
-                if any(planned.spec.concurrency_key is not None for planned in plan.jobs):
-                    cursor.execute("SELECT pg_notify(%s, '')", [sql.KEYED_CHANNEL])
+            for start in range(0, len(rows), INSERT_BATCH):
+                self._insert(
+                    workflow.id,
+                    rows[start : start + INSERT_BATCH],
+                    plan.jobs[start : start + INSERT_BATCH],
+                    ids[start : start + INSERT_BATCH],
+                )
             outputs = {ids[p] for p in _positions(plan.output)}
             on_error = [ids[p] for p, planned in enumerate(plan.jobs) if planned.on_error]
-            workflow.output = _with_ids(plan.output, ids)
-            workflow.outputs_left = len(outputs)
-            workflow.on_error_job_id = on_error[0] if on_error else None
-            if not outputs:  # an empty group: nothing to wait for
-                workflow.state, workflow.finished_at = WorkflowState.DONE, Now()
-            workflow.save(
-                update_fields=["output", "outputs_left", "on_error_job_id", "state", "finished_at"]
-            )
-            if not outputs:
-                workflow.refresh_from_db(fields=["finished_at"])
-        logger.info("workflow enqueued id=%s name=%s jobs=%d", workflow.id, workflow.name, inserted)
+            self._finish_start(workflow, _with_ids(plan.output, ids), len(outputs), on_error)
+        logger.info("workflow enqueued id=%s name=%s jobs=%d", workflow.id, workflow.name, len(ids))
         return workflow
 
-    def _check_room(self, plan: Plan) -> None:
+    def start_streamed(
+        self,
+        name: str,
+        members: Iterable[PlannedJob],
+        *,
+        body: PlannedJob | None = None,
+        on_error: PlannedJob | None = None,
+    ) -> Any:
+        """A group, or a chord's group and body, whose members come from an iterable read
+        one INSERT_BATCH at a time: memory stays bounded by the batch (and the members'
+        ids), as with `enqueue_many(ids_only=True)`. Members are independent jobs (no
+        parents); with `body`, each names the body as its dependent, and the body (given
+        its id first) waits on as many as there were. One savepoint around it all, as in
+        `start`: a refusal in any batch leaves nothing of the workflow.
+        """
+        checks = _Checks()
+        first = [checks.encoded(extra) for extra in (body, on_error) if extra is not None]
+        with transaction.atomic(using=self.db):
+            workflow = self.create(name=name[:255])
+            extra_ids = self._reserve_ids(len(first))
+            body_id = extra_ids[0] if body is not None else None
+            member_ids: list[int] = []
+            for batch in _chunks(iter(members), INSERT_BATCH):
+                encoded = [checks.encoded(planned) for planned in batch]
+                self._check_room(batch)
+                ids = self._reserve_ids(len(batch))
+                rows = [
+                    _row(
+                        ids,
+                        position,
+                        planned,
+                        [body_id] if body_id is not None else None,
+                        args_json,
+                        kwargs_json,
+                    )
+                    for position, (planned, (_, _, args_json, kwargs_json)) in enumerate(
+                        zip(batch, encoded, strict=True)
+                    )
+                ]
+                self._insert(workflow.id, rows, batch, ids)
+                member_ids.extend(ids)
+            extras: list[PlannedJob] = []
+            if body is not None:
+                inputs = None if body.inputs is None else list(range(1, len(member_ids) + 1))
+                extras.append(
+                    dataclasses.replace(
+                        body, parents=tuple(range(1, len(member_ids) + 1)), inputs=inputs
+                    )
+                )
+            if on_error is not None:
+                extras.append(on_error)
+            if extras:
+                # Positions 1.. are the members here: the body's row names their ids.
+                lookup = [extra_ids[0], *member_ids] if body is not None else extra_ids
+                rows = []
+                for index, (planned, (_, _, args_json, kwargs_json)) in enumerate(
+                    zip(extras, first, strict=True)
+                ):
+                    own = [extra_ids[index], *lookup[1:]]
+                    rows.append(_row(own, 0, planned, None, args_json, kwargs_json))
+                self._insert(workflow.id, rows, extras, extra_ids)
+            output: Any = body_id if body_id is not None else member_ids
+            outputs = 1 if body_id is not None else len(member_ids)
+            errors = [extra_ids[-1]] if on_error is not None else []
+            self._finish_start(workflow, output, outputs, errors)
+        logger.info(
+            "workflow enqueued id=%s name=%s jobs=%d",
+            workflow.id,
+            workflow.name,
+            len(member_ids) + len(first),
+        )
+        return workflow
+
+    def _insert(
+        self, workflow_id: int, rows: list[str], planned: Sequence[PlannedJob], ids: list[int]
+    ) -> None:
+        """One INSERT of these rows; DuplicateJobError if a unique key is held."""
+        statement = sql.workflow_insert_statement(sql_defaults(self._jobs.model))
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(statement, {"workflow": workflow_id, "rows": "[" + ",".join(rows) + "]"})
+            got = {row[0] for row in cursor.fetchall()}
+            if len(got) < len(rows):
+                self._refuse_held_key(planned, ids, got)
+            if any(job.spec.concurrency_key is not None for job in planned):
+                cursor.execute("SELECT pg_notify(%s, '')", [sql.KEYED_CHANNEL])
+
+    def _finish_start(self, workflow: Any, output: Any, outputs: int, on_error: list[int]) -> None:
+        workflow.output = output
+        workflow.outputs_left = outputs
+        workflow.on_error_job_id = on_error[0] if on_error else None
+        fields = ["output", "outputs_left", "on_error_job_id"]
+        if not outputs:  # an empty group: nothing to wait for
+            workflow.state, workflow.finished_at = WorkflowState.DONE, Now()
+            fields += ["state", "finished_at"]
+        workflow.save(update_fields=fields)
+        if not outputs:
+            workflow.refresh_from_db(fields=["finished_at"])
+            if on_error:  # nothing can fail: its on_error job is not needed
+                self._jobs.filter(id__in=on_error, state=JobState.WAITING).update(
+                    state=JobState.CANCELLED, finished_at=Now(), cancelled_by=UNNEEDED
+                )
+
+    def _check_room(self, jobs: Sequence[PlannedJob]) -> None:
         cap = get_settings().MAX_PENDING_PER_QUEUE
         if cap is None:
             return
         adding: dict[str, int] = {}
-        for planned in plan.jobs:
+        for planned in jobs:
             adding[planned.spec.queue_name] = adding.get(planned.spec.queue_name, 0) + 1
         for queue_name, count in adding.items():
             self._jobs.check_room(queue_name, count)
@@ -204,48 +275,10 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             cursor.execute(sql.RESERVE_JOB_IDS, [count])
             return [row[0] for row in cursor.fetchall()]
 
-    @staticmethod
-    def _row(
-        ids: Sequence[int],
-        position: int,
-        planned: PlannedJob,
-        dependents: list[int] | None,
-        args_json: str,
-        kwargs_json: str,
-    ) -> str:
-        """One record of the INSERT's JSON array (the payloads spliced in as encoded)."""
-        spec = planned.spec
-        columns = spec.shared_columns() | spec.key_columns(planned.args, planned.kwargs)
-        parents = set(planned.parents)
-        run_after = spec.run_after
-        inputs: Any = None
-        if planned.on_error:
-            inputs = {"failure": True}
-        elif planned.inputs is not None:
-            inputs = {"results": _with_ids(planned.inputs, ids)}
-        fields = {
-            "id": ids[position],
-            "task": columns["task"],
-            "queue_name": columns["queue_name"],
-            "priority": columns["priority"],
-            "state": JobState.WAITING if parents or planned.on_error else JobState.PENDING,
-            "run_at": run_after.isoformat() if isinstance(run_after, datetime) else None,
-            "delay": run_after.total_seconds() if isinstance(run_after, timedelta) else 0.0,
-            "lease": columns["lease"].total_seconds(),
-            "max_attempts": columns["max_attempts"],
-            "unique_key": columns.get("unique_key"),
-            "concurrency_key": columns.get("concurrency_key"),
-            "concurrency_limit": columns.get("concurrency_limit"),
-            "waiting_on": len(parents) if parents else None,
-            "dependents": dependents,
-            "inputs": inputs,
-            "ends_workflow": True if planned.output else None,
-        }
-        text = json.dumps(fields, separators=(",", ":"))
-        return text[:-1] + f',"args":{args_json},"kwargs":{kwargs_json}}}'
-
-    def _refuse_held_key(self, plan: Plan, ids: Sequence[int], inserted: set[int]) -> None:
-        for position, planned in enumerate(plan.jobs):
+    def _refuse_held_key(
+        self, jobs: Sequence[PlannedJob], ids: Sequence[int], inserted: set[int]
+    ) -> None:
+        for position, planned in enumerate(jobs):
             if ids[position] in inserted or planned.spec.unique_key is None:
                 continue
             key = planned.spec.key_for(planned.args, planned.kwargs)
@@ -353,14 +386,99 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
                 cursor.execute("SELECT pg_notify(%s, '')", [FINISHED_CHANNEL])
         return len(changed)
 
+    def prune(self, *, finished_before: timedelta, dry_run: bool = False) -> int:
+        """Delete workflows finished longer ago than `finished_before` whose jobs are all
+        pruned already (their rows hold the results); how many (or would, `dry_run`)."""
+        job_model = self._jobs.model
+        old = (
+            self.finished()
+            .filter(finished_at__lt=Now() - finished_before)
+            .exclude(models.Exists(job_model.objects.filter(workflow_id=models.OuterRef("id"))))
+        )
+        if dry_run:
+            return int(old.count())
+        return int(old.delete()[0])
+
     def retry_failed(self, ids: Iterable[int]) -> int:
-        """An operator's retry of each workflow's failed or cancelled jobs (not those
-        cancelled because of them: they wait again on their own when their parent is
-        retried). Returns how many jobs were retried."""
+        """An operator's retry of the failed or cancelled jobs of each failed workflow (not
+        those cancelled because of them: they wait again on their own when their parent
+        is retried). A workflow an operator cancelled is left as it is. Returns how many
+        jobs were retried."""
+        failed = self.filter(id__in=list(ids), state=WorkflowState.FAILED)
         jobs = self._jobs.filter(
-            workflow_id__in=list(ids), state__in=[JobState.FAILED, JobState.CANCELLED]
+            workflow__in=failed, state__in=[JobState.FAILED, JobState.CANCELLED]
         ).exclude(cancelled_by=UPSTREAM)
         return int(self._jobs.retry_now(list(jobs.values_list("id", flat=True))))
+
+
+def _row(
+    ids: Sequence[int],
+    position: int,
+    planned: PlannedJob,
+    dependents: list[int] | None,
+    args_json: str,
+    kwargs_json: str,
+) -> str:
+    """One record of the INSERT's JSON array (the payloads spliced in as encoded)."""
+    spec = planned.spec
+    columns = spec.shared_columns() | spec.key_columns(planned.args, planned.kwargs)
+    parents = set(planned.parents)
+    run_after = spec.run_after
+    inputs: Any = None
+    if planned.on_error:
+        inputs = {"failure": True}
+    elif planned.inputs is not None:
+        inputs = {"results": _with_ids(planned.inputs, ids)}
+    fields = {
+        "id": ids[position],
+        "task": columns["task"],
+        "queue_name": columns["queue_name"],
+        "priority": columns["priority"],
+        "state": JobState.WAITING if parents or planned.on_error else JobState.PENDING,
+        "run_at": run_after.isoformat() if isinstance(run_after, datetime) else None,
+        "delay": run_after.total_seconds() if isinstance(run_after, timedelta) else 0.0,
+        "lease": columns["lease"].total_seconds(),
+        "max_attempts": columns["max_attempts"],
+        "unique_key": columns.get("unique_key"),
+        "concurrency_key": columns.get("concurrency_key"),
+        "concurrency_limit": columns.get("concurrency_limit"),
+        "waiting_on": len(parents) if parents else None,
+        "dependents": dependents,
+        "inputs": inputs,
+        "ends_workflow": True if planned.output else None,
+    }
+    text = json.dumps(fields, separators=(",", ":"))
+    return text[:-1] + f',"args":{args_json},"kwargs":{kwargs_json}}}'
+
+
+class _Checks:
+    """The checks of each job before any row is written, and its encoded arguments."""
+
+    def __init__(self) -> None:
+        self.settings = get_settings()
+        self.relayed = relayed_queues() if self.settings.RELAY else set()
+
+    def encoded(self, planned: PlannedJob) -> tuple[Any, Any, str, str]:
+        spec = planned.spec
+        if spec.queue_name in self.relayed:
+            raise InvalidJobError(
+                f"{spec.name} is on queue {spec.queue_name!r}, which is relayed to "
+                f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
+                f"put its jobs on queues of the table"
+            )
+        first: tuple[Any, ...] = ()
+        if planned.on_error:
+            first = (0, "")
+        elif planned.inputs is not None:
+            first = (None,)
+        spec.check_call((*first, *planned.args), planned.kwargs)
+        spec.check_bounds()
+        return encode_arguments(planned.args, planned.kwargs, limit=self.settings.MAX_PAYLOAD_BYTES)
+
+
+def _chunks(items: Iterator[T], size: int) -> Iterator[list[T]]:
+    while batch := list(itertools.islice(items, size)):
+        yield batch
 
 
 def sql_defaults(model: Any) -> tuple[tuple[str, object], ...]:

@@ -17,7 +17,7 @@ database.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django_skipqueue.conf import get_settings
@@ -40,9 +40,12 @@ class _Composite:
         or cancelled, receiving the failed job's id and its error before its own
         arguments. Rolled back with the caller's transaction: then nothing exists.
         """
-        plan, database = plan_of(self, on_error)  # type: ignore[arg-type]
         from django_skipqueue.models import Workflow  # the app registry is ready by now
 
+        streamed = _streamed(self, on_error)  # type: ignore[arg-type]
+        if streamed is not None:
+            return streamed
+        plan, database = plan_of(self, on_error)  # type: ignore[arg-type]
         return Workflow.objects.db_manager(database).start(plan)
 
 
@@ -61,15 +64,44 @@ class chain(_Composite):  # noqa: N801  (Celery's name)
 class group(_Composite):  # noqa: N801  (Celery's name)
     """Members run in parallel; the group's result is the list of theirs, in order.
 
-    `group(a.s(), b.s())`, or `group(generator)` for a fan-out built in a loop.
+    `group(a.s(), b.s())`, or `group(iterable)` for a fan-out built in a loop. A group of
+    an iterator (a generator) of signatures, enqueued as the whole workflow or as a
+    chord's header, is read one batch at a time: memory stays bounded however many
+    members it yields. Like the generator, it can be enqueued once.
     """
 
     def __init__(self, *members: Canvas | Iterable[Canvas]) -> None:
+        self._source: Iterator[Any] | None = None
+        self._members: tuple[Canvas, ...] | None = None
         if len(members) == 1 and not isinstance(members[0], (Signature, _Composite)):
-            members = tuple(members[0])
-        self.members = tuple(_checked(member, "a member of group()") for member in members)
+            given = members[0]
+            if isinstance(given, Iterator):
+                self._source = given
+                return
+            members = tuple(given)
+        self._members = tuple(_checked(member, "a member of group()") for member in members)
+
+    @property
+    def members(self) -> tuple[Canvas, ...]:
+        if self._members is None:
+            source, self._source = self._source, None
+            self._members = tuple(
+                _checked(member, "a member of group()") for member in source or ()
+            )
+        return self._members
+
+    def streamable(self) -> Iterator[Signature] | None:
+        """The members, read as they come, if this group was given an iterator of
+        signatures (checked as read); None if it holds them already."""
+        if self._source is None:
+            return None
+        source, self._source = self._source, None
+        self._members = ()
+        return (_signature_member(member) for member in source)
 
     def __repr__(self) -> str:
+        if self._members is None:
+            return "group(<iterator>)"
         return f"group({len(self.members)} members)"
 
 
@@ -82,6 +114,18 @@ class chord(_Composite):  # noqa: N801  (Celery's name)
 
     def __repr__(self) -> str:
         return f"chord({self.header!r}, {self.body!r})"
+
+
+def _signature_member(item: Any) -> Signature:
+    if isinstance(item, Signature):
+        return item
+    if isinstance(item, _Composite):
+        raise InvalidJobError(
+            f"a group given a generator holds signatures only, got {item!r}: pass nested "
+            f"chains, groups and chords as a list instead (group([...]))"
+        )
+    _checked(item, "a member of group()")
+    raise AssertionError  # _checked raised
 
 
 def _checked(item: Any, where: str) -> Canvas:
@@ -126,20 +170,75 @@ class _Planner:
         raise InvalidJobError(f"not a workflow step: {node!r}")
 
     def _signature(self, signature: Signature, upstream: Upstream) -> tuple[tuple[int, ...], Tree]:
-        task = signature.task
-        self.databases.add(task.get_database())
-        parents, inputs = upstream if upstream is not None else ((), None)
-        self.jobs.append(
-            PlannedJob(
-                spec=task.enqueue_spec(),
-                args=tuple(signature.args),
-                kwargs=dict(signature.kwargs),
-                parents=tuple(parents),
-                inputs=None if signature.immutable or upstream is None else inputs,
-            )
-        )
+        self.databases.add(signature.task.get_database())
+        self.jobs.append(_planned(signature, upstream))
         position = len(self.jobs) - 1
         return (position,), position
+
+
+def _streamed(root: Canvas, on_error: Signature | None) -> Workflow | None:
+    """A group of an iterator, alone or as a chord's header (with a signature as the
+    body), written batch by batch (`WorkflowManager.start_streamed`); None otherwise."""
+    header = root.header if isinstance(root, chord) else root
+    if not isinstance(header, group) or header._members is not None:
+        return None
+    body: Signature | None = None
+    if isinstance(root, chord):
+        if not isinstance(root.body, Signature):
+            return None
+        body = root.body
+    source = header.streamable()
+    if source is None:
+        return None
+    from django_skipqueue.models import Workflow
+
+    extras = [sig for sig in (body, on_error) if sig is not None]
+    database = extras[0].task.get_database() if extras else get_settings().DATABASE_ALIAS
+    names: list[str] = []
+    count = 0
+
+    def members() -> Iterator[PlannedJob]:
+        nonlocal count
+        for signature in source:
+            count += 1
+            if signature.task.get_database() != database:
+                raise InvalidJobError(
+                    f"a workflow's jobs must share one database; {signature.task.name} uses "
+                    f"{signature.task.get_database()!r}, not {database!r}"
+                )
+            if len(names) < 2 and _name(signature) not in names:
+                names.append(_name(signature))
+            planned = _planned(signature, None)
+            yield dataclasses.replace(planned, output=True) if body is None else planned
+
+    header_name = "group(<members>)"
+    body_job = None
+    if body is not None:
+        body_job = dataclasses.replace(
+            _planned(body, None), inputs=None if body.immutable else [], output=True
+        )
+    if on_error is not None and not isinstance(on_error, Signature):
+        raise InvalidJobError(f"on_error must be a signature (task.s(...)), got {on_error!r}")
+    handler = dataclasses.replace(_planned(on_error, None), on_error=True) if on_error else None
+    workflow = Workflow.objects.db_manager(database).start_streamed(
+        header_name, members(), body=body_job, on_error=handler
+    )
+    kinds = names[0] if len(names) == 1 else "members"
+    header_name = f"group({count} x {kinds})"
+    workflow.name = (f"chord({header_name}, {_name(body)})" if body else header_name)[:255]
+    workflow.save(update_fields=["name"])
+    return workflow
+
+
+def _planned(signature: Signature, upstream: Upstream) -> PlannedJob:
+    parents, inputs = upstream if upstream is not None else ((), None)
+    return PlannedJob(
+        spec=signature.task.enqueue_spec(),
+        args=tuple(signature.args),
+        kwargs=dict(signature.kwargs),
+        parents=tuple(parents),
+        inputs=None if signature.immutable or upstream is None else inputs,
+    )
 
 
 def plan_of(root: Canvas, on_error: Signature | None = None) -> tuple[Plan, str]:

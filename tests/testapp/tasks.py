@@ -390,3 +390,10 @@ def breaks_unless_file(path: str, value: int = 7) -> int:
 def note_failure(job_id: int, error: str, where: str) -> list[object]:
     """An on_error callback: returns what it was told."""
     return [job_id, error, where]
+
+
+@task(takes_context=True, lease=3.0, max_attempts=10)
+def chord_body(context: TaskContext, results: list[object]) -> list[object]:
+    """A chord's callback under faults: logs each run, returns what it received."""
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    return results

@@ -111,6 +111,7 @@ class Command(BaseCommand):
             pruned_done=pruned.pruned_done,
             pruned_failed=pruned.pruned_failed,
             pruned_workers=pruned.pruned_workers,
+            pruned_workflows=pruned.pruned_workflows,
         )
 
     def report(self, result: HousekeepingResult, dry_run: bool) -> None:
@@ -121,6 +122,6 @@ class Command(BaseCommand):
             f"{verb}reap: {result.requeued} back to pending, {result.failed} failed, "
             f"{result.cancelled} cancelled; "
             f"{verb}prune: {result.pruned_done} done, {result.pruned_failed} failed, "
-            f"{result.pruned_workers} dead workers"
+            f"{result.pruned_workers} dead workers, {result.pruned_workflows} workflows"
         )
         self.stdout.write(self.style.SUCCESS(line))
