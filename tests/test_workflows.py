@@ -415,6 +415,13 @@ def test_a_refusal_in_a_later_batch_of_a_generator_leaves_nothing(monkeypatch):
             chord(group(members()), total.s()).enqueue()
         assert list(Job.objects.values_list("id", flat=True)) == [holder.id]
     assert not Workflow.objects.exists()
+    mixed = (double.s(1) if n == 0 else chain(add.s(1, 2), double.s()) for n in range(2))
     with pytest.raises(InvalidJobError, match="signatures only"):
-        group(chain(add.s(1, 2), double.s()) for _ in range(2)).enqueue()
+        group(mixed).enqueue()
     assert not Workflow.objects.exists()
+
+
+def test_a_generator_of_chains_is_read_at_once_and_runs_as_a_list_would():
+    workflow = group(chain(add.s(n, n), double.s()) for n in range(3)).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == [0, 4, 8]

@@ -17,6 +17,7 @@ database.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -91,13 +92,22 @@ class group(_Composite):  # noqa: N801  (Celery's name)
         return self._members
 
     def streamable(self) -> Iterator[Signature] | None:
-        """The members, read as they come, if this group was given an iterator of
-        signatures (checked as read); None if it holds them already."""
+        """The members, read as they come, if this group was given an iterator whose
+        first member is a signature (the rest are checked as read); None if it holds its
+        members already, or if they are chains, groups or chords (then read at once)."""
         if self._source is None:
             return None
         source, self._source = self._source, None
+        first = next(source, None)
+        if first is not None and not isinstance(first, Signature):
+            self._members = tuple(
+                _checked(member, "a member of group()")
+                for member in itertools.chain([first], source)
+            )
+            return None
         self._members = ()
-        return (_signature_member(member) for member in source)
+        given = itertools.chain([first], source) if first is not None else source
+        return (_signature_member(member) for member in given)
 
     def __repr__(self) -> str:
         if self._members is None:
@@ -121,8 +131,9 @@ def _signature_member(item: Any) -> Signature:
         return item
     if isinstance(item, _Composite):
         raise InvalidJobError(
-            f"a group given a generator holds signatures only, got {item!r}: pass nested "
-            f"chains, groups and chords as a list instead (group([...]))"
+            f"a group read from a generator whose first member is a signature holds "
+            f"signatures only (it is written batch by batch), got {item!r}: make the "
+            f"generator yield one kind, or pass a list"
         )
     _checked(item, "a member of group()")
     raise AssertionError  # _checked raised
