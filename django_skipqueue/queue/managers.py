@@ -44,6 +44,7 @@ from django_skipqueue.core.payload import (
     normalize_arguments,
     storable_text,
 )
+from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.core.states import (
     ACTOR_MAX_LENGTH,
     CLAIM_ORDER,
@@ -338,7 +339,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         except DatabaseError as error:
             if is_transient(error):
                 raise
-            logger.error("claim failed, claiming row by row: %s", error)
+            logger.error("claim failed, claiming row by row: %s", redact_text(str(error)))
             claimed = self._claim_row_by_row(names, limit, worker, lease)
         sort_in_claim_order(claimed)
         return claimed
@@ -363,6 +364,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lease: timedelta | None = None,
         only: int | None = None,
         ids: Sequence[int] | None = None,
+        ids_only: bool = False,
     ) -> tuple[str, list[Any]]:
         """The claiming statement and its parameters, for claim() and for EXPLAIN.
 
@@ -378,7 +380,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             with transaction.atomic(using=self.db):  # Django compiles FOR UPDATE only here
                 one = self.claimable(queues).filter(id=only).values("id")[:1]
                 locking_sql, locking_params = one.query.get_compiler(self.db).as_sql()
-        columns = _columns(self.model)
+        columns = ("id",) if ids_only else _columns(self.model)
         params: list[Any] = [
             *locking_params,
             worker.pk if worker is not None else None,
@@ -386,9 +388,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             lease,
             MIN_LEASE,
             MAX_LEASE,
-            MIN_LEASE,
-            MAX_LEASE,
         ]
+        if not ids_only:
+            params += [MIN_LEASE, MAX_LEASE]  # the returned lease's bounds
         return sql.claim_statement(locking_sql, columns), params
 
     def _claim_row_by_row(
@@ -416,30 +418,49 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lease: timedelta | None,
         *,
         locked: bool,
-    ) -> list[Job]:
+        ids_only: bool = False,
+    ) -> list[Any]:
         """Claim each of `ids` alone, in a savepoint: rows this transaction locked
         (`locked`: `sql.CLAIM_THESE`) or rows to find again among the claimable. A row
         whose claim fails ends failed with the database's error."""
-        claimed: list[Job] = []
+        claimed: list[Any] = []
         for job_id in ids:
             which: dict[str, Any] = {"ids": [job_id]} if locked else {"only": job_id}
             try:
                 with transaction.atomic(using=self.db):
                     statement, params = self.claim_statement(
-                        queues, worker=worker, lease=lease, **which
+                        queues, worker=worker, lease=lease, ids_only=ids_only, **which
                     )
-                    claimed.extend(self._run_claim(statement, params))
+                    claimed.extend(self._run_claim(statement, params, ids_only=ids_only))
             except DatabaseError as error:
                 if is_transient(error):
                     raise
                 self._quarantine(job_id, JobState.PENDING, f"the claim failed: {error}")
         return claimed
 
-    def _run_claim(self, statement: str, params: list[Any]) -> list[Job]:
+    def _run_claim(self, statement: str, params: list[Any], ids_only: bool = False) -> list[Any]:
         """Run a claiming statement and load what it claimed, failing the rows Python
-        cannot load (`_fail_unloadable`)."""
+        cannot load (`_fail_unloadable`); with `ids_only`, the claimed ids."""
+        if ids_only:
+            with connections[self.db].cursor() as cursor:
+                cursor.execute(statement, params)
+                return [row[0] for row in cursor.fetchall()]
         unloadable: list[tuple[int, str]] = []
         with connections[self.db].cursor() as cursor:
+            cursor.execute(statement, params)
+            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        self._fail_unloadable(unloadable)
+        return claimed
+
+    def _load_claimed(self, ids: list[int]) -> list[Job]:
+        """The rows of jobs this worker claimed (committed already), as Job instances;
+        rows Python cannot load end failed (`_fail_unloadable`)."""
+        if not ids:
+            return []
+        unloadable: list[tuple[int, str]] = []
+        statement = sql.load_claimed_statement(_columns(self.model))
+        with connections[self.db].cursor() as cursor:
+            params: list[Any] = [MIN_LEASE, MAX_LEASE, ids]
             cursor.execute(statement, params)
             claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
         self._fail_unloadable(unloadable)
@@ -451,22 +472,23 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         ids: list[int],
         worker: WorkerProcess | None,
         lease: timedelta | None,
-    ) -> list[Job]:
+    ) -> list[int]:
         """Claim rows this transaction has locked (`claim_limited`), in a savepoint; if
         the statement fails other than by the connection (one row's attempt counter at
         its maximum, a project's trigger), each row alone, and a row whose claim still
-        fails ends failed with the database's error. One row cannot stop the others."""
+        fails ends failed with the database's error. One row cannot stop the others.
+        Returns the claimed ids only (see `sql.load_claimed_statement`)."""
         try:
             with transaction.atomic(using=self.db):
                 statement, params = self.claim_statement(
-                    queues, worker=worker, lease=lease, ids=ids
+                    queues, worker=worker, lease=lease, ids=ids, ids_only=True
                 )
-                return self._run_claim(statement, params)
+                return self._run_claim(statement, params, ids_only=True)
         except DatabaseError as error:
             if is_transient(error):
                 raise
-            logger.error("limited claim failed, claiming row by row: %s", error)
-        return self._claim_each(queues, ids, worker, lease, locked=True)
+            logger.error("limited claim failed, claiming row by row: %s", redact_text(str(error)))
+        return self._claim_each(queues, ids, worker, lease, locked=True, ids_only=True)
 
     def keyed_due(self, queues: Sequence[str]) -> bool:
         """Whether a job with a concurrency key is due in these queues: a probe of the
@@ -497,8 +519,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
            (a key another worker is deciding is left for later), then its running jobs
            with a live lease are counted: a statement after the locks, so it sees every
            claim committed before them;
-        4. the candidates that fit are claimed in one statement (`sql.CLAIM_THESE`) and
-           the buckets are charged.
+        4. the candidates that fit are claimed in one statement (`sql.CLAIM_THESE`),
+           returning their ids only, and the buckets are charged; after the commit the
+           claimed rows are read (`sql.load_claimed_statement`), holding no lock.
         An expired lease holds no slot: its job counts again only once it is reclaimed.
         """
         if limit < 1:
@@ -530,9 +553,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     tokens = float(queue_limit.rate)
                     if row.rate_refilled_at is not None:
                         elapsed = max((now - row.rate_refilled_at).total_seconds(), 0.0)
-                        tokens = min(
-                            tokens, row.rate_tokens + elapsed * queue_limit.refill_per_second
-                        )
+                        stored = row.rate_tokens
+                        if not math.isfinite(stored):  # written by another client
+                            stored = 0.0
+                        stored = max(stored, -tokens)  # a bucket owes at most one fill
+                        tokens = min(tokens, stored + elapsed * queue_limit.refill_per_second)
                     buckets[name] = (tokens, now)
                     room = min(room, math.floor(tokens))
                     if tokens < 1:
@@ -563,11 +588,14 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     allowed[queue_name] -= 1
                     taken[queue_name] = taken.get(queue_name, 0) + 1
                 chosen.append(job_id)
-            claimed = self._claim_these(queues, chosen, worker, lease) if chosen else []
+            claimed_ids = self._claim_these(queues, chosen, worker, lease) if chosen else []
             for name, (tokens, now) in buckets.items():
                 queue_rows.filter(name=name).update(
                     rate_tokens=tokens - taken.get(name, 0), rate_refilled_at=now
                 )
+        # Committed: the payloads are read now, holding no lock (a frozen reader of a
+        # large result cannot be ended by the server, and would hold the queue's row).
+        claimed = self._load_claimed(claimed_ids)
         sort_in_claim_order(claimed)
         return claimed, min(waits) if waits else None
 
@@ -593,7 +621,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         In a savepoint, guarded by `state`; if even this fails, the error is logged and
         the row is left as it is.
         """
-        why = storable_text(why)[:8192]
+        why = redact_text(storable_text(why)[:8192])  # a database error may quote a row
         error = ErrorInfo(QUARANTINED, why)
         cap = get_settings().ERROR_HISTORY_LENGTH
         ended = {"state": JobState.FAILED, "finished_at": Now(), "leased_until": None}
@@ -612,7 +640,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 if is_transient(failure):
                     raise
                 last = failure
-        logger.error("job cannot be written id=%s: %s; then: %s", job_id, why, last)
+        logger.error(
+            "job cannot be written id=%s: %s; then: %s", job_id, why, redact_text(str(last))
+        )
 
     # -- enqueue: INSERTs in the caller's transaction ------------------------------------
 

@@ -132,6 +132,28 @@ RETURNING {columns}
 """
 
 
+def _returned(columns: tuple[str, ...], prefix: str = "job.") -> str:
+    return ", ".join(
+        f'{prefix}"{column}"'
+        if column != "lease"
+        else f"LEAST(GREATEST({prefix}lease, %s), %s) AS lease"
+        for column in columns
+    )
+
+
+# The limited claim's rows, read after its transaction committed (claim_limited): the
+# transaction that holds the queue's row lock returns ids only, so that a worker frozen
+# while the server sends it the claimed payloads (megabytes, say) holds no lock; the
+# server cannot end a session that is blocked writing to its client. Parameters: the
+# lease bounds (MIN_LEASE, MAX_LEASE), then the ids.
+_LOAD_CLAIMED = "SELECT {columns} FROM skipqueue_job WHERE id = ANY(%s) ORDER BY id"
+
+
+@functools.lru_cache(maxsize=4)
+def load_claimed_statement(columns: tuple[str, ...]) -> str:
+    return _LOAD_CLAIMED.format(columns=_returned(columns, ""))
+
+
 @functools.lru_cache(maxsize=256)
 def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
     """The claim around a compiled locking query, returning `columns` of each row.
@@ -141,11 +163,7 @@ def claim_statement(locking: str, columns: tuple[str, ...]) -> str:
     twice (MIN_LEASE, MAX_LEASE: for the new lease and for the lease returned, by which
     the worker schedules its renewals).
     """
-    returning = ", ".join(
-        f'job."{column}"' if column != "lease" else "LEAST(GREATEST(job.lease, %s), %s) AS lease"
-        for column in columns
-    )
-    return _CLAIM.format(locking=locking, columns=returning)
+    return _CLAIM.format(locking=locking, columns=_returned(columns))
 
 
 # claim_limited: the claim of rows its transaction already locked and chose, in place of
