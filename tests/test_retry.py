@@ -78,3 +78,15 @@ def test_a_huge_policy_delay_keeps_the_real_error():
     )
     assert state == "pending"
     assert Job.objects.get(id=claimed.id).last_error == "builtins.RuntimeError: the real error"
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [RetryPolicy(base=1e14, cap=1e14), RetryPolicy(base=1e14, cap=float("inf"))],
+    ids=["past timedelta", "no cap"],
+)
+def test_a_policy_past_what_a_timedelta_holds_gives_the_longest_delay(policy):
+    """Accepted at definition (it is a policy, not an error), and held to what a timedelta
+    holds, so the fenced write can clamp it and keep the attempt's real error."""
+    assert policy.delay(1) <= timedelta.max
+    assert policy.delay(80) <= timedelta.max

@@ -187,3 +187,19 @@ def test_one_batch_behaves_as_its_calls_made_one_after_another() -> None:
 def test_a_keyword_named_self_is_refused_naming_it() -> None:
     with pytest.raises(InvalidJobError, match="self"):
         add.enqueue(1, 2, self=3)
+
+
+def test_retrying_two_failed_jobs_of_one_key_retries_the_newest_and_skips_the_other() -> None:
+    """A normal history (a unique job failed, was enqueued again and failed again) used
+    to make a select-all Retry answer 500 on the key's unique index (trial finding)."""
+    ids = []
+    for _ in range(2):
+        job = send_invoice.enqueue(777)
+        with setting_up():
+            Job.objects.filter(id=job.id).update(state=JobState.FAILED, finished_at=Now())
+        ids.append(job.id)
+    assert Job.objects.retry_now(ids) == 1
+    assert dict(Job.objects.values_list("id", "state")) == {
+        ids[0]: JobState.FAILED,
+        ids[1]: JobState.PENDING,
+    }

@@ -6,6 +6,11 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
+#: The longest delay a timedelta holds (about 2.7 million years), in seconds: a policy
+#: asking for more is held to it, and the fenced write then clamps it to
+#: SKIPQUEUE['MAX_DELAY_SECONDS'], so the attempt's real error is still recorded.
+LONGEST_SECONDS = timedelta.max.total_seconds() - 1
+
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
@@ -35,4 +40,5 @@ class RetryPolicy:
     def delay(self, attempt: int, rng: random.Random | None = None) -> timedelta:
         """The jittered delay before the attempt after `attempt`."""
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
-        return timedelta(seconds=min(self.cap, self.nominal_delay(attempt) * spread))
+        seconds = min(self.cap, self.nominal_delay(attempt) * spread, LONGEST_SECONDS)
+        return timedelta(seconds=seconds)

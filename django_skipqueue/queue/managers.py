@@ -1225,15 +1225,16 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def retry_now(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
         """Failed or cancelled jobs back to pending, due now; returns how many changed.
 
-        A unique job is skipped while another unfinished job of its task holds its key.
+        A unique job is skipped while another unfinished job of its task holds its key;
+        of several given jobs sharing a key, the newest is retried and the others are
+        skipped (two would break the key's unique index).
 
         The WHERE re-checks the state, so a job that changed meanwhile is skipped. An
         attempt is added when none is left (`attempts` itself never goes down).
         """
-        return self._in_batches(
-            ids,
-            batch_size,
-            lambda batch: (
+
+        def retry(batch: list[int]) -> int:
+            return (
                 self.filter(id__in=batch)
                 .retryable()  # a unique job whose key is held stays as it is
                 .update(
@@ -1244,8 +1245,32 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     cancelled_by="",
                     max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
                 )
-            ),
-        )
+            )
+
+        def write(batch: list[int]) -> int:
+            newest: dict[tuple[str, str], int] = {}
+            plain: list[int] = []
+            rows = self.filter(id__in=batch).retryable().values_list("id", "task", "unique_key")
+            for job_id, task_name, key in sorted(rows):
+                if key is None:
+                    plain.append(job_id)
+                else:
+                    newest[(task_name, key)] = job_id
+            chosen = plain + sorted(newest.values())
+            try:
+                with transaction.atomic(using=self.db):
+                    return retry(chosen)
+            except IntegrityError:  # a key taken meanwhile by a concurrent enqueue
+                changed = 0
+                for job_id in chosen:
+                    try:
+                        with transaction.atomic(using=self.db):
+                            changed += retry([job_id])
+                    except IntegrityError:
+                        continue
+                return changed
+
+        return self._in_batches(ids, batch_size, write)
 
     def cancel(self, ids: Iterable[int], *, by: str = "", batch_size: int = 1000) -> int:
         """Pending and waiting jobs end cancelled; running ones are asked to stop
