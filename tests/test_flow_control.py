@@ -516,3 +516,31 @@ def test_a_timed_out_job_keeps_its_slot_while_its_code_runs():
     assert len(spans) >= 2
     for (_, first_end), (second_start, _) in itertools.pairwise(spans):
         assert second_start >= first_end  # never two at once: the limit held
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_cancelled_job_under_a_limit_keeps_its_slot_while_its_code_runs():
+    """An operator cancels a running job whose task ignores the request: its lease, and
+    so its key's slot, is kept until its thread ends (H23); the reaper used to end it
+    cancelled after one lease and let the next job of the key start beside it."""
+    from tests.testapp.models import Span
+
+    first = tasks.per_account_ignores_cancel.enqueue(account="x", seconds=3.0)
+    tasks.per_account_ignores_cancel.enqueue(account="x", seconds=0.3)
+    worker = Worker(concurrency=2, listen=False, reap_interval=0.2, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        wait_until(lambda: Span.objects.filter(job_id=first.id).exists(), timeout=30)
+        Job.objects.cancel([first.id], by="ops")
+        wait_until(lambda: Span.objects.filter(key="x", ended_at__isnull=False).count() == 2, 30)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+
+    spans = sorted(Span.objects.filter(key="x").values_list("started_at", "ended_at"))
+    assert len(spans) == 2
+    (_, first_end), (second_start, _) = spans
+    assert second_start >= first_end  # never two at once: the limit held
+    assert Job.objects.get(id=first.id).state in {"done", "cancelled"}

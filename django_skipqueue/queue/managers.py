@@ -1070,10 +1070,19 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lost, or a cancel was requested (see `renewal`)."""
         return self.renewal(job_id, attempt, lease) is Renewal.RENEWED
 
-    def renewal(self, job_id: int, attempt: int, lease: timedelta | None = None) -> Renewal:
+    def renewal(
+        self,
+        job_id: int,
+        attempt: int,
+        lease: timedelta | None = None,
+        *,
+        keep_if_cancelled: bool = False,
+    ) -> Renewal:
         """Extend the lease to now + `lease` (the job's own by default), unless a cancel
         was requested: then the lease is left to run out (a task that ignores the
-        request loses the job at the end of it).
+        request loses the job at the end of it). With `keep_if_cancelled` (a job that
+        holds a concurrency slot), the lease is extended all the same and
+        CANCEL_REQUESTED returned: its slot stays taken while its code runs.
 
         Never shortens it: a lease that the task extended further (`extend_lease`) is
         kept. The job's own lease is clamped to MIN_LEASE..MAX_LEASE, whoever wrote it.
@@ -1089,6 +1098,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if fenced.filter(cancel_requested_at__isnull=True).update(leased_until=until):
             return Renewal.RENEWED
         if self.cancel_requested(job_id, attempt):
+            if keep_if_cancelled and not fenced.update(leased_until=until):
+                return Renewal.LOST
             return Renewal.CANCEL_REQUESTED
         return Renewal.LOST
 

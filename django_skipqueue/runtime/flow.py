@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from django_skipqueue.conf.limits import QueueLimit
 
@@ -64,6 +65,16 @@ class FlowView:
         """What a keyed claim or a probe found: whether keyed jobs still wait."""
         with self._lock:
             self._keyed_waiting = waiting
+
+    def holds_slot(self, job: Any) -> bool:
+        """Whether `job` takes a slot of a concurrency limit (its key's, or its queue's):
+        such a job keeps its lease, and so its slot, while its code can still run, even
+        past its timeout or after a cancel request (docs/explanation/failure-model.md,
+        H15 and H23); given away, the slot would let a second run start beside it."""
+        if job.concurrency_key is not None:
+            return True
+        limit = self.limits.get(job.queue_name)
+        return limit is not None and limit.concurrency is not None
 
     def keyed_waiting(self) -> bool:
         """Whether keyed jobs may be due: the dispatcher then runs the keyed claim."""

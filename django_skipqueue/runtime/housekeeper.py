@@ -126,20 +126,30 @@ class Housekeeper:
             return
         jobs = Job.objects.db_manager(self.database)
         for flight in self.held.due_renewals(now):
-            renewal = jobs.renewal(flight.job.id, flight.attempt)
+            # A job holding a concurrency slot keeps its lease after a cancel request
+            # while its code still runs (H23): the slot is freed when its thread ends.
+            keep = self.flow is not None and self.flow.holds_slot(flight.job)
+            renewal = jobs.renewal(flight.job.id, flight.attempt, keep_if_cancelled=keep)
             if renewal is Renewal.RENEWED:
                 self.held.renewed(flight, now=time.monotonic())
                 self.stats.renewed += 1
                 continue
             if renewal is Renewal.CANCEL_REQUESTED:
-                self.held.cancel_requested(flight)
-                logger.info(
-                    "job cancel requested id=%s task=%s attempt=%d: told the task; its "
-                    "lease is no longer renewed",
-                    flight.job.id,
-                    flight.job.task,
-                    flight.attempt,
+                first = not flight.cancel.is_set()
+                self.held.cancel_requested(
+                    flight, keep_renewing_at=time.monotonic() if keep else None
                 )
+                if first:
+                    logger.info(
+                        "job cancel requested id=%s task=%s attempt=%d: told the task; %s",
+                        flight.job.id,
+                        flight.job.task,
+                        flight.attempt,
+                        "its lease is kept while its thread runs (a concurrency limit holds "
+                        "its slot)"
+                        if keep
+                        else "its lease is no longer renewed",
+                    )
                 continue
             self.held.renewal_refused(flight)
             self.stats.renew_refused += 1

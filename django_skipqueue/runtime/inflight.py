@@ -173,11 +173,16 @@ class InFlight:
         with self._lock:
             flight.renew_at = now + flight.lease_seconds / 3
 
-    def cancel_requested(self, flight: Flight) -> None:
+    def cancel_requested(self, flight: Flight, *, keep_renewing_at: float | None = None) -> None:
         """A renewal found a cancel request: tell the task, and renew no more (a task
-        that ignores it loses the job when this lease ends)."""
+        that ignores it loses the job when this lease ends); or, for a job holding a
+        concurrency slot (`keep_renewing_at`, the process clock now: the renewal went
+        through), go on renewing until its thread ends."""
         with self._lock:
-            flight.renew_at = NEVER
+            if keep_renewing_at is None:
+                flight.renew_at = NEVER
+            else:
+                flight.renew_at = keep_renewing_at + flight.lease_seconds / 3
         flight.cancel.set()
 
     def cancel_event(self, job_id: int) -> CancelFlag | None:

@@ -473,13 +473,7 @@ class Worker:
         outcome is then refused by the fence if the reaper took the job back meanwhile.
         """
         job = flight.job
-        # A job under a concurrency limit keeps its lease, and so its slot, while its
-        # code can still run: given away, the slot would let a second run start beside
-        # it (docs/explanation/failure-model.md, H15).
-        limited = job.concurrency_key is not None or (
-            job.queue_name in self.flow.limits
-            and self.flow.limits[job.queue_name].concurrency is not None
-        )
+        limited = self.flow.holds_slot(job)  # then its lease is kept while it runs (H15)
         hung = self.held.abandon(job.id, keep_lease=limited)
         if hung is None:
             return  # finished just now

@@ -397,3 +397,11 @@ def chord_body(context: TaskContext, results: list[object]) -> list[object]:
     """A chord's callback under faults: logs each run, returns what it received."""
     Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
     return results
+
+
+@task(
+    takes_context=True, concurrency_key=("account",), concurrency_limit=1, lease=1.0, max_attempts=3
+)
+def per_account_ignores_cancel(context: TaskContext, account: str, seconds: float) -> None:
+    """Runs its full time whatever an operator asks, under a limit of 1 per account."""
+    _occupy(context.job_id, seconds, account)
