@@ -60,6 +60,29 @@ class DateTimeField(models.DateTimeField):
         return name, "django.db.models.DateTimeField", args, kwargs
 
 
+class DurationField(models.DurationField):
+    """A `DurationField` that loads every interval PostgreSQL can store: an interval
+    longer than a `timedelta` holds (`'100000000 years'`, written by another client)
+    is clamped to `LONGEST_INTERVAL` in the select, as `DateTimeField` does for
+    timestamps; the stored value is unchanged. Migrations see a plain DurationField."""
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
+        sql, params = super().select_format(compiler, sql, params)
+        clamped = (
+            f"CASE WHEN {sql} > interval '{LONGEST_INTERVAL}' THEN interval '{LONGEST_INTERVAL}' "
+            f"WHEN {sql} < interval '-{LONGEST_INTERVAL}' THEN interval '-{LONGEST_INTERVAL}' "
+            f"ELSE {sql} END"
+        )
+        return clamped, (*params, *params, *params)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.DurationField", args, kwargs
+
+
+#: The longest interval loaded as it is (a timedelta holds up to 999,999,999 days).
+LONGEST_INTERVAL = "999999 days"
+
 # A day inside Python's range at each end, so that no time zone's offset pushes a loaded
 # value out of it.
 LOADABLE_LATEST = "9999-12-30 00:00:00+00"
@@ -118,7 +141,7 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0, help_text=_("-100 to 100; higher runs first."))
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     run_at = DateTimeField(db_default=Now(), help_text=_("Not claimed before this."))
-    lease = models.DurationField(help_text=_("How long each claim owns the job."))
+    lease = DurationField(help_text=_("How long each claim owns the job."))
     leased_until = DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text=_("Claims so far."))
     max_attempts = models.PositiveIntegerField()

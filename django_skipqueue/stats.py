@@ -100,7 +100,8 @@ def queue_stats(database: str | None = None, *, broker: bool = True) -> list[Que
     for item in jobs.filter(state=JobState.FAILED).values("queue_name").annotate(n=Count("id")):
         row(item["queue_name"]).failed = item["n"]
     for queues in WorkerProcess.objects.using(alias).alive().values_list("queues", flat=True):
-        for name in queues or []:
+        names = queues if isinstance(queues, list) else []  # another client's row: anything
+        for name in {name for name in names if isinstance(name, str)}:
             row(name).live_workers += 1
     for name in Queue.objects.using(alias).paused().values_list("name", flat=True):
         row(name).paused = True
@@ -137,7 +138,10 @@ def _lag_seconds(alias: str) -> dict[str, float]:
     """Per queue, seconds since the oldest due job became due (database clock)."""
     with connections[alias].cursor() as cursor:
         cursor.execute(
-            "SELECT queue_name, EXTRACT(EPOCH FROM now() - min(run_at)) FROM skipqueue_job "
+            # Clamped as the models' timestamps are: '-infinity' written by another
+            # client would fail the subtraction (and the overview with it).
+            "SELECT queue_name, EXTRACT(EPOCH FROM now() - GREATEST(min(run_at), "
+            "'0001-01-02 00:00:00+00'::timestamptz)) FROM skipqueue_job "
             "WHERE state = 'pending' AND run_at <= now() GROUP BY queue_name"
         )
         return {name: float(seconds) for name, seconds in cursor.fetchall()}

@@ -10,6 +10,7 @@ from urllib.parse import quote
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
+from django.db import connection
 from django.db.models.functions import Now
 from django.urls import reverse
 
@@ -780,3 +781,68 @@ def test_our_pages_link_the_stylesheet_and_our_code_has_no_inline_style(superuse
     package = Path(__file__).resolve().parent.parent / "django_skipqueue"
     sources = [*(package / "admin").glob("*.py"), *(package / "templates").rglob("*.html")]
     assert [str(path) for path in sources if "style=" in path.read_text()] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "data"),
+    [
+        ("get", "?q=%C2%B2", None),  # '²'.isdigit() is true, int('²') is not
+        ("get", "?q=" + "9" * 5000, None),  # past Python's 4,300 digits
+        ("get", "change:%C2%B2", None),
+        ("get", "change:" + "9" * 5000, None),
+        ("post", "", {"action": "cancel", "_selected_action": ["abc"]}),
+        ("post", "", {"action": "cancel", "_selected_action": ["1\x00"]}),
+    ],
+)
+def test_odd_ids_and_selections_never_answer_500(superuser_client, method, path, data):
+    base = reverse(CHANGELIST)
+    if path.startswith("change:"):
+        url = base + path.removeprefix("change:") + "/change/"
+    else:
+        url = base + path
+    response = getattr(superuser_client, method)(url, data) if data else superuser_client.get(url)
+    assert response.status_code in {200, 302, 400}
+
+
+def test_a_schedule_action_with_a_nul_in_its_selection_is_a_400(superuser_client):
+    url = reverse("admin:skipqueue_schedule_changelist")
+    response = superuser_client.post(url, {"action": "pause", "_selected_action": ["a\x00"]})
+    assert response.status_code == 400
+
+
+def test_rows_other_clients_broke_render_on_every_page(superuser_client):
+    """A lease longer than a timedelta holds, an error entry whose time cannot be shown in
+    this time zone, a due job from '-infinity', and worker rows whose queues are not a
+    list of names (trial finding F8): every page answers 200."""
+    job = JobFactory(failed=True)
+    with setting_up(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE skipqueue_job SET lease = interval '100000000 years', errors = %s::jsonb "
+            "WHERE id = %s",
+            [json.dumps([{"attempt": 1, "at": "9999-12-31T23:59:59-14:00", "type": "E",
+                          "message": "m"}]), job.id],
+        )  # fmt: skip
+        cursor.execute(
+            "INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, "
+            "run_at, lease, attempts, max_attempts, expirations, releases, last_error, errors, "
+            "created_at, cancelled_by) VALUES ('t', '[]', '{}', 'old', 0, 'pending', "
+            "'-infinity', interval '1 minute', 0, 1, 0, 0, '', '[]', now(), '')"
+        )
+        for queues in ('[["x"]]', '[1, "a"]', "[null]", '"default"', "{}"):
+            cursor.execute(
+                "INSERT INTO skipqueue_workerprocess (id, hostname, pid, queues, concurrency, "
+                "started_at, heartbeat_at) VALUES (gen_random_uuid(), 'h', 1, %s::jsonb, 1, "
+                "now(), now() + interval '1 hour')",
+                [queues],
+            )
+    for url in [
+        reverse(CHANGELIST),
+        reverse(CHANGELIST) + "?_facets=1",
+        reverse("admin:skipqueue_job_change", args=[job.id]),
+        reverse("admin:skipqueue_overview"),
+        reverse("admin:skipqueue_workerprocess_changelist"),
+    ]:
+        assert superuser_client.get(url).status_code == 200, url
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    assert any(row["queue"] == "old" for row in json.loads(out.getvalue())["queues"])

@@ -8,7 +8,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import (
@@ -122,7 +124,7 @@ class QueueFilter(ValuesFilter):
     def known_values(self) -> set[str]:
         names = {registry.get(name).queue_name for name in registry.names()}
         for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
-            names.update(queues or [])
+            names.update(queue_names(queues))
         return names
 
 
@@ -209,6 +211,17 @@ class OwnLookupsOnly:
         for key, values in request.GET.lists():
             if any("\x00" in text for text in (key, *values)):
                 raise DisallowedModelAdminLookup(f"the query string has a NUL in {key!r}")
+        if request.method == "POST":  # an action's selection: ids of this admin's model
+            pk = self.model._meta.pk  # type: ignore[attr-defined]
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                try:
+                    if "\x00" in value:
+                        raise ValueError("NUL")
+                    pk.to_python(value)
+                except (ValueError, ValidationError):
+                    raise DisallowedModelAdminLookup(
+                        f"the selection holds {value[:40]!r}, not an id of this list"
+                    ) from None
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
     def get_object(
@@ -217,6 +230,19 @@ class OwnLookupsOnly:
         if "\x00" in object_id:
             return None
         return super().get_object(request, object_id, from_field)  # type: ignore[misc]
+
+
+def queue_names(value: Any) -> list[str]:
+    """A worker row's queues as names, whatever another client stored there."""
+    return [name for name in value if isinstance(name, str)] if isinstance(value, list) else []
+
+
+def as_id(text: str) -> int | None:
+    """`text` as a row id if it is one: ASCII digits that fit a bigint (`"²".isdigit()`
+    is true, and Python refuses to read 5,000 digits), else None."""
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return int(text)
+    return None
 
 
 def arguments_html(args: Any, kwargs: Any) -> str:
@@ -264,9 +290,15 @@ def _when(moment: datetime | None) -> str:
 def _parse_time(value: object) -> datetime | None:
     try:
         moment = datetime.fromisoformat(str(value))
-    except ValueError:
+        return moment if timezone.is_aware(moment) and _shown(moment) else None
+    except (ValueError, OverflowError):  # another client's text, or out of range here
         return None
-    return moment if timezone.is_aware(moment) else None
+
+
+def _shown(moment: datetime) -> bool:
+    """Whether `moment` converts to the local time zone (9999-12-31 at -14:00 does not)."""
+    timezone.localtime(moment)
+    return True
 
 
 def _entries(history: Any) -> list[dict[str, Any]]:

@@ -51,6 +51,7 @@ from django_skipqueue.admin.common import (
     _report,
     _when,
     arguments_html,
+    as_id,
     attempts_text,
 )
 from django_skipqueue.admin.queues import QueueOverviewViews
@@ -156,8 +157,10 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit():
-            return queryset.filter(id=int(term)), False
+        if (job_id := as_id(term)) is not None:
+            return queryset.filter(id=job_id), False
+        if term.isdigit():  # digits, but no id (too long, or not ASCII): none
+            return queryset.none(), False
         return queryset.filter(task__startswith=term), False
 
     # -- read-only ---------------------------------------------------------------------
@@ -496,9 +499,8 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         """The job's page, with a stuck banner and the actions that apply to it now."""
-        job = (
-            self.get_queryset(request).filter(pk=object_id).first() if object_id.isdigit() else None
-        )
+        job_id = as_id(object_id)
+        job = self.get_queryset(request).filter(pk=job_id).first() if job_id is not None else None
         extra: dict[str, Any] = {**(extra_context or {})}
         if job is not None:
             expired = _expired_for(job)

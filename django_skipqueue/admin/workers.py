@@ -17,6 +17,7 @@ from django_skipqueue.admin.common import (
     STYLESHEET,
     AliveFilter,
     OwnLookupsOnly,
+    queue_names,
 )
 from django_skipqueue.models import (
     Job,
@@ -64,7 +65,7 @@ class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:
-        return ", ".join(worker.queues or [])
+        return ", ".join(queue_names(worker.queues))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerProcess]:
         """Each row's liveness and held jobs in the page's one query, not two a row."""
