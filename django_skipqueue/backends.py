@@ -63,7 +63,12 @@ STATUSES = {
     "cancelled": TaskResultStatus.FAILED,
     # Published to RabbitMQ (a relayed queue with RESULTS): queued there, or running.
     "relayed": TaskResultStatus.READY,
+    # A workflow's job waiting on its parents: not due yet.
+    "waiting": TaskResultStatus.READY,
 }
+#: The most attempts a TaskResult names a worker for (a row another client wrote may
+#: claim two billion attempts: the list would take gigabytes).
+WORKER_IDS_SHOWN = 1000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -273,12 +278,15 @@ class SkipQueueBackend(BaseTaskBackend):
             task = self.task_of(job)
         # One entry per attempt; rows claimed before migration 0007 have none for their
         # earlier attempts: those are named by the last worker, as the row knows no other.
-        recorded = list(job.worker_ids or [])[-job.attempts :] if job.attempts else []
-        worker_ids = [str(job.worker_id or "")] * (job.attempts - len(recorded)) + recorded
+        attempts = min(max(job.attempts or 0, 0), WORKER_IDS_SHOWN)
+        stored = job.worker_ids if isinstance(job.worker_ids, list) else []
+        recorded = [str(name) for name in stored[-attempts:]] if attempts else []
+        worker_ids = [str(job.worker_id or "")] * (attempts - len(recorded)) + recorded
+        history = job.errors if isinstance(job.errors, list) else []
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(job.id),
-            status=STATUSES[job.state],
+            status=STATUSES.get(job.state, TaskResultStatus.READY),
             enqueued_at=job.created_at,
             started_at=job.first_started_at or job.started_at,
             finished_at=job.finished_at,
@@ -288,9 +296,11 @@ class SkipQueueBackend(BaseTaskBackend):
             backend=self.alias,
             errors=[
                 TaskError(
-                    exception_class_path=entry.get("type", ""), traceback=entry.get("traceback", "")
+                    exception_class_path=str(entry.get("type", "")),
+                    traceback=str(entry.get("traceback", "")),
                 )
-                for entry in job.errors
+                for entry in history
+                if isinstance(entry, dict)
             ],
             worker_ids=worker_ids,
         )

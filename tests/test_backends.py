@@ -332,3 +332,33 @@ def test_get_result_of_a_row_another_client_wrote_badly_answers(column, stored):
         run_jobs()
         failed = default_task_backend.get_result(result.id)
         assert failed.status == TaskResultStatus.FAILED and failed.errors  # with the reason
+
+
+@pytest.mark.parametrize(
+    "assignment",
+    [
+        "errors = '{\"x\": 1}'::jsonb",
+        "errors = '[[[[1]]], \"x\"]'::jsonb",
+        "worker_ids = '5'::jsonb",
+        "lease = interval '100000000 years'",
+        "attempts = 2147483647, max_attempts = 2147483647",
+    ],
+)
+def test_get_result_of_other_broken_rows_answers_in_bounded_memory(assignment):
+    """Trial finding F4: an attempt count of two billion built a list of two billion
+    worker ids (16 GB); an errors object, a worker_ids number and an interval longer than
+    a timedelta raised."""
+    from django.db import connection
+
+    from django_skipqueue.backends import WORKER_IDS_SHOWN
+    from tests.guard import setting_up
+
+    result = django_tasks.dj_add.enqueue(1, 2)
+    with setting_up(), connection.cursor() as cursor:
+        cursor.execute(f"UPDATE skipqueue_job SET {assignment} WHERE id = %s", [result.id])
+
+    found = default_task_backend.get_result(result.id)
+
+    assert found.status == TaskResultStatus.READY
+    assert len(found.worker_ids) <= WORKER_IDS_SHOWN
+    assert all(isinstance(error.traceback, str) for error in found.errors)

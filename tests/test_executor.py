@@ -341,3 +341,64 @@ def test_a_task_that_changes_its_session_does_not_poison_the_jobs_after_it(raw, 
         assert job.state == "failed"
         assert "own error" in job.last_error  # its own error, not a lost lease
     assert "could not record" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("statement", "params"),
+    [
+        ("/* x */ SET search_path TO pg_catalog", None),
+        ("-- a note\nset search_path to pg_catalog", None),
+        ("SELECT set_config('search_path', 'pg_catalog', %s)", [False]),
+        ("DO $$BEGIN EXECUTE 'SET search_path TO pg_catalog'; END$$", None),
+        ("SELECT 1; SET search_path TO pg_catalog", None),
+    ],
+    ids=["comment", "line comment", "set_config with a parameter", "DO block", "two statements"],
+)
+def test_session_changes_in_other_forms_do_not_poison_later_jobs(statement, params, caplog):
+    """Trial finding F6: each of these slipped past the SET check."""
+    from django_skipqueue.runtime.worker import Worker
+    from tests.testapp import tasks as more
+
+    more.changes_its_session.enqueue(statement, params=params)
+    innocent = [more.probe.using(max_attempts=1).enqueue() for _ in range(3)]
+    Worker(concurrency=1, burst=True, listen=False, reap_interval=0).run()
+    for job in innocent:  # each writes through the ORM: it needs our search_path
+        job.refresh_from_db()
+        assert (job.id, job.state, job.last_error) == (job.id, "done", "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_temporary_table_that_hides_ours_does_not_swallow_later_writes():
+    """A task's temporary table named like one of the project's hid it for every later
+    job on that thread: their writes went to the temporary table and vanished."""
+    from django_skipqueue.runtime.worker import Worker
+    from tests.testapp import tasks as more
+    from tests.testapp.models import Run
+
+    more.changes_its_session.enqueue(
+        "CREATE TEMP TABLE testapp_run (LIKE public.testapp_run INCLUDING ALL)"
+    )
+    probes = [more.probe.enqueue() for _ in range(3)]
+    Worker(concurrency=1, burst=True, listen=False, reap_interval=0).run()
+    assert set(Run.objects.values_list("job_id", flat=True)) == {job.id for job in probes}
+
+
+@pytest.mark.parametrize(
+    ("sql", "changes"),
+    [
+        ("UPDATE skipqueue_job SET state = 'done' WHERE id = 1", False),
+        ("SELECT * FROM t WHERE note = 'SET x'", False),
+        ("SET LOCAL statement_timeout = 1000", False),
+        ("SELECT pg_advisory_xact_lock(1)", False),
+        ("SELECT pg_advisory_lock(1)", True),
+        ("LISTEN anything", True),
+        ("CREATE TEMPORARY VIEW v AS SELECT 1", True),
+        ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", True),
+        ("SELECT 1;", False),
+    ],
+)
+def test_which_statements_count_as_changing_the_session(sql, changes):
+    from django_skipqueue.runtime.runner import changes_session
+
+    assert changes_session(sql) is changes

@@ -236,16 +236,36 @@ def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
 #: Statements that change a session for its life, not one transaction's: a task that
 #: runs one leaves its thread's connection changed for every later job (a search_path
 #: under which our tables are not found, a statement_timeout, a role).
+#: Seen at the start of a statement (after comments): SET, RESET, DISCARD, LISTEN,
+#: PREPARE, LOAD, a DO block (which may run any of them), a temporary table, view or
+#: sequence (which would hide ours for every later job: their writes would vanish at
+#: the session's end), a cursor WITH HOLD. Anywhere in it: set_config() (its third
+#: argument may be a parameter), a session-level advisory lock, and a second statement
+#: after a semicolon. A false alarm only costs a new connection for the next job.
 _SESSION_CHANGES = re.compile(
-    r"\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b)"
-    r"|.*\bset_config\s*\(.*\bfalse\b",
+    r"(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b|LISTEN\b"
+    r"|PREPARE\b|LOAD\b|DO\b|CREATE\s+(?:(?:GLOBAL|LOCAL)\s+)?TEMP(?:ORARY)?\b"
+    r"|CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\b|DECLARE\b.*\bWITH\s+HOLD\b)",
     re.IGNORECASE | re.DOTALL,
 )
+_SESSION_CHANGES_ANYWHERE = re.compile(
+    r"\bset_config\s*\(|\bpg_(?:try_)?advisory_lock(?:_shared)?\s*\(|;\s*[^\s;]",
+    re.IGNORECASE,
+)
+_LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)+", re.DOTALL)
+
+
+def changes_session(sql: str) -> bool:
+    """Whether a statement a task ran may change its connection's session for good
+    (`_SESSION_CHANGES`): then the connection is closed after the task."""
+    start = _LEADING_COMMENTS.match(sql)
+    text = sql[start.end() :] if start else sql
+    return bool(_SESSION_CHANGES.match(text) or _SESSION_CHANGES_ANYWHERE.search(text))
 
 
 class SessionWatch:
-    """Around a task's call: if the task changed its connection's session state (SET,
-    RESET, `set_config(..., false)`: `_SESSION_CHANGES`), the connection is closed
+    """Around a task's call: if the task may have changed its connection's session state
+    (SET, RESET, set_config(), a temporary table...: `changes_session`), the connection is closed
     after the call, so that our fenced write and the next job run on a fresh session
     (behind a transaction pooler too: the server connection is not kept). Seen through
     Django's execute wrappers, so it costs one regular expression per statement of the
@@ -275,7 +295,7 @@ class SessionWatch:
             discard(self._connection)
 
     def _watch(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
-        if isinstance(sql, str) and _SESSION_CHANGES.match(sql):
+        if not self.changed and isinstance(sql, str) and changes_session(sql):
             self.changed = True
         return execute(sql, params, many, context)
 

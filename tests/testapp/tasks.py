@@ -312,17 +312,17 @@ def cancellable(context: TaskContext, how: str = "flag", seconds: float = 20.0) 
 
 
 @task
-def changes_its_session(statement: str, raw: bool = False) -> None:
+def changes_its_session(statement: str, raw: bool = False, params: list | None = None) -> None:
     """Run a session-level statement (`SET search_path TO pg_catalog`, say), through
     Django's cursor or, with `raw`, on the psycopg connection behind Django's back."""
     from django.db import connection
 
     if raw:
         connection.ensure_connection()
-        connection.connection.execute(statement)
+        connection.connection.execute(statement, params)
     else:
         with connection.cursor() as cursor:
-            cursor.execute(statement)
+            cursor.execute(statement, params)
 
 
 def _sleep_long() -> None:
