@@ -184,6 +184,30 @@ CORPUS = [
     ("Proxy-Authorization: Basic cHJveHk6cHc=", "cHJveHk6cHc", "Proxy-Authorization: Basic"),
     ("X-Api-Key: xak-upper-case", "xak-upper-case", "X-Api-Key: "),
     ("{'Authorization': 'Basic YW5uOnB3'}", "YW5uOnB3", "{'Authorization': "),
+    # -- the second outside trial: the same families, other forms
+    (
+        "clone https://ghs_2f8eToKen0123456789abcd@github.com/o/r.git",
+        "ghs_2f8eToKen012",
+        "github.com/o/r.git",
+    ),
+    (
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBGX7pgp\n"
+        "-----END PGP PRIVATE KEY BLOCK----- ok",
+        "lQOYBGX7pgp",
+        " ok",
+    ),
+    ("{'password': b'bytes-pw', 'user': 'ann'}", "bytes-pw", "'user': 'ann'"),
+    ("{'password': r'raw-pw'}", "raw-pw", "{'password': "),
+    ('password="""triple pw""" and more', "triple pw", "and more"),
+    ("password = SecretStr('pydantic-pw')", "pydantic-pw", "password = "),
+    ("DBPASS=env-pw-1 HOST=db", "env-pw-1", "HOST=db"),
+    ("SMTPPASS=env-pw-2", "env-pw-2", "SMTPPASS="),
+    ("DBPWD=env-pw-3", "env-pw-3", "DBPWD="),
+    ("XAUTH=env-tok-4", "env-tok-4", "XAUTH="),
+    ("AUTHKEY=env-key-5", "env-key-5", "AUTHKEY="),
+    ("BASICAUTH=env-6", "env-6", "BASICAUTH="),
+    ("oauth=oauth-tok-7 next", "oauth-tok-7", "next"),
+    ("password=[" + "x" * 400 + " long-list-pw]", "long-list-pw", "password="),
     # -- tokens whose format gives them away
     ("charged with sk_live_4eC39HqLyjWDarjtT1zdp7dc ok", "4eC39HqLyjWDarjtT1zdp7dc", " ok"),
     (

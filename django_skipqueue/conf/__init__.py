@@ -190,6 +190,7 @@ class SkipQueueSettings:
         "sessionid",
         "sessid",
         "signature",
+        "oauth",
     )
 
     def problems(self) -> list[tuple[str, str]]:

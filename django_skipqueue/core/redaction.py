@@ -38,10 +38,13 @@ URL_SECRET_PARAMS = ("key", "sig", "code")
 #: else its first character: an unquoted value runs up to a delimiter (_BARE), found
 #: only when it is masked, so that scanning a long value again costs nothing.
 _VALUE = (
-    r'"(?:[^"\\]|\\.)*"'
-    r"|'(?:[^'\\]|\\.)*'"
+    r'[bBrRuU]{0,2}(?:"""(?s:.){0,4000}?"""'  # Python's triple quotes, prefixed or not
+    r"|'''(?s:.){0,4000}?''')"
+    r'|[bBrRuU]{0,2}"(?:[^"\\]|\\.)*"'  # b"...", r"...": Python's prefixed strings too
+    r"|[bBrRuU]{0,2}'(?:[^'\\]|\\.)*'"
     r'|\\"(?:[^"\\]|\\[^"])*\\"'
-    r"|\([^()]{0,300}\)|\[[^\[\]]{0,300}\]|\{[^{}]{0,300}\}"
+    r"|[A-Za-z_][A-Za-z0-9_.]{0,60}\([^()]{0,4000}\)"  # a call: SecretStr('...')
+    r"|\([^()]{0,4000}\)|\[[^\[\]]{0,4000}\]|\{[^{}]{0,4000}\}"
     r"|[^\s,;&)}\]]"
 )
 _BARE = re.compile(r"[^\s,;&)}\]]*")
@@ -81,6 +84,10 @@ def is_secret(key: str, keys: Iterable[str]) -> bool:
             words = {word.lower() for word in _WORD.findall(key)}
         if secret in words:
             return True
+        # An environment variable's style, all capitals (DBPASS, SMTPPASS, AUTHKEY): a
+        # short name may start or end one of its words.
+        if key.isupper() and any(w.startswith(secret) or w.endswith(secret) for w in words):
+            return True
     return False
 
 
@@ -95,6 +102,10 @@ def _pem(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
 
 
 def _url_password(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
+    return f"{match['head']}{MASK}@", match.end()
+
+
+def _url_token(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
     return f"{match['head']}{MASK}@", match.end()
 
 
@@ -137,11 +148,11 @@ Rule = tuple[str, re.Pattern[str], Replace]
 #: (what it masks, pattern, replacement), applied in this order.
 TEXT_RULES: list[Rule] = [
     (
-        "a PEM private key (PKCS#8, RSA, EC, DSA, OPENSSH, ENCRYPTED), to its END line or, "
-        "cut short, to the end of its base64",
+        "a PEM private key (PKCS#8, RSA, EC, DSA, OPENSSH, ENCRYPTED) or a PGP private key "
+        "block, to its END line or, cut short, to the end of its base64",
         re.compile(
-            r"(?P<begin>-----BEGIN (?P<kind>[A-Z0-9 ]{0,20})PRIVATE KEY-----)"
-            r"(?:(?s:.{0,10000}?)(?P<end>-----END (?P=kind)PRIVATE KEY-----)"
+            r"(?P<begin>-----BEGIN (?P<kind>[A-Z0-9 ]{0,20})PRIVATE KEY(?P<block>(?: BLOCK)?)-----)"
+            r"(?:(?s:.{0,10000}?)(?P<end>-----END (?P=kind)PRIVATE KEY(?P=block)-----)"
             r"|(?:(?:\s|\\[nr])*[A-Za-z0-9+/=]{16,})*)"
         ),
         _pem,
@@ -155,6 +166,15 @@ TEXT_RULES: list[Rule] = [
             re.IGNORECASE,
         ),
         _url_password,
+    ),
+    (
+        "a URL's user name that looks like a token (https://<token>@github.com/...): 20 "
+        "characters or more, no password",
+        re.compile(
+            r"(?P<head>(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://)[A-Za-z0-9_.~%+-]{20,}@",
+            re.IGNORECASE,
+        ),
+        _url_token,
     ),
     (
         "a URL's query parameter that looks secret (`?api_key=`, `&access_token=`, "
