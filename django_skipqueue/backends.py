@@ -48,8 +48,8 @@ from django_skipqueue.exceptions import (
     NotJSONError,
     UnknownTaskError,
 )
+from django_skipqueue.tasks.base import Signature, bind_schedules
 from django_skipqueue.tasks.base import Task as SkipQueueTask
-from django_skipqueue.tasks.base import bind_schedules
 from django_skipqueue.tasks.registry import registry
 
 if TYPE_CHECKING:
@@ -88,6 +88,18 @@ class Task(DjangoTask):
     #: Flow control: jobs sharing the key run at most `concurrency_limit` at a time.
     concurrency_key: Any = None
     concurrency_limit: int = 1
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this call, a step of a workflow (chain, group, chord): it
+        receives its parent's result as its first argument, after its context if it
+        takes one (docs/howto/workflows.md)."""
+        backend: Any = self.get_backend()  # a SkipQueueBackend: task_class is this class
+        return backend.signature(self, args, kwargs)  # type: ignore[no-any-return,unused-ignore]
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: a step that does not receive its parent's result."""
+        backend: Any = self.get_backend()
+        return backend.signature(self, args, kwargs, immutable=True)  # type: ignore[no-any-return,unused-ignore]
 
 
 #: The options our Task adds to Django's.
@@ -216,6 +228,17 @@ class SkipQueueBackend(BaseTaskBackend):
             return native
         except (InvalidJobError, ConfigurationError) as error:
             raise InvalidTask(str(error)) from error
+
+    def signature(
+        self, task: DjangoTask, args: Any, kwargs: Any, *, immutable: bool = False
+    ) -> Signature:
+        """A workflow step of a django.tasks Task (its `.s()` and `.si()`): the same job
+        an `enqueue()` of it writes, as a member of a chain, group or chord."""
+        self.validate_task(task)
+        native = self._native(task)
+        if task.run_after is not None:
+            native = native.using(run_after=task.run_after)
+        return Signature(native, tuple(args), dict(kwargs), immutable=immutable)
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         """INSERT a Job in the caller's transaction; returns its READY TaskResult."""

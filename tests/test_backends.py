@@ -20,7 +20,7 @@ from django_skipqueue import Cron, backends  # noqa: E402
 from django_skipqueue.backends import SkipQueueBackend  # noqa: E402
 from django_skipqueue.models import Job, JobState  # noqa: E402
 from django_skipqueue.testing import run_jobs  # noqa: E402
-from tests.testapp import django_tasks  # noqa: E402
+from tests.testapp import django_tasks, tasks  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -362,3 +362,16 @@ def test_get_result_of_other_broken_rows_answers_in_bounded_memory(assignment):
     assert found.status == TaskResultStatus.READY
     assert len(found.worker_ids) <= WORKER_IDS_SHOWN
     assert all(isinstance(error.traceback, str) for error in found.errors)
+
+
+def test_django_tasks_are_steps_of_workflows():
+    """A django.tasks Task under SkipQueueBackend has .s() and .si(): its jobs run in a
+    chain as ours do, each receiving its parent's result first."""
+    from django_skipqueue import chain, chord, group
+
+    workflow = chain(django_tasks.dj_add.s(1, 2), django_tasks.dj_add.s(10)).enqueue()
+    run_jobs()
+    assert workflow.wait(timeout=5) == 13
+    fan = chord(group(django_tasks.dj_add.si(n, n) for n in range(3)), tasks.total.s()).enqueue()
+    run_jobs()
+    assert fan.wait(timeout=5) == 6

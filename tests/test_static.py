@@ -45,7 +45,12 @@ def test_s2_the_worker_and_executor_never_import_a_path():
 
 def test_t15_nothing_session_scoped_behind_a_pooler():
     files = source()
-    assert hits(r"pg_advisory_lock\(|WITH HOLD|\bPREPARE\b", files) == []
+    # runtime/runner.py names these statements in the patterns by which it notices a task
+    # that ran one (changes_session): naming them there is the guard, not a use.
+    found = hits(r"pg_advisory_lock\(|WITH HOLD|\bPREPARE\b", files)
+    assert [hit for hit in found if not hit.startswith("runtime/runner.py:")] == []
+    detector = [hit for hit in found if hit.startswith("runtime/runner.py:")]
+    assert all(': r"' in hit for hit in detector)  # regular expressions only
     assert hits(r"""["']SET (?!LOCAL)""", files) == []
 
 

@@ -425,3 +425,22 @@ def test_a_generator_of_chains_is_read_at_once_and_runs_as_a_list_would():
     workflow = group(chain(add.s(n, n), double.s()) for n in range(3)).enqueue()
     run_jobs()
     assert workflow.wait(timeout=5) == [0, 4, 8]
+
+
+def test_a_member_whose_result_is_too_big_fails_at_its_ack_and_the_body_never_starts():
+    """The body reads its parents' results at run time: a member whose result passes the
+    payload limit ends failed with that reason, so the body is cancelled by upstream,
+    never started with a part missing."""
+    from tests.testapp.tasks import repeats
+
+    with override_settings(SKIPQUEUE={"MAX_PAYLOAD_BYTES": 10_000}):
+        workflow = chord(group(repeats.si("x", 20_000), repeats.si("y", 3)), pair.s()).enqueue(
+            on_error=note_failure.s(where="big")
+        )
+        run_jobs()
+    workflow.refresh_from_db()
+    big = workflow.jobs.get(task=repeats.name, args=["x", 20_000])
+    assert big.state == JobState.FAILED and "MAX_PAYLOAD_BYTES" in big.last_error
+    body = workflow.jobs.get(task=pair.name)
+    assert (body.state, body.attempts) == (JobState.CANCELLED, 0)
+    assert workflow.state == WorkflowState.FAILED and workflow.failed_job_id == big.id
