@@ -50,20 +50,27 @@ DECLARE
         SELECT value::bigint FROM jsonb_array_elements_text(COALESCE(NEW.dependents, '[]')));
     left_now integer;
     on_error bigint;
+    keyed boolean;
 BEGIN
     IF NEW.state = 'done' THEN
         -- One parent fewer to wait on: the last one makes the dependent due, now. Rows
         -- are locked in id order (the index scan of = ANY sorts the ids); siblings that
         -- finish together wait for each other's row lock and count from the latest value.
-        UPDATE skipqueue_job
-        SET waiting_on = waiting_on - 1,
-            state = CASE WHEN waiting_on <= 1 THEN 'pending' ELSE 'waiting' END,
-            run_at = CASE WHEN waiting_on <= 1
-                          THEN GREATEST(run_at, statement_timestamp()) ELSE run_at END
-        WHERE id = ANY(children) AND state = 'waiting';
-        IF FOUND AND EXISTS (SELECT 1 FROM skipqueue_job WHERE id = ANY(children)
-                             AND state = 'pending' AND concurrency_key IS NOT NULL) THEN
-            PERFORM pg_notify('skipqueue!keyed', '');
+        IF cardinality(children) > 0 THEN
+            WITH moved AS (
+                UPDATE skipqueue_job
+                SET waiting_on = waiting_on - 1,
+                    state = CASE WHEN waiting_on <= 1 THEN 'pending' ELSE 'waiting' END,
+                    run_at = CASE WHEN waiting_on <= 1
+                                  THEN GREATEST(run_at, statement_timestamp()) ELSE run_at END
+                WHERE id = ANY(children) AND state = 'waiting'
+                RETURNING state, concurrency_key
+            )
+            SELECT bool_or(state = 'pending' AND concurrency_key IS NOT NULL) INTO keyed
+            FROM moved;
+            IF keyed THEN  -- keyed jobs have a channel of their own (the claim's fast
+                PERFORM pg_notify('skipqueue!keyed', '');  -- path leaves them out)
+            END IF;
         END IF;
         IF NEW.ends_workflow THEN
             UPDATE skipqueue_workflow

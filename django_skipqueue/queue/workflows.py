@@ -21,6 +21,7 @@ reaper, an operator's cancel or retry), so no resolver sits beside the completio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -29,7 +30,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models.functions import Now
@@ -37,6 +38,7 @@ from django.db.models.functions import Now
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.payload import Undecodable, encode, encode_arguments
+from django_skipqueue.core.spec import JobSpec
 from django_skipqueue.core.states import (
     FINISHED_STATES,
     UNFINISHED_STATES,
@@ -52,9 +54,6 @@ from django_skipqueue.exceptions import (
     WorkflowNotFinished,
 )
 from django_skipqueue.queue import sql
-
-if TYPE_CHECKING:
-    from django_skipqueue.core.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -181,6 +180,10 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             for batch in _chunks(iter(members), INSERT_BATCH):
                 encoded = [checks.encoded(planned) for planned in batch]
                 self._check_room(batch)
+                dependents = [body_id] if body_id is not None else None
+                if _one_plain_spec(batch):  # the common fan-out: one INSERT by columns
+                    member_ids.extend(self._insert_columns(workflow.id, batch, encoded, dependents))
+                    continue
                 ids = self._reserve_ids(len(batch))
                 rows = [
                     _row(
@@ -228,6 +231,31 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             len(member_ids) + len(first),
         )
         return workflow
+
+    def _insert_columns(
+        self,
+        workflow_id: int,
+        batch: list[PlannedJob],
+        encoded: list[tuple[Any, Any, str, str]],
+        dependents: list[int] | None,
+    ) -> list[int]:
+        """Members of one spec without keys, as `enqueue_many` writes jobs (one JSON array
+        per payload column, the shared columns once: `sql.workflow_columns_statement`);
+        their ids, in the order given."""
+        spec, first = batch[0].spec, batch[0]
+        params = self._jobs._insert_params(spec, encoded)
+        params |= {
+            "workflow": workflow_id,
+            "dependents": None if dependents is None else json.dumps(dependents),
+            "ends": True if first.output else None,
+        }
+        statement = sql.workflow_columns_statement(sql_defaults(self._jobs.model))
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(statement, params)
+            ids = sorted(row[0] for row in cursor.fetchall())  # nextval ran in this order
+        if len(ids) != len(batch):
+            raise InvalidJobError(f"{len(batch) - len(ids)} jobs of the workflow not written")
+        return ids
 
     def _insert(
         self, workflow_id: int, rows: list[str], planned: Sequence[PlannedJob], ids: list[int]
@@ -419,36 +447,48 @@ def _row(
     args_json: str,
     kwargs_json: str,
 ) -> str:
-    """One record of the INSERT's JSON array (the payloads spliced in as encoded)."""
+    """One record of the INSERT's JSON array: the columns a spec shares (encoded once per
+    spec, `_shared_json`), this job's own, and the payloads spliced in as encoded."""
     spec = planned.spec
-    columns = spec.shared_columns() | spec.key_columns(planned.args, planned.kwargs)
     parents = set(planned.parents)
-    run_after = spec.run_after
     inputs: Any = None
     if planned.on_error:
         inputs = {"failure": True}
     elif planned.inputs is not None:
         inputs = {"results": _with_ids(planned.inputs, ids)}
-    fields = {
+    own: dict[str, Any] = {
         "id": ids[position],
+        "state": JobState.WAITING if parents or planned.on_error else JobState.PENDING,
+    }
+    if parents:
+        own["waiting_on"] = len(parents)
+    if dependents:
+        own["dependents"] = dependents
+    if inputs is not None:
+        own["inputs"] = inputs
+    if planned.output:
+        own["ends_workflow"] = True
+    if spec.unique_key is not None or spec.concurrency_key is not None:
+        own |= spec.key_columns(planned.args, planned.kwargs)
+    text = json.dumps(own, separators=(",", ":"))
+    return f'{text[:-1]},{_shared_json(spec)},"args":{args_json},"kwargs":{kwargs_json}}}'
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_json(spec: JobSpec) -> str:
+    """The columns every job of `spec` holds alike, as the members of a JSON object."""
+    columns = spec.shared_columns()
+    run_after = spec.run_after
+    shared = {
         "task": columns["task"],
         "queue_name": columns["queue_name"],
         "priority": columns["priority"],
-        "state": JobState.WAITING if parents or planned.on_error else JobState.PENDING,
         "run_at": run_after.isoformat() if isinstance(run_after, datetime) else None,
         "delay": run_after.total_seconds() if isinstance(run_after, timedelta) else 0.0,
         "lease": columns["lease"].total_seconds(),
         "max_attempts": columns["max_attempts"],
-        "unique_key": columns.get("unique_key"),
-        "concurrency_key": columns.get("concurrency_key"),
-        "concurrency_limit": columns.get("concurrency_limit"),
-        "waiting_on": len(parents) if parents else None,
-        "dependents": dependents,
-        "inputs": inputs,
-        "ends_workflow": True if planned.output else None,
     }
-    text = json.dumps(fields, separators=(",", ":"))
-    return text[:-1] + f',"args":{args_json},"kwargs":{kwargs_json}}}'
+    return json.dumps(shared, separators=(",", ":"))[1:-1]
 
 
 class _Checks:
@@ -457,23 +497,40 @@ class _Checks:
     def __init__(self) -> None:
         self.settings = get_settings()
         self.relayed = relayed_queues() if self.settings.RELAY else set()
+        self.bounded: dict[int, JobSpec] = {}  # specs checked already, by identity
 
     def encoded(self, planned: PlannedJob) -> tuple[Any, Any, str, str]:
         spec = planned.spec
-        if spec.queue_name in self.relayed:
-            raise InvalidJobError(
-                f"{spec.name} is on queue {spec.queue_name!r}, which is relayed to "
-                f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
-                f"put its jobs on queues of the table"
-            )
+        if self.bounded.get(id(spec)) is not spec:
+            self._check_spec(spec)
+            self.bounded[id(spec)] = spec
         first: tuple[Any, ...] = ()
         if planned.on_error:
             first = (0, "")
         elif planned.inputs is not None:
             first = (None,)
         spec.check_call((*first, *planned.args), planned.kwargs)
-        spec.check_bounds()
         return encode_arguments(planned.args, planned.kwargs, limit=self.settings.MAX_PAYLOAD_BYTES)
+
+    def _check_spec(self, spec: JobSpec) -> None:
+        if spec.queue_name in self.relayed:
+            raise InvalidJobError(
+                f"{spec.name} is on queue {spec.queue_name!r}, which is relayed to "
+                f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
+                f"put its jobs on queues of the table"
+            )
+        spec.check_bounds()
+
+
+def _one_plain_spec(batch: list[PlannedJob]) -> bool:
+    """Whether a batch of members shares one spec without keys (written by columns)."""
+    spec = batch[0].spec
+    output = batch[0].output
+    return (
+        spec.unique_key is None
+        and spec.concurrency_key is None
+        and all(planned.spec is spec and planned.output == output for planned in batch)
+    )
 
 
 def _chunks(items: Iterator[T], size: int) -> Iterator[list[T]]:

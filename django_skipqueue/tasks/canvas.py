@@ -22,9 +22,10 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django_skipqueue.conf import get_settings
+from django_skipqueue.core.spec import JobSpec
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.queue.workflows import Plan, PlannedJob, Tree
-from django_skipqueue.tasks.base import Signature
+from django_skipqueue.tasks.base import Signature, Task
 
 if TYPE_CHECKING:
     from django_skipqueue.models import Workflow
@@ -208,10 +209,16 @@ def _streamed(root: Canvas, on_error: Signature | None) -> Workflow | None:
     names: list[str] = []
     count = 0
 
+    specs: dict[int, tuple[Task[Any, Any], JobSpec]] = {}  # one spec per task object
+
     def members() -> Iterator[PlannedJob]:
         nonlocal count
         for signature in source:
             count += 1
+            task = signature.task
+            known = specs.get(id(task))
+            if known is None or known[0] is not task:
+                known = specs[id(task)] = (task, task.enqueue_spec())
             if signature.task.get_database() != database:
                 raise InvalidJobError(
                     f"a workflow's jobs must share one database; {signature.task.name} uses "
@@ -219,8 +226,12 @@ def _streamed(root: Canvas, on_error: Signature | None) -> Workflow | None:
                 )
             if len(names) < 2 and _name(signature) not in names:
                 names.append(_name(signature))
-            planned = _planned(signature, None)
-            yield dataclasses.replace(planned, output=True) if body is None else planned
+            yield PlannedJob(
+                spec=known[1],
+                args=tuple(signature.args),
+                kwargs=dict(signature.kwargs),
+                output=body is None,
+            )
 
     header_name = "group(<members>)"
     body_job = None
