@@ -48,12 +48,9 @@ class DateTimeField(models.DateTimeField):
 
     def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
         sql, params = super().select_format(compiler, sql, params)
-        clamped = (
-            f"CASE WHEN {sql} > '{LOADABLE_LATEST}' THEN '{LOADABLE_LATEST}'::timestamptz "
-            f"WHEN {sql} < '{LOADABLE_EARLIEST}' THEN '{LOADABLE_EARLIEST}'::timestamptz "
-            f"ELSE {sql} END"
+        return _clamped(
+            sql, params, f"'{LOADABLE_EARLIEST}'::timestamptz", f"'{LOADABLE_LATEST}'::timestamptz"
         )
-        return clamped, (*params, *params, *params)
 
     def deconstruct(self) -> Any:
         name, _path, args, kwargs = super().deconstruct()
@@ -68,16 +65,19 @@ class DurationField(models.DurationField):
 
     def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
         sql, params = super().select_format(compiler, sql, params)
-        clamped = (
-            f"CASE WHEN {sql} > interval '{LONGEST_INTERVAL}' THEN interval '{LONGEST_INTERVAL}' "
-            f"WHEN {sql} < interval '-{LONGEST_INTERVAL}' THEN interval '-{LONGEST_INTERVAL}' "
-            f"ELSE {sql} END"
+        return _clamped(
+            sql, params, f"interval '-{LONGEST_INTERVAL}'", f"interval '{LONGEST_INTERVAL}'"
         )
-        return clamped, (*params, *params, *params)
 
     def deconstruct(self) -> Any:
         name, _path, args, kwargs = super().deconstruct()
         return name, "django.db.models.DurationField", args, kwargs
+
+
+def _clamped(sql: str, params: Any, low: str, high: str) -> tuple[str, Any]:
+    """A selected column held between two SQL literals (our own constants, not input)."""
+    clamped = f"CASE WHEN {sql} > {high} THEN {high} WHEN {sql} < {low} THEN {low} ELSE {sql} END"
+    return clamped, (*params, *params, *params)
 
 
 #: The longest interval loaded as it is (a timedelta holds up to 999,999,999 days).

@@ -232,6 +232,20 @@ class OwnLookupsOnly:
         return super().get_object(request, object_id, from_field)  # type: ignore[misc]
 
 
+class ReadOnly:
+    """Rows are never added, edited or deleted from our admin: operators act through the
+    guarded verbs (actions), and the rows are written by the protocol only."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 def queue_names(value: Any) -> list[str]:
     """A worker row's queues as names, whatever another client stored there."""
     return [name for name in value if isinstance(name, str)] if isinstance(value, list) else []

@@ -41,6 +41,7 @@ from django_skipqueue.admin.common import (
     HealthFilter,
     OwnLookupsOnly,
     QueueFilter,
+    ReadOnly,
     ScheduleFilter,
     TaskFilter,
     WorkflowFilter,
@@ -58,7 +59,7 @@ from django_skipqueue.admin.queues import QueueOverviewViews
 
 
 @admin.register(Job)
-class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
+class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
@@ -162,17 +163,6 @@ class JobAdmin(QueueOverviewViews, OwnLookupsOnly, admin.ModelAdmin):
         if term.isdigit():  # digits, but no id (too long, or not ASCII): none
             return queryset.none(), False
         return queryset.filter(task__startswith=term), False
-
-    # -- read-only ---------------------------------------------------------------------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False
 
     # -- columns -----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.admin.common import (
     OwnLookupsOnly,
+    ReadOnly,
 )
 from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
@@ -129,7 +130,7 @@ def throughput_chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
 
 
 @admin.register(QueueOverview)
-class QueueOverviewAdmin(OwnLookupsOnly, admin.ModelAdmin):
+class QueueOverviewAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     """The admin index's "Queue overview" entry: it opens the overview page. Its one URL
     is that redirect: the model is a proxy of Job, and Django's own change page for it
     would show a job's fields unredacted."""
@@ -141,15 +142,6 @@ class QueueOverviewAdmin(OwnLookupsOnly, admin.ModelAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("skipqueue.view_job")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import quote
 
 from django.contrib import admin
@@ -18,6 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from django_skipqueue.admin.common import (
     STYLESHEET,
     OwnLookupsOnly,
+    ReadOnly,
     _report,
     _when,
     arguments_html,
@@ -32,7 +32,7 @@ from django_skipqueue.models import (
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(OwnLookupsOnly, admin.ModelAdmin):
+class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     """The periodic schedules, read-only (their definitions live in code), with their
     next occurrence and the jobs of their latest ones. Pausing takes its own permission
     (skipqueue.pause_schedule)."""
@@ -64,15 +64,6 @@ class ScheduleAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "synced_at",
     ]
     fields = tuple(readonly_fields)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # a schedule removed from the code is deleted by the next worker
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("skipqueue.pause_schedule")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
@@ -17,6 +15,7 @@ from django_skipqueue.admin.common import (
     STYLESHEET,
     AliveFilter,
     OwnLookupsOnly,
+    ReadOnly,
     queue_names,
 )
 from django_skipqueue.models import (
@@ -26,7 +25,7 @@ from django_skipqueue.models import (
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
+class WorkerProcessAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):  # pruned by housekeeping
     class Media:
         css = {"all": (STYLESHEET,)}
 
@@ -53,15 +52,6 @@ class WorkerProcessAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "heartbeat_at",
         "held_jobs",
     ]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # read-only: dead workers' rows are pruned by the housekeeper
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.admin.common import STYLESHEET, OwnLookupsOnly
+from django_skipqueue.admin.common import STYLESHEET, OwnLookupsOnly, ReadOnly
 from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.models import Job, Workflow
 
@@ -24,7 +24,7 @@ MAX_INDENT = 8
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(OwnLookupsOnly, admin.ModelAdmin):
+class WorkflowAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
@@ -45,15 +45,6 @@ class WorkflowAdmin(OwnLookupsOnly, admin.ModelAdmin):
         "job_tree",
     ]
     fields = tuple(readonly_fields)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Who may see jobs may see their workflows (no permission of its own to grant)."""
