@@ -444,3 +444,84 @@ def test_a_member_whose_result_is_too_big_fails_at_its_ack_and_the_body_never_st
     body = workflow.jobs.get(task=pair.name)
     assert (body.state, body.attempts) == (JobState.CANCELLED, 0)
     assert workflow.state == WorkflowState.FAILED and workflow.failed_job_id == big.id
+
+
+# -- the second outside trial ------------------------------------------------------------------
+
+
+def test_retrying_one_of_two_failed_members_keeps_the_workflow_failed_until_both_are(
+    tmp_path: Path,
+):
+    """Trial finding: the workflow went back to running while another member was still
+    failed, and its body waited on it for ever (wait() never returned)."""
+    flag = tmp_path / "ready"
+    workflow = chord(
+        group(breaks_unless_file.si(str(flag), 1), breaks_unless_file.si(str(flag), 2)),
+        total.s(),
+    ).enqueue()
+    run_jobs()
+    first, second = workflow.jobs.filter(task=breaks_unless_file.name).order_by("id")
+    flag.touch()
+    assert Job.objects.retry_now([first.id]) == 1
+    run_jobs()
+    workflow.refresh_from_db()
+    assert (workflow.state, workflow.failed_job_id) == (WorkflowState.FAILED, second.id)
+    assert Workflow.objects.retry_failed([workflow.id]) == 1  # the one still failed
+    run_jobs()
+    assert workflow.wait(timeout=5) == 3
+
+
+def test_a_failed_workflows_jobs_are_kept_by_pruning_so_that_a_retry_can_resume_it(
+    tmp_path: Path,
+):
+    from datetime import timedelta
+
+    from django_skipqueue.maintenance.reaper import Reaper
+
+    flag = tmp_path / "ready"
+    workflow = chain(add.si(1, 2), pair.s(), breaks_unless_file.si(str(flag)), pair.s()).enqueue()
+    run_jobs()
+    Reaper().prune(done_older_than=timedelta(seconds=-1), failed_older_than=timedelta(seconds=-1))
+    assert workflow.jobs.count() == 4
+    flag.touch()
+    assert Workflow.objects.retry_failed([workflow.id]) == 1
+    run_jobs()
+    assert workflow.wait(timeout=5) == [7, ""]
+
+
+@pytest.mark.parametrize("stored", ['{"a": 1}', '["x"]', "5", "[99999999999999999999999]"])
+def test_a_broken_dependents_column_stops_nothing(stored):
+    """Trial finding: another client's non-array `dependents` made the trigger fail on
+    every state change: the job could be neither claimed, failed nor cancelled."""
+    from tests.guard import setting_up
+
+    workflow = chain(add.si(1, 2), double.s()).enqueue()
+    first = workflow.jobs.order_by("id").first()
+    with setting_up(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE skipqueue_job SET dependents = %s::jsonb WHERE id = %s", [stored, first.id]
+        )
+    run_jobs()
+    first.refresh_from_db()
+    assert first.state == JobState.DONE
+    assert Workflow.objects.cancel([workflow.id], by="ops") == 1  # the waiting one ends
+
+
+@pytest.mark.parametrize(
+    "inputs", ['{"results": "abc"}', '{"results": {"x": 1}}', '{"zzz": 1}', "[1, 2]"]
+)
+def test_inputs_of_no_known_shape_fail_the_job_at_once(inputs):
+    from tests.guard import setting_up
+
+    workflow = chain(add.si(1, 2), double.s()).enqueue()
+    run_jobs(limit=1)
+    second = workflow.jobs.get(task=double.name)
+    with setting_up(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE skipqueue_job SET inputs = %s::jsonb, max_attempts = 5 WHERE id = %s",
+            [inputs, second.id],
+        )
+    run_jobs()
+    second.refresh_from_db()
+    assert (second.state, second.attempts) == (JobState.FAILED, 1)  # not retried
+    assert "InvalidJobError" in second.last_error

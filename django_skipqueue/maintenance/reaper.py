@@ -116,13 +116,15 @@ class Reaper:
     def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:
         if older_than is None:
             return 0
-        # A done job of a running workflow stays: a step that waits reads its result.
+        # A job of a running or failed workflow stays: a step that waits reads its
+        # result, and an operator's retry resumes a failed workflow (cancel it to let
+        # its jobs go).
         old = (
             Job.objects.db_manager(self.database)
             .filter(state__in=states, finished_at__lt=Now() - older_than)
             .exclude(
                 Q(workflow_id__isnull=False)
-                & Q(workflow_id__in=Workflow.objects.using(self.database).running().values("id"))
+                & Q(workflow_id__in=Workflow.objects.using(self.database).resumable().values("id"))
             )
         )
         if dry_run:

@@ -46,8 +46,14 @@ def unique_index(name: str, states: list[str], concurrently: bool = True) -> str
 TRIGGER = """
 CREATE FUNCTION skipqueue_workflow_step() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
+    -- Ids only, whatever another client wrote there (a non-array, text, huge numbers):
+    -- such a row must still be claimed, failed or cancelled, never stuck.
     children bigint[] := ARRAY(
-        SELECT value::bigint FROM jsonb_array_elements_text(COALESCE(NEW.dependents, '[]')));
+        SELECT value::bigint FROM jsonb_array_elements_text(
+            CASE WHEN jsonb_typeof(NEW.dependents) = 'array' THEN NEW.dependents
+                 ELSE '[]' END) AS value
+        WHERE value ~ '^[0-9]{1,18}$');
+    other record;
     left_now integer;
     on_error bigint;
     keyed boolean;
@@ -59,11 +65,13 @@ BEGIN
         IF cardinality(children) > 0 THEN
             WITH moved AS (
                 UPDATE skipqueue_job
-                SET waiting_on = waiting_on - 1,
-                    state = CASE WHEN waiting_on <= 1 THEN 'pending' ELSE 'waiting' END,
-                    run_at = CASE WHEN waiting_on <= 1
+                SET waiting_on = GREATEST(COALESCE(waiting_on, 1) - 1, 0),
+                    state = CASE WHEN COALESCE(waiting_on, 1) <= 1 THEN 'pending'
+                                 ELSE 'waiting' END,
+                    run_at = CASE WHEN COALESCE(waiting_on, 1) <= 1
                                   THEN GREATEST(run_at, statement_timestamp()) ELSE run_at END
                 WHERE id = ANY(children) AND state = 'waiting'
+                  AND workflow_id = NEW.workflow_id  -- never another workflow's job
                 RETURNING state, concurrency_key
             )
             SELECT bool_or(state = 'pending' AND concurrency_key IS NOT NULL) INTO keyed
@@ -74,7 +82,7 @@ BEGIN
         END IF;
         IF NEW.ends_workflow THEN
             UPDATE skipqueue_workflow
-            SET outputs_left = outputs_left - 1,
+            SET outputs_left = GREATEST(outputs_left - 1, 0),
                 state = CASE WHEN outputs_left <= 1 THEN 'done' ELSE state END,
                 finished_at = CASE WHEN outputs_left <= 1 THEN statement_timestamp() END
             WHERE id = NEW.workflow_id AND state = 'running'
@@ -97,14 +105,17 @@ BEGIN
             UNION
             SELECT element::bigint FROM downstream
             JOIN skipqueue_job AS job ON job.id = downstream.id
-            CROSS JOIN LATERAL jsonb_array_elements_text(COALESCE(job.dependents, '[]'))
-                AS element
+            CROSS JOIN LATERAL jsonb_array_elements_text(
+                CASE WHEN jsonb_typeof(job.dependents) = 'array' THEN job.dependents
+                     ELSE '[]' END) AS element
+            WHERE element ~ '^[0-9]{1,18}$'
         )
         UPDATE skipqueue_job
         SET state = 'cancelled', finished_at = statement_timestamp(),
             cancelled_by = 'skipqueue:upstream',
             last_error = 'upstream job ' || NEW.id || ' ' || NEW.state
-        WHERE id IN (SELECT id FROM downstream) AND state = 'waiting';
+        WHERE id IN (SELECT id FROM downstream) AND state = 'waiting'
+          AND workflow_id = NEW.workflow_id;
         -- The workflow fails once, whichever job fails first; its on_error job is due.
         UPDATE skipqueue_workflow
         SET state = 'failed', finished_at = statement_timestamp(), failed_job_id = NEW.id,
@@ -128,8 +139,10 @@ BEGIN
             UNION
             SELECT element::bigint FROM downstream
             JOIN skipqueue_job AS job ON job.id = downstream.id
-            CROSS JOIN LATERAL jsonb_array_elements_text(COALESCE(job.dependents, '[]'))
-                AS element
+            CROSS JOIN LATERAL jsonb_array_elements_text(
+                CASE WHEN jsonb_typeof(job.dependents) = 'array' THEN job.dependents
+                     ELSE '[]' END) AS element
+            WHERE element ~ '^[0-9]{1,18}$'
         )
         UPDATE skipqueue_job AS child
         SET state = 'waiting', finished_at = NULL, cancelled_by = '', last_error = '',
@@ -138,10 +151,29 @@ BEGIN
                             AND parent.state <> 'done'
                             AND parent.dependents @> to_jsonb(child.id))
         WHERE child.id IN (SELECT id FROM downstream) AND child.state = 'cancelled'
-          AND child.cancelled_by = 'skipqueue:upstream';
-        UPDATE skipqueue_workflow
-        SET state = 'running', finished_at = NULL, failed_job_id = NULL, error = ''
-        WHERE id = NEW.workflow_id AND state = 'failed';
+          AND child.cancelled_by = 'skipqueue:upstream' AND child.workflow_id = NEW.workflow_id;
+        -- The workflow runs again once no job of it is left failed or cancelled by an
+        -- operator (those its failures cancelled wait again above; its on_error job
+        -- does not count); until then it stays failed, naming the next such job.
+        SELECT job.id, job.state, job.last_error, job.cancelled_by INTO other
+        FROM skipqueue_job AS job
+        WHERE job.workflow_id = NEW.workflow_id AND job.state IN ('failed', 'cancelled')
+          AND job.cancelled_by NOT IN ('skipqueue:upstream', 'skipqueue:unneeded')
+          AND job.id IS DISTINCT FROM (SELECT on_error_job_id FROM skipqueue_workflow
+                                       WHERE id = NEW.workflow_id)
+        ORDER BY job.id LIMIT 1;
+        IF NOT FOUND THEN
+            UPDATE skipqueue_workflow
+            SET state = 'running', finished_at = NULL, failed_job_id = NULL, error = ''
+            WHERE id = NEW.workflow_id AND state = 'failed';
+        ELSE
+            UPDATE skipqueue_workflow
+            SET failed_job_id = other.id,
+                error = CASE WHEN other.state = 'failed' THEN other.last_error
+                             WHEN other.cancelled_by <> '' THEN 'cancelled by ' || other.cancelled_by
+                             ELSE 'cancelled' END
+            WHERE id = NEW.workflow_id AND state = 'failed';
+        END IF;
     END IF;
     RETURN NULL;
 END;

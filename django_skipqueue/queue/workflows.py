@@ -99,6 +99,10 @@ class WorkflowQuerySet(models.QuerySet["Any"]):
     def running(self) -> WorkflowQuerySet:
         return self.filter(state=WorkflowState.RUNNING)
 
+    def resumable(self) -> WorkflowQuerySet:
+        """Running, or failed (an operator's retry resumes it): their jobs are kept."""
+        return self.filter(state__in=[WorkflowState.RUNNING, WorkflowState.FAILED])
+
     def finished(self) -> WorkflowQuerySet:
         return self.exclude(state=WorkflowState.RUNNING)
 
@@ -334,7 +338,10 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
 
     def resolve(self, tree: Any) -> Any:
         """A tree of job ids with each id replaced by that job's result."""
-        wanted = list(_positions(tree))
+        try:
+            wanted = list(_positions(tree))
+        except (TypeError, ValueError) as error:  # a tree another client broke
+            raise InvalidJobError(f"a workflow's tree of job ids is broken: {error!r}") from None
         results = dict(self._jobs.filter(id__in=wanted).values_list("id", "result"))
         for job_id, value in results.items():
             if isinstance(value, Undecodable):
@@ -356,12 +363,15 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             return []
         if not isinstance(inputs, dict):
             raise InvalidJobError(f"job {job.id} has inputs that are not a JSON object")
-        if inputs.get("failure"):
-            workflow = self.filter(id=job.workflow_id).values("failed_job_id", "error").first()
-            if workflow is None:
-                return [None, ""]
-            return [workflow["failed_job_id"], workflow["error"]]
-        return [self.resolve(inputs["results"])]
+        try:
+            if inputs.get("failure"):
+                found = self.filter(id=job.workflow_id).values("failed_job_id", "error").first()
+                if found is None:
+                    return [None, ""]
+                return [found["failed_job_id"], found["error"]]
+            return [self.resolve(inputs["results"])]
+        except (KeyError, TypeError, ValueError) as error:  # written by another client
+            raise InvalidJobError(f"job {job.id} has inputs of no known shape: {error!r}") from None
 
     def wait_for(self, workflow: Any, timeout: float | None = None) -> Any:
         """Block until `workflow` finishes; its result, or WorkflowFailed. TimeoutError
