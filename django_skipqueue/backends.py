@@ -234,18 +234,19 @@ class SkipQueueBackend(BaseTaskBackend):
     ) -> Signature:
         """A workflow step of a django.tasks Task (its `.s()` and `.si()`): the same job
         an `enqueue()` of it writes, as a member of a chain, group or chord."""
+        return Signature(self._native_call(task), tuple(args), dict(kwargs), immutable=immutable)
+
+    def _native_call(self, task: DjangoTask) -> SkipQueueTask[Any, Any]:
+        """Our Task for one call of `task`: validated, with its run_after."""
         self.validate_task(task)
         native = self._native(task)
         if task.run_after is not None:
             native = native.using(run_after=task.run_after)
-        return Signature(native, tuple(args), dict(kwargs), immutable=immutable)
+        return native
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         """INSERT a Job in the caller's transaction; returns its READY TaskResult."""
-        self.validate_task(task)
-        native = self._native(task)
-        if task.run_after is not None:
-            native = native.using(run_after=task.run_after)
+        native = self._native_call(task)
         try:
             job = native.enqueue(*args, **kwargs)
         except NotJSONError as error:

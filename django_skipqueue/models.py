@@ -103,6 +103,11 @@ __all__ = [
 ]
 
 
+def queue_names_of(value: Any) -> list[str]:
+    """A worker row's `queues` as names, whatever another client stored there."""
+    return [name for name in value if isinstance(name, str)] if isinstance(value, list) else []
+
+
 class WorkerProcess(models.Model):
     """One running `Worker` (a `runworker` process), as recorded in the database."""
 
@@ -124,6 +129,10 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid} ({str(self.id)[:8]})"
+
+    @property
+    def queue_names(self) -> list[str]:
+        return queue_names_of(self.queues)
 
 
 class Job(models.Model):
@@ -423,9 +432,6 @@ class Workflow(models.Model):
             return self.wait(timeout)
         finally:
             connections[self._state.db or "default"].close()  # this worker thread's own
-
-    def refresh(self) -> None:
-        self.refresh_from_db()
 
 
 class Queue(models.Model):

@@ -20,7 +20,7 @@ from django_skipqueue.conf.limits import QueueLimit, queue_limits
 from django_skipqueue.conf.relay import RelayConfig, relay_config
 from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.models import Job, Queue, WorkerProcess
+from django_skipqueue.models import Job, Queue, WorkerProcess, queue_names_of
 
 
 @dataclass
@@ -100,8 +100,7 @@ def queue_stats(database: str | None = None, *, broker: bool = True) -> list[Que
     for item in jobs.filter(state=JobState.FAILED).values("queue_name").annotate(n=Count("id")):
         row(item["queue_name"]).failed = item["n"]
     for queues in WorkerProcess.objects.using(alias).alive().values_list("queues", flat=True):
-        names = queues if isinstance(queues, list) else []  # another client's row: anything
-        for name in {name for name in names if isinstance(name, str)}:
+        for name in set(queue_names_of(queues)):  # another client's row may hold anything
             row(name).live_workers += 1
     for name in Queue.objects.using(alias).paused().values_list("name", flat=True):
         row(name).paused = True

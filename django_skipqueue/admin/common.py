@@ -30,6 +30,7 @@ from django_skipqueue.models import (
     JobState,
     Schedule,
     WorkerProcess,
+    queue_names_of,
 )
 from django_skipqueue.tasks.registry import registry
 
@@ -124,7 +125,7 @@ class QueueFilter(ValuesFilter):
     def known_values(self) -> set[str]:
         names = {registry.get(name).queue_name for name in registry.names()}
         for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
-            names.update(queue_names(queues))
+            names.update(queue_names_of(queues))
         return names
 
 
@@ -246,11 +247,6 @@ class ReadOnly:
         return False
 
 
-def queue_names(value: Any) -> list[str]:
-    """A worker row's queues as names, whatever another client stored there."""
-    return [name for name in value if isinstance(name, str)] if isinstance(value, list) else []
-
-
 def as_id(text: str) -> int | None:
     """`text` as a row id if it is one: ASCII digits that fit a bigint (`"²".isdigit()`
     is true, and Python refuses to read 5,000 digits), else None."""
@@ -304,15 +300,12 @@ def _when(moment: datetime | None) -> str:
 def _parse_time(value: object) -> datetime | None:
     try:
         moment = datetime.fromisoformat(str(value))
-        return moment if timezone.is_aware(moment) and _shown(moment) else None
+        if not timezone.is_aware(moment):
+            return None
+        timezone.localtime(moment)  # 9999-12-31 at -14:00 has no local time here
+        return moment
     except (ValueError, OverflowError):  # another client's text, or out of range here
         return None
-
-
-def _shown(moment: datetime) -> bool:
-    """Whether `moment` converts to the local time zone (9999-12-31 at -14:00 does not)."""
-    timezone.localtime(moment)
-    return True
 
 
 def _entries(history: Any) -> list[dict[str, Any]]:

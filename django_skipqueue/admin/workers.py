@@ -16,7 +16,6 @@ from django_skipqueue.admin.common import (
     AliveFilter,
     OwnLookupsOnly,
     ReadOnly,
-    queue_names,
 )
 from django_skipqueue.models import (
     Job,
@@ -55,7 +54,7 @@ class WorkerProcessAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):  # pruned 
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:
-        return ", ".join(queue_names(worker.queues))
+        return ", ".join(worker.queue_names)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerProcess]:
         """Each row's liveness and held jobs in the page's one query, not two a row."""

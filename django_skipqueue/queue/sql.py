@@ -255,6 +255,14 @@ _KEYED_PARTS = {
 _UNKEYED_PARTS = dict.fromkeys(_KEYED_PARTS, "")
 
 
+def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
+    """The defaults (column, value) as SQL literals quoted by psycopg, "%" doubled: the
+    statements go through %-style parameter binding."""
+    return {
+        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
+    }
+
+
 @functools.lru_cache(maxsize=16)
 def enqueue_many_statement(
     defaults: tuple[tuple[str, object], ...], unique: bool = False, keyed: bool = False
@@ -262,11 +270,8 @@ def enqueue_many_statement(
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
     with `keyed`, the concurrency key and limit columns."""
-    literals = {  # "%" doubled: the statement goes through %-style parameter binding
-        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
-    }
     return ENQUEUE_MANY.format(
-        **literals,
+        **_literals(defaults),
         **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
         **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
     )
@@ -326,9 +331,6 @@ RESERVE_JOB_IDS = """
 SELECT nextval(pg_get_serial_sequence('skipqueue_job', 'id')) FROM generate_series(1, %s)
 """
 
-#: The columns WORKFLOW_INSERT fills with the model fields' defaults.
-WORKFLOW_DEFAULTS = ("attempts", "expirations", "releases", "last_error", "errors")
-
 # A workflow's jobs: one INSERT of a JSON array of records (one parameter, however many
 # jobs). A unique key held by an unfinished job inserts nothing for that row (ON
 # CONFLICT on the partial unique index): the caller compares the ids that come back and
@@ -358,11 +360,8 @@ RETURNING id
 
 @functools.lru_cache(maxsize=4)
 def workflow_insert_statement(defaults: tuple[tuple[str, object], ...]) -> str:
-    """WORKFLOW_INSERT with the defaults (column, value) quoted in as literals."""
-    literals = {
-        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
-    }
-    return WORKFLOW_INSERT.format(**literals, unfinished=UNFINISHED)
+    """WORKFLOW_INSERT with ENQUEUE_DEFAULTS (column, value) quoted in as literals."""
+    return WORKFLOW_INSERT.format(**_literals(defaults), unfinished=UNFINISHED)
 
 
 # A workflow's members of one spec without keys (a group's fan-out): written as
@@ -387,8 +386,5 @@ RETURNING id
 
 @functools.lru_cache(maxsize=4)
 def workflow_columns_statement(defaults: tuple[tuple[str, object], ...]) -> str:
-    """WORKFLOW_COLUMNS with the defaults (column, value) quoted in as literals."""
-    literals = {
-        column: sql.Literal(value).as_string(None).replace("%", "%%") for column, value in defaults
-    }
-    return WORKFLOW_COLUMNS.format(**literals)
+    """WORKFLOW_COLUMNS with ENQUEUE_DEFAULTS (column, value) quoted in as literals."""
+    return WORKFLOW_COLUMNS.format(**_literals(defaults))

@@ -37,7 +37,7 @@ from django.db.models.functions import Now
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import relayed_queues
-from django_skipqueue.core.payload import Undecodable, encode, encode_arguments
+from django_skipqueue.core.payload import Undecodable, encode_arguments
 from django_skipqueue.core.spec import JobSpec
 from django_skipqueue.core.states import (
     FINISHED_STATES,
@@ -54,6 +54,7 @@ from django_skipqueue.exceptions import (
     WorkflowNotFinished,
 )
 from django_skipqueue.queue import sql
+from django_skipqueue.queue.managers import _insert_defaults
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,9 +97,6 @@ class Plan:
 
 
 class WorkflowQuerySet(models.QuerySet["Any"]):
-    def running(self) -> WorkflowQuerySet:
-        return self.filter(state=WorkflowState.RUNNING)
-
     def resumable(self) -> WorkflowQuerySet:
         """Running, or failed (an operator's retry resumes it): their jobs are kept."""
         return self.filter(state__in=[WorkflowState.RUNNING, WorkflowState.FAILED])
@@ -253,7 +251,7 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             "dependents": None if dependents is None else json.dumps(dependents),
             "ends": True if first.output else None,
         }
-        statement = sql.workflow_columns_statement(sql_defaults(self._jobs.model))
+        statement = sql.workflow_columns_statement(_insert_defaults(self._jobs.model))
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
             ids = sorted(row[0] for row in cursor.fetchall())  # nextval ran in this order
@@ -265,7 +263,7 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         self, workflow_id: int, rows: list[str], planned: Sequence[PlannedJob], ids: list[int]
     ) -> None:
         """One INSERT of these rows; DuplicateJobError if a unique key is held."""
-        statement = sql.workflow_insert_statement(sql_defaults(self._jobs.model))
+        statement = sql.workflow_insert_statement(_insert_defaults(self._jobs.model))
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, {"workflow": workflow_id, "rows": "[" + ",".join(rows) + "]"})
             got = {row[0] for row in cursor.fetchall()}
@@ -546,14 +544,6 @@ def _one_plain_spec(batch: list[PlannedJob]) -> bool:
 def _chunks(items: Iterator[T], size: int) -> Iterator[list[T]]:
     while batch := list(itertools.islice(items, size)):
         yield batch
-
-
-def sql_defaults(model: Any) -> tuple[tuple[str, object], ...]:
-    """The model's defaults of the columns the workflow INSERT fills with them."""
-    fields = {field.name: field for field in model._meta.concrete_fields}
-    values = {name: fields[name].get_default() for name in sql.WORKFLOW_DEFAULTS}
-    values["errors"] = encode(values["errors"])
-    return tuple(values.items())
 
 
 def _positions(tree: Any) -> Iterable[int]:

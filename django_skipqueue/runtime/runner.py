@@ -244,8 +244,8 @@ def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
 #: after a semicolon. A false alarm only costs a new connection for the next job.
 _SESSION_CHANGES = re.compile(
     r"(?:SET\s+(?!LOCAL\b|TRANSACTION\b|CONSTRAINTS\b)|RESET\b|DISCARD\b|LISTEN\b"
-    r"|PREPARE\b|LOAD\b|DO\b|CREATE\s+(?:(?:GLOBAL|LOCAL)\s+)?TEMP(?:ORARY)?\b"
-    r"|CREATE\s+(?:OR\s+REPLACE\s+)?TEMP(?:ORARY)?\b|DECLARE\b.*\bWITH\s+HOLD\b)",
+    r"|PREPARE\b|LOAD\b|DO\b|CREATE\s+(?:OR\s+REPLACE\s+|GLOBAL\s+|LOCAL\s+)?TEMP(?:ORARY)?\b"
+    r"|DECLARE\b.*\bWITH\s+HOLD\b)",
     re.IGNORECASE | re.DOTALL,
 )
 _SESSION_CHANGES_ANYWHERE = re.compile(

@@ -217,13 +217,13 @@ def _streamed(root: Canvas, on_error: Signature | None) -> Workflow | None:
             count += 1
             task = signature.task
             known = specs.get(id(task))
-            if known is None or known[0] is not task:
+            if known is None or known[0] is not task:  # checked once per task object
+                if task.get_database() != database:
+                    raise InvalidJobError(
+                        f"a workflow's jobs must share one database; {task.name} uses "
+                        f"{task.get_database()!r}, not {database!r}"
+                    )
                 known = specs[id(task)] = (task, task.enqueue_spec())
-            if signature.task.get_database() != database:
-                raise InvalidJobError(
-                    f"a workflow's jobs must share one database; {signature.task.name} uses "
-                    f"{signature.task.get_database()!r}, not {database!r}"
-                )
             if len(names) < 2 and _name(signature) not in names:
                 names.append(_name(signature))
             yield PlannedJob(
