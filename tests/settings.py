@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import django
@@ -15,13 +13,12 @@ from django_skipqueue.embedded import database_from_url
 #: The embedded server's folder when DATABASE_URL is unset (conftest reports it).
 EMBEDDED_POSTGRES_DIR: Path | None = None
 if "DATABASE_URL" not in os.environ:
-    from django_skipqueue.embedded import embedded_database_url
+    from django_skipqueue.embedded import embedded_database_url, test_data_dir
 
     # Kept between runs, so the suite starts in about a second. One server per checkout
     # (and, inside it, per set of binaries), one database per Django version, so two
     # checkouts or two virtualenvs on one machine never share a server or a schema.
-    checkout = hashlib.sha1(str(Path(__file__).resolve().parent).encode()).hexdigest()[:8]  # noqa: S324
-    EMBEDDED_POSTGRES_DIR = Path(tempfile.gettempdir()) / f"skipqueue-test-{os.getuid()}-{checkout}"
+    EMBEDDED_POSTGRES_DIR = test_data_dir(Path(__file__).resolve().parent)
     os.environ["DATABASE_URL"] = embedded_database_url(
         EMBEDDED_POSTGRES_DIR, database=f"skipqueue_dj{django.VERSION[0]}{django.VERSION[1]}"
     )

@@ -60,3 +60,23 @@ def test_on_django_5_2_the_backend_is_refused_clearly(settings):
     assert ids(check_tasks_backend()) == ["skipqueue.E006"]
     with pytest.raises(ImproperlyConfigured, match="needs Django 6.0 or newer"):
         importlib.import_module("django_skipqueue.backends")
+
+
+def test_every_broken_schedule_is_reported_each_with_why_its_task_is_not_one(settings):
+    from django_skipqueue.checks import check_schedules
+
+    settings.SKIPQUEUE = {
+        "SCHEDULES": {
+            "undecorated": {"task": "json.dumps", "cron": "0 3 * * *"},
+            "misspelt": {"task": "tests.testapp.tasks.ad", "cron": "0 3 * * *"},
+            "unimported": {"task": "nowhere.tasks.job", "cron": "0 3 * * *"},
+            "fine": {"task": "tests.testapp.tasks.add", "cron": "0 3 * * *", "args": [1, 2]},
+        }
+    }
+    hints = [error.hint for error in check_schedules()]
+
+    assert len(hints) == 3, hints
+    assert "json.dumps is a function, but not a task" in hints[0]
+    assert "call task(dumps)" in hints[0]
+    assert "the module tests.testapp.tasks has no 'ad'" in hints[1]
+    assert "no module imported at start-up is named 'nowhere.tasks'" in hints[2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 from io import StringIO
@@ -152,13 +153,18 @@ def test_runworker_help_documents_every_flag():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_runworker_burst_runs_jobs_and_reports(settings):
+def test_runworker_burst_runs_jobs_and_reports_its_stop_once(settings, caplog):
     from tests.testapp import tasks
 
     tasks.add.enqueue_many([((1, 2), {})] * 5)
-    output = run("runworker", "--burst", "--no-listen", "--concurrency", "2")
-    assert "5 claimed, 5 succeeded" in output
+    with caplog.at_level(logging.INFO, logger="django_skipqueue"):
+        output = run("runworker", "--burst", "--no-listen", "--concurrency", "2")
+    stopped = [r.getMessage() for r in caplog.records if "worker stopped" in r.getMessage()]
+    assert len(stopped) == 1 and "claimed=5 succeeded=5" in stopped[0]
+    assert "worker stopped" not in output  # not a second line beside the log's
     assert Job.objects.filter(state=JobState.DONE).count() == 5
+    # Quiet (-v 0: no INFO lines), one summary line still ends the run.
+    assert run("runworker", "--burst", "--no-listen", "-v", "0").count("0 claimed") == 1
 
 
 @pytest.mark.django_db(transaction=True)

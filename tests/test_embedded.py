@@ -103,3 +103,20 @@ def test_a_working_server_is_reused_and_the_cli_says_where_it_runs_and_stops_it(
     assert embedded.main(["stop", str(base)]) == 0
     assert "stopped" in capsys.readouterr().out
     assert embedded.server_pid(embedded.server_folder(base)) is None
+
+
+def test_the_cli_without_a_folder_finds_the_test_and_demo_folders(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(embedded.tempfile, "tempdir", str(tmp_path))
+    tests_base = embedded.test_data_dir(tmp_path / "checkout" / "tests")
+    demo_base = tmp_path / "project" / "example_project" / ".pgdata"
+    for base in (tests_base, demo_base):
+        (base / f"{embedded.FOLDER_PREFIX}18-x").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "project")
+
+    assert embedded.known_data_dirs() == [tests_base, Path("example_project/.pgdata")]
+    assert embedded.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tests_base / embedded.FOLDER_PREFIX}18-x: stopped" in out
+    assert "example_project/.pgdata" in out
+    assert embedded.main(["stop"]) == 0
+    assert capsys.readouterr().out.count("was not running") == 2

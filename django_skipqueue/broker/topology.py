@@ -72,7 +72,8 @@ def pika_module() -> Any:
         import pika
     except ImportError:
         raise ConfigurationError(
-            "relayed queues need the AMQP client pika: pip install 'django-skipqueue[rabbitmq]'"
+            "relayed queues need the AMQP client pika: install the rabbitmq extra "
+            "(pip install -e '/path/to/django-skipqueue[rabbitmq]') or pip install pika"
         ) from None
     return pika
 

@@ -13,6 +13,7 @@ Pure: nothing here imports a model, opens a connection or starts a thread.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import json
@@ -104,6 +105,7 @@ class CallRule:
         try:
             signature.bind(*args, **kwargs)
         except TypeError as error:
+            problems = [*_unexpected_keywords(signature, kwargs), str(error)]
             shown = signature.replace(
                 parameters=[
                     parameter.replace(annotation=inspect.Parameter.empty)
@@ -112,7 +114,8 @@ class CallRule:
                 return_annotation=inspect.Signature.empty,
             )
             raise InvalidJobError(
-                f"{self.task_name}{shown} cannot be called with these arguments: {error}"
+                f"{self.task_name}{shown} cannot be called with these arguments: "
+                + "; ".join(dict.fromkeys(problems))
             ) from None
 
     def bound_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,6 +126,29 @@ class CallRule:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
+
+
+def _unexpected_keywords(signature: inspect.Signature, kwargs: Mapping[str, Any]) -> list[str]:
+    """Each keyword the function does not take, named with the parameter it may have
+    meant: Python's own message names only the first problem it meets, often a missing
+    argument that the misspelt keyword was meant to give."""
+    parameters = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return []
+    takes = [
+        name
+        for name, p in parameters.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    problems = []
+    for name in kwargs:
+        if name in takes:
+            continue
+        close = difflib.get_close_matches(name, takes, n=1, cutoff=0.5)
+        close = close or [t for t in takes if t.startswith(name) or name.startswith(t)][:1]
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(f"got an unexpected keyword argument {name!r}{hint}")
+    return problems
 
 
 def _encodable(text: str) -> bool:

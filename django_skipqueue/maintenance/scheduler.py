@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -78,31 +79,66 @@ def defined_schedules() -> dict[str, Cron]:
     """The schedules in the code, by name, each bound to its registered task.
 
     ConfigurationError when one cannot run (an unknown task, arguments its function does
-    not take) or two share a name; the system check skipqueue.E010 reports the same.
+    not take) or two share a name, naming every such schedule; the system check
+    skipqueue.E010 reports each of them.
     """
+    found, problems = read_schedules()
+    if problems:
+        raise ConfigurationError("; ".join(problems))
+    return found
+
+
+def read_schedules() -> tuple[dict[str, Cron], list[str]]:
+    """The schedules that can run, by name, and what is wrong with each one that cannot:
+    one broken schedule does not hide the next."""
     found: dict[str, Cron] = {}
+    problems: list[str] = []
 
     def add(cron: Cron, where: str) -> None:
         assert cron.name is not None  # noqa: S101  (bound crons are named)
         if cron.name in found:
-            raise ConfigurationError(
-                f"two schedules are named {cron.name!r} ({where} and another); rename one"
-            )
+            problems.append(f"two schedules are named {cron.name!r} ({where} and another); rename one")
+            return
         found[cron.name] = cron
 
     for task_name in registry.names():
         for cron in registry.get(task_name).schedules:
             add(cron, f"@task {task_name}")
     for name, entry in schedule_entries().items():
-        cron = cron_from_setting(name, entry)
-        if cron.task not in registry:
-            raise ConfigurationError(
-                f"SKIPQUEUE['SCHEDULES'][{name!r}] runs {cron.task!r}, which is not a "
-                f"registered task (is it in an installed app's tasks module?)"
-            )
-        (bound,) = bind_schedules(registry.get(cron.task or ""), cron)
+        try:
+            cron = cron_from_setting(name, entry)
+            if cron.task not in registry:
+                raise ConfigurationError(
+                    f"SKIPQUEUE['SCHEDULES'][{name!r}] runs {cron.task!r}, which is not a "
+                    f"registered task ({_why_unregistered(cron.task or '')})"
+                )
+            (bound,) = bind_schedules(registry.get(cron.task or ""), cron)
+        except ConfigurationError as error:
+            problems.append(str(error))
+            continue
         add(bound, "SKIPQUEUE['SCHEDULES']")
-    return found
+    return found, problems
+
+
+def _why_unregistered(path: str) -> str:
+    """Why `path` names no task: a function that exists but was never registered, or a
+    name no module imported at start-up defines. Looks only in modules already
+    imported (a worker never imports a path read from settings or a row)."""
+    module_name, _, attribute = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    target = getattr(module, attribute, None) if module is not None else None
+    if callable(target):
+        return (
+            f"{path} is a function, but not a task: decorate it with @task, or, for a "
+            f"function you cannot change, call task({attribute}) on it in one of your "
+            f"tasks modules (docs/howto/periodic-schedules.md)"
+        )
+    if module is not None:
+        return f"the module {module_name} has no {attribute!r}"
+    return (
+        f"no module imported at start-up is named {module_name!r}: tasks are found in "
+        f"installed apps' tasks modules and SKIPQUEUE['TASK_MODULES']"
+    )
 
 
 def sync(schedules: Mapping[str, Cron], *, database: str) -> None:

@@ -64,7 +64,7 @@ class Command(BaseCommand):
             name = options["redrive"]
             moved = redrive(config, name)
             self.stdout.write(
-                f"{moved} messages moved from {dead_queue(name)} to {broker_queue(name)}"
+                f"{moved} message{'' if moved == 1 else 's'} moved from {dead_queue(name)} to {broker_queue(name)}"
             )
             return
         relay = Relay(config, listen=not options["no_listen"])

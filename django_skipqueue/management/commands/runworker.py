@@ -261,13 +261,16 @@ class Command(BaseCommand):
         if progress is not None:
             progress.finish()
         stats = worker.stats
+        # The worker's own "worker stopped" log line says it all where our INFO lines
+        # are shown (-v 1, the default); below that, one summary line still ends the run.
         summary = (
             f"worker stopped ({worker.stop_reason}): {stats.claimed} claimed, "
             f"{stats.count(Outcome.SUCCEEDED)} succeeded, {stats.count(Outcome.RETRYING)} "
             f"retried, {stats.count(Outcome.FAILED)} failed, {stats.count(Outcome.LOST)} lost, "
             f"{stats.released_on_shutdown} released"
         )
-        self.stdout.write(self.style.SUCCESS(summary))
+        if not logger.isEnabledFor(logging.INFO):
+            self.stdout.write(self.style.SUCCESS(summary))
         end_leaked_children()
         if worker.stuck_threads:
             # Threads still inside a task after the grace: their jobs were released;

@@ -72,7 +72,8 @@ class Command(BaseCommand):
                     workers.append(self.start_worker())
                     killed = True
                     self.stdout.write(
-                        f"\nSIGKILL worker pid {victim.pid} in the middle of the run; "
+                        ("\n" if self.on_terminal else "")
+                        + f"SIGKILL worker pid {victim.pid} in the middle of the run; "
                         f"started pid {workers[-1].pid}"
                     )
                 if finished == len(ids) or time.monotonic() > deadline:
@@ -83,7 +84,8 @@ class Command(BaseCommand):
                 worker.send_signal(signal.SIGTERM)
             for worker in workers:
                 worker.wait(timeout=30)
-        self.stdout.write("")
+        if self.on_terminal:
+            self.stdout.write("")  # end the redrawn progress line
         self.summary(jobs, len(ids), time.monotonic() - run_started, options)
 
     def enqueue(self, options: dict[str, Any]) -> list[int]:
@@ -127,14 +129,29 @@ class Command(BaseCommand):
         log = open(LOG_DIR / f"worker-{self.worker_count}.log", "w")  # noqa: SIM115
         return subprocess.Popen(args, env=dict(os.environ), stdout=log, stderr=log)
 
+    @property
+    def on_terminal(self) -> bool:
+        """Whether our output is a terminal: progress then redraws one line with `\r`;
+        into a file or a pipe it is a plain line every few seconds instead."""
+        isatty = getattr(self.stdout, "isatty", None)
+        return bool(isatty and isatty())
+
     def progress(self, states: dict[str, int], finished: int, total: int, elapsed: float) -> None:
+        if not self.on_terminal:
+            shown = getattr(self, "progress_shown", None)
+            if finished < total and shown is not None and elapsed - shown < 2.0:
+                return
+            self.progress_shown = elapsed
         line = (
-            f"\r{finished:5}/{total} finished  done {states.get(JobState.DONE, 0):5}  "
+            f"{finished:5}/{total} finished  done {states.get(JobState.DONE, 0):5}  "
             f"failed {states.get(JobState.FAILED, 0):3}  running "
             f"{states.get(JobState.RUNNING, 0):3}  pending {states.get(JobState.PENDING, 0):5}  "
             f"{finished / max(elapsed, 1e-6):5.0f} jobs/s  "
         )
-        self.stdout.write(line, ending="")
+        if self.on_terminal:
+            self.stdout.write("\r" + line, ending="")
+        else:
+            self.stdout.write(line.rstrip())
         self.stdout.flush()
 
     def summary(self, jobs: Any, total: int, elapsed: float, options: dict[str, Any]) -> None:
