@@ -18,15 +18,16 @@ import difflib
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register  # noqa: A004
+from django.core.checks import CheckMessage, Error, Tags, Warning, register  # noqa: A004
 from django.db import connections
+from django.utils import timezone
 
 from django_skipqueue.broker.topology import pika_module
 from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.maintenance.scheduler import read_schedules
+from django_skipqueue.maintenance.scheduler import default_zone, read_schedules
 from django_skipqueue.tasks.registry import registry
 
 
@@ -102,15 +103,33 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 
 @register()
-def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """skipqueue.E010: every periodic schedule can run (workers would refuse to start)."""
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """skipqueue.E010: every periodic schedule can run (workers would refuse to start).
+    skipqueue.W004: a six-field expression that fires every second of some minutes (the
+    seconds field is last, and `*/10 * * * * *` is a common slip)."""
     if get_settings().problems():
         return []  # E002 says what is wrong with the settings first
-    _, problems = read_schedules()
-    return [
+    found, problems = read_schedules()
+    messages: list[CheckMessage] = [
         Error("A periodic schedule cannot run.", hint=f"{problem}.", id="skipqueue.E010")
         for problem in problems
     ]
+    zone = default_zone()
+    now = timezone.now()
+    for name, cron in sorted(found.items()):
+        if cron.fires_in_bursts:
+            messages.append(
+                Warning(
+                    f"Schedule {name!r} ({cron.expression}) runs every second of the "
+                    f"minutes it matches, then not until the next such minute: "
+                    f"{cron.describe_upcoming(now, cron.zone(zone), count=4)}.",
+                    hint="Seconds are the last of six fields: every ten seconds is "
+                    "'* * * * * */10'. If bursts are meant, set the seconds field to a "
+                    "list or a range to keep this check quiet.",
+                    id="skipqueue.W004",
+                )
+            )
+    return messages
 
 
 @register()

@@ -144,7 +144,7 @@ def test_settings_schedules_are_bound_to_registered_tasks() -> None:
         ({"task": "nowhere.task", "cron": "* * * * *"}, "not a registered task"),
         ({"task": add.name, "cron": "* * * * *", "args": [1]}, "cannot be called"),
         ({"task": add.name, "cron": "* * * * *", "when": "now"}, "unknown keys when"),
-        ({"task": add.name}, "needs 'cron'"),
+        ({"task": add.name}, "needs one of 'cron'"),
     ],
 )
 def test_a_bad_settings_schedule_is_refused_naming_it(entry: dict, message: str) -> None:
@@ -243,3 +243,93 @@ def test_a_schedule_honours_max_pending_per_queue(settings, caplog) -> None:
     assert tick(defined, database="default").enqueued == 0
     assert not Job.objects.filter(schedule="beat").exists()
     assert "MAX_PENDING_PER_QUEUE" in caplog.text
+
+
+# -- intervals and the next runs in words (issue 27) --------------------------------
+
+
+def test_an_interval_schedule_enqueues_each_multiple_once() -> None:
+    defined = schedules(Cron(timedelta(seconds=2), name="every-2s", args=[1, 2]))
+    sync(defined, database="default")
+    assert Schedule.objects.get().expression == "@every 2s"
+    set_last_occurrence("every-2s", 9)
+    first = tick(defined, database="default")
+    again = tick(defined, database="default")
+    times = sorted(Job.objects.filter(schedule="every-2s").values_list("scheduled_for", flat=True))
+    assert first.enqueued >= 4 and again.enqueued == 0
+    assert all(moment.timestamp() % 2 == 0 for moment in times)  # multiples since the epoch
+    assert all(b - a == timedelta(seconds=2) for a, b in zip(times, times[1:], strict=False))
+
+
+@pytest.mark.parametrize(
+    ("every", "expression"),
+    [(30, "@every 30s"), (timedelta(minutes=5), "@every 5m"), ("1h30m", "@every 1h30m")],
+)
+def test_a_settings_schedule_takes_every_instead_of_cron(every, expression: str) -> None:
+    entry = {"task": add.name, "every": every, "args": [1, 2]}
+    with override_settings(SKIPQUEUE={"SCHEDULES": {"often": entry}}):
+        assert defined_schedules()["often"].expression == expression
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"task": add.name, "cron": "* * * * *", "every": 30}, "one of 'cron'"),
+        ({"task": add.name, "every": -1}, "positive number of seconds"),
+        ({"task": add.name, "every": "soon"}, "not an interval"),
+        ({"task": add.name, "every": [30]}, "must be seconds"),
+    ],
+)
+def test_a_bad_every_is_refused_naming_it(entry: dict, message: str) -> None:
+    with (
+        override_settings(SKIPQUEUE={"SCHEDULES": {"bad": {**entry, "args": [1, 2]}}}),
+        pytest.raises(ConfigurationError, match=message),
+    ):
+        defined_schedules()
+
+
+def test_a_seconds_field_slip_is_a_check_warning_with_the_next_runs(settings) -> None:
+    from django_skipqueue.checks import check_schedules
+
+    settings.SKIPQUEUE = {
+        "SCHEDULES": {
+            "slip": {"task": add.name, "cron": "*/10 * * * * *", "args": [1, 2]},
+            "meant": {"task": add.name, "cron": "* * * * * */10", "args": [1, 2]},
+        }
+    }
+    messages = check_schedules()
+    assert [message.id for message in messages] == ["skipqueue.W004"]
+    assert "'slip'" in messages[0].msg and "every second" in messages[0].msg
+    assert "'* * * * * */10'" in messages[0].hint
+
+
+def test_the_schedules_command_says_the_next_runs_under_each_row(settings) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.SKIPQUEUE = {"SCHEDULES": {"often": {"task": add.name, "every": 90, "args": [1, 2]}}}
+    sync(defined_schedules(), database="default")
+    out = StringIO()
+    call_command("schedules", stdout=out)
+    lines = out.getvalue().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("often"))
+    assert "@every 1m30s" in lines[row]
+    assert lines[row + 1].strip().startswith("next runs ")
+    assert lines[row + 1].endswith("every 1 minute 30 seconds")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_an_interval_schedule(start_worker) -> None:
+    from tests.processes import wait_until
+
+    settings = {"SCHEDULES": {"often": {"task": add.name, "every": 1, "args": [1, 2]}}}
+    start_worker(settings=settings)
+    wait_until(
+        lambda: Job.objects.filter(schedule="often", state="done").count() >= 2,
+        timeout=20,
+        message="no interval job ran",
+    )
+    times = sorted(Job.objects.filter(schedule="often").values_list("scheduled_for", flat=True))
+    assert all(moment.microsecond == 0 for moment in times)

@@ -119,3 +119,79 @@ def test_latest_and_next_after() -> None:
 def test_a_bad_schedule_is_refused_naming_the_fault(options: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         Cron(**options)
+
+
+# -- intervals (issue 27) ---------------------------------------------------------------
+
+
+def test_an_interval_runs_at_multiples_of_its_period_since_the_epoch_in_any_zone() -> None:
+    after = datetime(2026, 3, 29, 0, 59, 50, tzinfo=timezone.utc)  # across Paris's spring change
+    every = Cron(timedelta(minutes=30))
+    assert every.expression == "@every 30m" and every.interval == timedelta(minutes=30)
+    found = every.occurrences(after, after + timedelta(hours=3), PARIS)
+    assert found == [
+        after.replace(minute=30, second=0) + timedelta(minutes=30 * n) for n in range(1, 7)
+    ]
+    assert every.occurrences(after, after + timedelta(hours=3), NEW_YORK) == found
+    assert every.next_after(found[0], PARIS) == found[1]
+    assert every.latest(found[-1], after, PARIS, 2) == found[-2:]
+    assert Cron("@every 1h30m").interval == timedelta(hours=1, minutes=30)
+    assert Cron(timedelta(days=1, seconds=5)).expression == "@every 1d5s"
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("@every", "not an interval"),
+        ("@every 30", "not an interval"),
+        ("@every 0s", "from 1 second"),
+        (timedelta(seconds=1.5), "whole seconds"),
+        (timedelta(days=400), "366 days"),
+    ],
+)
+def test_a_bad_interval_is_refused_naming_the_fault(expression, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Cron(expression)
+
+
+@pytest.mark.parametrize(
+    ("expression", "words"),
+    [
+        (
+            "* * * * * */10",
+            "next runs Wed 2026-12-02 11:00:00, 11:00:10, 11:00:20"
+            " (Europe/Paris), every 10 seconds",
+        ),
+        (
+            "*/10 * * * * *",
+            "next runs Wed 2026-12-02 11:00:00, 11:00:01, 11:00:02 (Europe/Paris), every second",
+        ),
+        (
+            "30 2 * * *",
+            "next runs Thu 2026-12-03 02:30:00, Fri 2026-12-04 02:30:00, Sat 2026-12-05 02:30:00"
+            " (Europe/Paris), every day",
+        ),
+        (
+            "@every 90s",
+            "next runs Wed 2026-12-02 11:00:00, 11:01:30, 11:03:00"
+            " (Europe/Paris), every 1 minute 30 seconds",
+        ),
+        (
+            "0 9 * * 1,3",
+            "next runs Mon 2026-12-07 09:00:00, Wed 2026-12-09 09:00:00, Mon 2026-12-14 09:00:00"
+            " (Europe/Paris)",
+        ),
+    ],
+)
+def test_the_next_runs_are_said_in_words(expression: str, words: str) -> None:
+    now = datetime(2026, 12, 2, 9, 59, 55, tzinfo=timezone.utc)
+    assert Cron(expression).describe_upcoming(now, PARIS) == words
+
+
+def test_only_a_seconds_field_of_star_under_a_restricted_minute_fires_in_bursts() -> None:
+    assert Cron("*/10 * * * * *").fires_in_bursts
+    assert Cron("0 * * * * *").fires_in_bursts
+    assert not Cron("* * * * * */10").fires_in_bursts
+    assert not Cron("* * * * * *").fires_in_bursts
+    assert not Cron("*/10 * * * *").fires_in_bursts
+    assert not Cron("@every 10s").fires_in_bursts

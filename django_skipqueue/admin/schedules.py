@@ -99,8 +99,11 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         except ConfigurationError:
             return "-"
         now = schedule.db_now  # type: ignore[attr-defined]  # annotated above
-        upcoming = cron.next_after(now, cron.zone(schedule.timezone))
-        return _when(upcoming)
+        zone = cron.zone(schedule.timezone)
+        upcoming = cron.next_after(now, zone)
+        return format_html(
+            '{}<br><span class="help">{}</span>', _when(upcoming), cron.describe_upcoming(now, zone)
+        )
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, schedule: Schedule) -> str:

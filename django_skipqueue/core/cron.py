@@ -12,7 +12,13 @@ so that each day runs a fixed-time schedule once, daylight saving or not:
   (02:30 becomes 03:30), unless the schedule runs every hour: then that hour is simply
   not there, and the runs stay one real hour apart.
 
-Two wall-clock times that land on one instant are one occurrence. The scheduler
+Two wall-clock times that land on one instant are one occurrence.
+
+An interval (`@every 30s`, or a `timedelta` given as the expression) is not a cron
+expression: its occurrences are the instants that are whole multiples of the interval
+since the Unix epoch, in UTC, whatever the zone. Every worker computes the same
+instants, so an occurrence is enqueued once however many tick; the first run is at the
+next multiple, not at start-up. The scheduler
 (`scheduler.py`) decides, on the database clock, which occurrences are due; this module
 only says which instants a schedule has.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timedelta, tzinfo
@@ -44,6 +51,13 @@ MAX_OCCURRENCES_PER_PASS = 1000
 #: The widest change of UTC offset in any zone (with margin): how far from a window a
 #: daylight-saving change can still move an occurrence into it.
 _SHIFT = timedelta(hours=3)
+#: An interval schedule's expression: `@every ` and a duration such as `30s`, `5m`,
+#: `1h30m` or `2d` (what a `timedelta` given as the expression is written as).
+EVERY_PREFIX = "@every"
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+#: The longest interval: a year (a longer period is a cron expression's job).
+MAX_INTERVAL = timedelta(days=366)
+_UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 _UTC = _timezone.utc
 
 
@@ -53,9 +67,11 @@ class Cron:
 
     `expression` has five fields (minute, hour, day of month, month, day of week), or six
     with seconds last (`* * * * * */10`: every ten seconds), or an alias (`@hourly`,
-    `@daily`, `@weekly`, `@monthly`, `@yearly`). Times are read in `timezone` (default
-    settings.TIME_ZONE). `args` and `kwargs` are passed to every run; `queue_name` and
-    `priority` default to the task's.
+    `@daily`, `@weekly`, `@monthly`, `@yearly`), or an interval: `@every 30s` (`s`, `m`,
+    `h`, `d`, combined as `1h30m`), or a `timedelta`, which is written so. Times are
+    read in `timezone` (default settings.TIME_ZONE); an interval's instants do not
+    depend on it (see the module's docstring). `args` and `kwargs` are passed to every
+    run; `queue_name` and `priority` default to the task's.
 
     `missed` says what happens to occurrences that no worker enqueued within `grace`
     seconds of their time (every worker down, say): `latest` runs the most recent of them
@@ -63,7 +79,7 @@ class Cron:
     recent `catch_up` of them, each once.
     """
 
-    expression: str
+    expression: str  # a timedelta is taken too, and written as `@every ...`
     _: KW_ONLY
     name: str | None = None
     task: str | None = None  # set when bound to its task
@@ -79,14 +95,19 @@ class Cron:
     def __post_init__(self) -> None:
         if self.kwargs is None:
             object.__setattr__(self, "kwargs", {})
-        if not isinstance(self.expression, str) or not croniter.is_valid(self.expression):
+        if isinstance(self.expression, timedelta):
+            object.__setattr__(self, "expression", every_expression(self.expression, self.label))
+        if isinstance(self.expression, str) and self.expression.startswith(EVERY_PREFIX):
+            interval_of(self.expression, self.label)  # ConfigurationError if malformed
+        elif not isinstance(self.expression, str) or not croniter.is_valid(self.expression):
             raise ConfigurationError(
                 f"schedule {self.label}: {self.expression!r} is not a cron expression; use "
                 f"five fields (minute hour day-of-month month day-of-week), six with "
                 f"seconds last, or an alias such as @daily"
             )
         try:  # an expression that is valid but never matches (Feb 31) cannot run
-            next(self._matches(datetime(2000, 1, 1)))
+            if self.interval is None:
+                next(self._matches(datetime(2000, 1, 1)))
         except ValueError:  # croniter's CroniterBadDateError
             raise ConfigurationError(
                 f"schedule {self.label}: {self.expression!r} never matches a date (no "
@@ -148,6 +169,61 @@ class Cron:
         """The zone its times are read in: its own, or `default` (settings.TIME_ZONE)."""
         return zone_of(self.timezone or default, self.label)
 
+    @classmethod
+    def every(cls, period: timedelta, **options: Any) -> Cron:
+        """An interval schedule: `Cron.every(timedelta(seconds=30), name="poll")`."""
+        return cls(every_expression(period, repr(options.get("name") or period)), **options)
+
+    @property
+    def interval(self) -> timedelta | None:
+        """The period of an interval schedule (`@every ...`); None for a cron expression."""
+        if not self.expression.startswith(EVERY_PREFIX):
+            return None
+        return interval_of(self.expression, self.label)
+
+    def upcoming(self, moment: datetime, zone: tzinfo, count: int = 3) -> list[datetime]:
+        """The first `count` instants after `moment` (fewer if there are none within ten
+        years)."""
+        found: list[datetime] = []
+        while len(found) < count:
+            following = self.next_after(found[-1] if found else moment, zone)
+            if following is None:
+                break
+            found.append(following)
+        return found
+
+    def describe_upcoming(self, moment: datetime, zone: tzinfo, count: int = 3) -> str:
+        """The next runs in words, in the schedule's zone: `next runs 10:00:10, 10:00:20,
+        10:00:30 (Europe/Paris), every 10 seconds`. Shown wherever a schedule is (the
+        schedules command, the admin, the checks), so that an expression that does not
+        mean what was meant is seen at once."""
+        instants = self.upcoming(moment, zone, count)
+        if not instants:
+            return "no run within ten years"
+        local = [instant.astimezone(zone) for instant in instants]
+        shown, previous_day = [], None
+        for when in local:
+            day = when.date()
+            shown.append(
+                when.strftime("%H:%M:%S")
+                if day == previous_day
+                else when.strftime("%a %Y-%m-%d %H:%M:%S")
+            )
+            previous_day = day
+        gaps = {b - a for a, b in itertools.pairwise(instants)}
+        cadence = f", every {duration_in_words(gaps.pop())}" if len(gaps) == 1 else ""
+        if self.interval is not None:
+            cadence = f", every {duration_in_words(self.interval)}"
+        return f"next runs {', '.join(shown)} ({zone}){cadence}"
+
+    @property
+    def fires_in_bursts(self) -> bool:
+        """A six-field expression whose seconds field (the last) is `*` while its minute
+        field is not: every second of the minutes it matches, then nothing (what
+        `*/10 * * * * *` does; every ten seconds is `* * * * * */10`)."""
+        fields = self.expression.split()
+        return len(fields) == 6 and fields[5] == "*" and fields[0] != "*"
+
     @cached_property
     def _every_hour(self) -> bool:
         hours = croniter(self.expression).expanded[1]
@@ -165,6 +241,8 @@ class Cron:
         """The instants in (after, until] (aware), in order, in UTC; the first `limit`."""
         if until <= after:
             return []
+        if self.interval is not None:
+            return _multiples(self.interval, after, until, limit)
         found: set[datetime] = set()
         changes = _changes(after, until, zone)
         bounds = [after, *(at for at, _, _ in changes), until]
@@ -203,6 +281,9 @@ class Cron:
         """The last `count` instants in (after, until], in order."""
         if count < 1 or until <= after:
             return []
+        if self.interval is not None:
+            start = max(after, until - self.interval * (count + 1))
+            return _multiples(self.interval, start, until, None)[-count:]
         step = self._period(until, zone) * (count + 1)
         while True:
             start = max(until - step, after)
@@ -213,6 +294,8 @@ class Cron:
 
     def next_after(self, moment: datetime, zone: tzinfo) -> datetime | None:
         """The first instant after `moment`, or None if there is none within ten years."""
+        if self.interval is not None:
+            return _multiples(self.interval, moment, moment + self.interval, 1)[0]
         step = self._period(moment, zone) * 2
         horizon = moment + timedelta(days=3660)
         start = moment
@@ -225,10 +308,74 @@ class Cron:
 
     def _period(self, moment: datetime, zone: tzinfo) -> timedelta:
         """About the time between two occurrences near `moment` (at least a second)."""
+        if self.interval is not None:
+            return self.interval
         wall = moment.astimezone(zone).replace(tzinfo=None)
         times = self._matches(wall)
         first, second = next(times), next(times)
         return max(second - first, timedelta(seconds=1))
+
+
+def interval_of(expression: str, label: str = "") -> timedelta:
+    """The period of `@every <duration>`, or ConfigurationError naming the fault."""
+    text = expression[len(EVERY_PREFIX) :].strip()
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        raise ConfigurationError(
+            f"schedule {label}: {expression!r} is not an interval; write `@every ` and a "
+            f"duration such as 30s, 5m, 1h30m or 2d, or give a timedelta"
+        )
+    days, hours, minutes, seconds = (int(group or 0) for group in match.groups())
+    return _checked_interval(
+        timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds), label
+    )
+
+
+def every_expression(period: timedelta, label: str = "") -> str:
+    """A `timedelta` as the interval expression `@every 1h30m` (whole seconds)."""
+    _checked_interval(period, label)
+    seconds, parts = int(period.total_seconds()), []
+    for unit, size in zip("dhms", (86400, 3600, 60, 1), strict=True):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return f"{EVERY_PREFIX} {''.join(parts)}"
+
+
+def _checked_interval(period: timedelta, label: str) -> timedelta:
+    if period.microseconds or not timedelta(seconds=1) <= period <= MAX_INTERVAL:
+        raise ConfigurationError(
+            f"schedule {label}: an interval must be whole seconds, from 1 second to "
+            f"{MAX_INTERVAL.days} days, got {period}"
+        )
+    return period
+
+
+def duration_in_words(period: timedelta) -> str:
+    """`90 seconds` -> "1 minute 30 seconds"; one hour -> "hour" (as in "every hour")."""
+    seconds, words = int(period.total_seconds()), []
+    for unit, size in _UNITS:
+        if seconds == size:
+            return unit  # "every hour", not "every 1 hour"
+    for unit, size in _UNITS:
+        if seconds >= size:
+            count, seconds = divmod(seconds, size)
+            words.append(f"{count} {unit}{'' if count == 1 else 's'}")
+    return " ".join(words) or f"{period.total_seconds():g} seconds"
+
+
+def _multiples(
+    period: timedelta, after: datetime, until: datetime, limit: int | None
+) -> list[datetime]:
+    """The instants in (after, until] that are whole multiples of `period` since the
+    epoch (UTC), in order; the first `limit`."""
+    step = int(period.total_seconds())
+    first = (math.floor(after.timestamp()) // step + 1) * step
+    last = math.floor(until.timestamp())
+    count = max(0, (last - first) // step + 1)
+    if limit is not None:
+        count = min(count, limit)
+    return [datetime.fromtimestamp(first + n * step, _UTC) for n in range(count)]
 
 
 def zone_of(name: str, label: str = "") -> tzinfo:

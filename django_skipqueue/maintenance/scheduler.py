@@ -97,7 +97,9 @@ def read_schedules() -> tuple[dict[str, Cron], list[str]]:
     def add(cron: Cron, where: str) -> None:
         assert cron.name is not None  # noqa: S101  (bound crons are named)
         if cron.name in found:
-            problems.append(f"two schedules are named {cron.name!r} ({where} and another); rename one")
+            problems.append(
+                f"two schedules are named {cron.name!r} ({where} and another); rename one"
+            )
             return
         found[cron.name] = cron
 
@@ -471,6 +473,8 @@ class ScheduleStatus:
     last_occurrence_at: datetime | None
     next_occurrence_at: datetime | None
     paused_by: str = ""
+    #: The next runs in words (`Cron.describe_upcoming`), "" while it does not run.
+    next_runs: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -482,6 +486,7 @@ class ScheduleStatus:
             "last_occurrence_at": _iso(self.last_occurrence_at),
             "next_occurrence_at": _iso(self.next_occurrence_at),
             "paused_by": self.paused_by,
+            "next_runs": self.next_runs,
         }
 
 
@@ -512,6 +517,7 @@ def schedule_statuses(
             )
             continue
         state = "not synced" if row is None else "paused" if row.is_paused else "active"
+        zone = cron.zone(zone_default)
         found.append(
             ScheduleStatus(
                 name=name,
@@ -520,10 +526,9 @@ def schedule_statuses(
                 timezone=cron.timezone or zone_default,
                 state=state,
                 last_occurrence_at=row.last_occurrence_at if row is not None else None,
-                next_occurrence_at=None
-                if state == "paused"
-                else cron.next_after(now, cron.zone(zone_default)),
+                next_occurrence_at=None if state == "paused" else cron.next_after(now, zone),
                 paused_by=row.paused_by if row is not None else "",
+                next_runs="" if state == "paused" else cron.describe_upcoming(now, zone),
             )
         )
     return found

@@ -53,6 +53,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 #: A task's unique key: a string, parameter names, or a function of the call's arguments.
 UniqueKey: TypeAlias = "str | Sequence[str] | Callable[..., str]"
+#: A periodic schedule: a cron expression, an interval (`timedelta(seconds=30)` or
+#: "@every 30s"), or a Cron with its own arguments, queue or policy.
+Schedule: TypeAlias = "str | timedelta | Cron"
 
 
 def _validate_priority(priority: object) -> int:
@@ -519,7 +522,7 @@ def task(
     takes_context: bool = ...,
     database: str | None = ...,
     timeout: timedelta | float | None = ...,
-    schedule: str | Cron | Sequence[str | Cron] | None = ...,
+    schedule: Schedule | Sequence[Schedule] | None = ...,
     unique_key: UniqueKey | None = ...,
     on_conflict: str = ...,
     concurrency_key: UniqueKey | None = ...,
@@ -541,7 +544,7 @@ def task(
     takes_context: bool = False,
     database: str | None = None,
     timeout: timedelta | float | None = None,
-    schedule: str | Cron | Sequence[str | Cron] | None = None,
+    schedule: Schedule | Sequence[Schedule] | None = None,
     unique_key: UniqueKey | None = None,
     on_conflict: str = "existing",
     concurrency_key: UniqueKey | None = None,
@@ -551,7 +554,8 @@ def task(
 
     The task is registered under its dotted path, or `name`. Options are defaults for
     each enqueue and can be changed per call with `using()`. `schedule` runs it
-    periodically: a cron expression, a `Cron`, or a list of them (see schedules.py).
+    periodically: a cron expression, an interval (`timedelta(seconds=30)`), a `Cron`, or
+    a list of them (see core/cron.py).
     """
 
     def wrap(func: Callable[P, R]) -> Task[P, R]:
@@ -595,17 +599,25 @@ def task(
 
 
 def bind_schedules(
-    task: Task[Any, Any], schedule: str | Cron | Sequence[str | Cron]
+    task: Task[Any, Any], schedule: Schedule | Sequence[Schedule]
 ) -> tuple[Cron, ...]:
-    """`schedule` (an expression, a Cron, or a list of them) as Crons bound to `task`:
+    """`schedule` (an expression, an interval, a Cron, or a list of them) as Crons bound to `task`:
     named (the task's name, when it has one schedule), with arguments that its function
     takes and that JSON can hold. ConfigurationError otherwise."""
-    given = [schedule] if isinstance(schedule, (str, Cron)) else list(schedule)
-    crons = [Cron(expression=item) if isinstance(item, str) else item for item in given]
+    given = [schedule] if isinstance(schedule, (str, Cron, timedelta)) else list(schedule)
+    crons = [
+        Cron.every(item)
+        if isinstance(item, timedelta)
+        else Cron(expression=item)
+        if isinstance(item, str)
+        else item
+        for item in given
+    ]
     for cron in crons:
         if not isinstance(cron, Cron):
             raise ConfigurationError(
-                f"schedule of {task.name} must be a cron expression or a Cron, got {cron!r}"
+                f"schedule of {task.name} must be a cron expression, an interval (a "
+                f"timedelta, or '@every 30s'), or a Cron, got {cron!r}"
             )
     if len(crons) > 1 and any(cron.name is None for cron in crons):
         raise ConfigurationError(

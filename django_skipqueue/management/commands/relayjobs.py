@@ -63,8 +63,9 @@ class Command(BaseCommand):
         if options["redrive"]:
             name = options["redrive"]
             moved = redrive(config, name)
+            noun = "message" if moved == 1 else "messages"
             self.stdout.write(
-                f"{moved} message{'' if moved == 1 else 's'} moved from {dead_queue(name)} to {broker_queue(name)}"
+                f"{moved} {noun} moved from {dead_queue(name)} to {broker_queue(name)}"
             )
             return
         relay = Relay(config, listen=not options["no_listen"])

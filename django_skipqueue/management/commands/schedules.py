@@ -80,9 +80,11 @@ class Command(BaseCommand):
             for status in statuses
         ]
         widths = {c: max([len(c), *(len(r[c]) for r in cells)]) for c in COLUMNS}
-        self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS))
-        for row in cells:
-            self.stdout.write("  ".join(row[c].ljust(widths[c]) for c in COLUMNS))
+        self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS).rstrip())
+        for row, status in zip(cells, statuses, strict=True):
+            self.stdout.write("  ".join(row[c].ljust(widths[c]) for c in COLUMNS).rstrip())
+            if status.next_runs:  # under its row: the expression's meaning, in words
+                self.stdout.write(f"    {status.next_runs}")
 
 
 def _moment(value: datetime | None) -> str:
