@@ -96,18 +96,32 @@ RETRY_DELAY_CEILING_SECONDS = 100 * 365 * 24 * 3600.0
 
 
 class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Retry)
-    """Raise from a task to run it again after `delay`, without spending an attempt.
+    """Raise from a task to run it again after `delay` (seconds or a timedelta).
 
-    The attempt is given back by raising the job's `max_attempts` by one (the attempt
-    counter is the fence and never goes down). `delay` is seconds or a timedelta.
+    By default the attempt counts, as Celery's `self.retry(countdown=...)` counts against
+    `max_retries`: the job is pending again after `delay` if an attempt is left, else it
+    ends failed, the Retry (and the exception it was raised `from`) recorded as the
+    attempt's error; a retry is never lost to the backoff policy, which does not apply.
+
+    With `spend_attempt=False` the attempt is given back instead: the job's
+    `max_attempts` is raised by one (the attempt counter is the fence and never goes
+    down) and nothing is recorded as an error, so a task can wait for something (a rate
+    limit, a file not there yet) as often as it needs.
     """
 
-    def __init__(self, delay: float | timedelta = 0, reason: str = "") -> None:
+    def __init__(
+        self, delay: float | timedelta = 0, reason: str = "", *, spend_attempt: bool = True
+    ) -> None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
         if not seconds >= 0:  # also rejects NaN
             raise InvalidJobError(f"Retry delay must be zero or positive seconds, got {delay!r}")
+        if not isinstance(spend_attempt, bool):
+            raise InvalidJobError(
+                f"Retry spend_attempt must be True or False, got {spend_attempt!r}"
+            )
         super().__init__(reason or f"retry requested in {seconds:g}s")
         # Held to what a timedelta can hold; the release clamps it further, to
         # SKIPQUEUE['MAX_DELAY_SECONDS'].
         self.delay = timedelta(seconds=min(seconds, RETRY_DELAY_CEILING_SECONDS))
         self.reason = reason
+        self.spend_attempt = spend_attempt

@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import pytest
 from django.db.models.functions import Now
+from django.utils import timezone
 
-from django_skipqueue import signals
+from django_skipqueue import Retry, signals
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.runtime.executor import Outcome, execute
 from tests.conftest import set_lease
@@ -402,3 +403,52 @@ def test_which_statements_count_as_changing_the_session(sql, changes):
     from django_skipqueue.runtime.runner import changes_session
 
     assert changes_session(sql) is changes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_counted_retry_spends_attempts_then_fails_with_its_cause(received):
+    """Retry's default is Celery's self.retry(countdown=...): it counts against the
+    job's attempts, waits its own delay (not the backoff policy's), and after the last
+    attempt the job ends failed with the retry and the exception it was raised from."""
+    tasks.retry_counted.enqueue()  # max_attempts=3, asks for a retry every time
+
+    for attempt in (1, 2):
+        job, outcome = run()
+        assert (outcome, job.state, job.attempts, job.max_attempts) == (
+            Outcome.RETRYING,
+            JobState.PENDING,
+            attempt,
+            3,
+        )
+        assert job.releases == 0
+        assert job.run_at <= timezone.now()  # delay 0: not the policy's backoff
+    job, outcome = run()
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 3)
+    assert [e["type"] for e in job.errors] == ["django_skipqueue.exceptions.Retry"] * 3
+    assert "after the last attempt (3 of 3" in job.last_error
+    assert "ConnectionError: the provider is down" in job.errors[-1]["traceback"]
+    assert [name for name, _ in received].count("job_retried") == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_counted_retry_waits_its_own_delay_and_can_succeed_later():
+    tasks.retry_counted.enqueue(delay=3600, until=2)
+    job, outcome = run()
+    assert outcome is Outcome.RETRYING
+    assert job.run_at > timezone.now() + timedelta(minutes=59)
+    assert Job.objects.claim(queues=["default"]) == []
+    Job.objects.filter(id=job.id).update(run_at=Now())
+    job, outcome = run()
+    assert (outcome, job.state, job.result, job.attempts) == (
+        Outcome.SUCCEEDED,
+        JobState.DONE,
+        2,
+        2,
+    )
+
+
+def test_retry_refuses_a_spend_attempt_that_is_not_a_bool():
+    from django_skipqueue.exceptions import InvalidJobError
+
+    with pytest.raises(InvalidJobError, match="spend_attempt must be True or False"):
+        Retry(1, spend_attempt="no")

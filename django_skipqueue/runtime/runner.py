@@ -128,7 +128,18 @@ def run_and_decide(
                 )
     except Retry as request:
         duration = time.monotonic() - started
-        return Decision(Outcome.RELEASED, duration, retry_in=request.delay, raised=request)
+        if not request.spend_attempt:
+            return Decision(Outcome.RELEASED, duration, retry_in=request.delay, raised=request)
+        # A counted retry: a failed attempt whose delay is the task's, not the policy's.
+        if attempt >= job.max_attempts:
+            request.args = (
+                f"{request}: a retry was asked for after the last attempt ({attempt} of "
+                f"{job.max_attempts}, max_attempts)",
+            )
+        error = describe_error(request)
+        return Decision(
+            Outcome.RETRYING, duration, error=error, retry_in=request.delay, raised=request
+        )
     except JobCancelled as cancelled:
         if brokered:  # no cancel reaches a brokered job: a failure like any other
             return decide_failure(task, cancelled, attempt, time.monotonic() - started)

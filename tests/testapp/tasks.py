@@ -48,7 +48,19 @@ def retry_once(context: TaskContext, delay: float = 0.0) -> str:
     if Run.objects.filter(job_id=context.job_id).exists():
         return "second time"
     Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
-    raise Retry(delay, reason="not yet")
+    raise Retry(delay, reason="not yet", spend_attempt=False)
+
+
+@task(takes_context=True, max_attempts=3)
+def retry_counted(context: TaskContext, delay: float = 0.0, until: int = 99) -> int:
+    """Asks for a counted retry (Celery's self.retry) until attempt `until`."""
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if context.attempt < until:
+        try:
+            raise ConnectionError("the provider is down")
+        except ConnectionError as error:
+            raise Retry(delay, reason="provider down") from error
+    return context.attempt
 
 
 @task
