@@ -150,6 +150,11 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0, help_text=_("-100 to 100; higher runs first."))
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     run_at = DateTimeField(db_default=Now(), help_text=_("Not claimed before this."))
+    expires_at = DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_("Not started by then, it never runs: it ends cancelled, by skipqueue:expired."),
+    )
     lease = DurationField(help_text=_("How long each claim owns the job."))
     leased_until = DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text=_("Claims so far."))
@@ -291,6 +296,13 @@ class Job(models.Model):
                 fields=["concurrency_key"],
                 name="skipqueue_job_key_running_idx",
                 condition=Q(state="running", concurrency_key__isnull=False),
+            ),
+            # Expiring jobs (`expires`), for the reaper's pass that ends those not
+            # started in time. Only unstarted jobs with an expiry are in it.
+            models.Index(
+                fields=["expires_at"],
+                name="skipqueue_job_expires_idx",
+                condition=Q(state__in=["pending", "waiting"], expires_at__isnull=False),
             ),
             # A workflow's jobs (its page, its cancel, a resume's parent count).
             models.Index(

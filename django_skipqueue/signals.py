@@ -9,7 +9,8 @@
 - job_lost(job): the attempt had lost its lease; its outcome was refused by the fence.
 - job_outcome_unknown(job): the outcome could not be written (no answer from the
   database within a lease); the reaper takes the job back if the write did not happen.
-- job_reaped(requeued, failed, cancelled): the reaper took back expired leases.
+- job_reaped(requeued, failed, cancelled, expired): the reaper took back expired leases
+  (and ended `expired` jobs not started by their expires_at).
 """
 
 from __future__ import annotations

@@ -88,6 +88,25 @@ def test_the_stuck_filter_shows_only_expired_running_jobs(superuser_client):
     assert ids == [stuck.id] and live.id not in ids
 
 
+def test_the_expired_filter_and_badge_show_jobs_that_expired_before_they_started(
+    superuser_client,
+):
+    from django.utils import timezone
+
+    from django_skipqueue.maintenance.reaper import Reaper
+    from tests.testapp.tasks import add
+
+    late = add.using(expires=timezone.now() - timedelta(seconds=1)).enqueue(1, 2)
+    cancelled = JobFactory(state=JobState.CANCELLED, cancelled_by="ops")
+    Reaper().reap()
+    response = superuser_client.get(reverse(CHANGELIST) + "?health=expired")
+    assert [job.id for job in response.context["cl"].result_list] == [late.id]
+    assert cancelled.id != late.id
+    assert "expired</b>" in response.content.decode()
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[late.id]))
+    assert page.status_code == 200 and "Expires at" in page.content.decode()
+
+
 def act(client, action: str, ids: list[int]):
     return client.post(
         reverse(CHANGELIST), {"action": action, "_selected_action": ids}, follow=True

@@ -25,6 +25,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core.redaction import redact
+from django_skipqueue.core.states import EXPIRED
 from django_skipqueue.models import (
     Job,
     JobState,
@@ -75,6 +76,7 @@ class HealthFilter(admin.SimpleListFilter):
             ("repeatedly_expired", _("repeatedly expired")),
             ("failed", _("failed")),
             ("scheduled", _("scheduled (due later)")),
+            ("expired", _("expired before it started")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
@@ -88,6 +90,8 @@ class HealthFilter(admin.SimpleListFilter):
             return jobs.filter(state=JobState.FAILED)
         if value == "scheduled":
             return jobs.scheduled()
+        if value == "expired":
+            return jobs.filter(state=JobState.CANCELLED, cancelled_by=EXPIRED)
         return jobs
 
 

@@ -26,6 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.core.redaction import redact, redact_key, redact_text
+from django_skipqueue.core.states import EXPIRED
 from django_skipqueue.models import (
     Job,
     JobState,
@@ -109,6 +110,7 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "expirations",
         "releases",
         "run_at",
+        "expires_at",
         "lease",
         "leased_until",
         "created_at",
@@ -125,7 +127,7 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "error_history",
     ]
     fieldsets = [
-        (None, {"fields": ["id", "task", "queue_name", "priority", "state"]}),
+        (None, {"fields": ["id", "task", "queue_name", "priority", "state", "expires_at"]}),
         (
             _("Attempts"),
             {
@@ -230,6 +232,13 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     def state_and_health(self, job: Job) -> str:
         """The state; a stuck mark when a running job's lease has expired; its worker."""
         state = format_html('<b class="skipqueue-state-{}">{}</b>', job.state, job.state)
+        if job.state == JobState.CANCELLED and job.cancelled_by == EXPIRED:
+            state = format_html(
+                '{} <b class="skipqueue-badge" title="{}">{}</b>',
+                state,
+                job.last_error,
+                _("expired"),
+            )
         expired = _expired_for(job)
         if expired is not None:
             state = format_html(

@@ -18,7 +18,7 @@ from django_skipqueue.exceptions import ConfigurationError
 #: an interval instead: seconds, a timedelta, or "30s").
 SCHEDULE_KEYS = frozenset(
     {"task", "cron", "every", "args", "kwargs", "queue_name", "priority", "timezone"}
-    | {"missed", "catch_up", "grace"}
+    | {"missed", "catch_up", "grace", "expires"}
 )
 
 

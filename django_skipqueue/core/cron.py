@@ -77,6 +77,9 @@ class Cron:
     seconds of their time (every worker down, say): `latest` runs the most recent of them
     once (unless a later one is on time), `skip` runs none, `catch_up` runs the most
     recent `catch_up` of them, each once.
+
+    `expires` (seconds or a timedelta): a job of this schedule not started that long
+    after its occurrence never runs; it ends cancelled, by skipqueue:expired.
     """
 
     expression: str  # a timedelta is taken too, and written as `@every ...`
@@ -91,6 +94,9 @@ class Cron:
     missed: str = "latest"
     catch_up: int = 10
     grace: float = 60.0
+    #: A job of this schedule not started this long after its occurrence never runs
+    #: (seconds or a timedelta); default: the task's own `expires`.
+    expires: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         if self.kwargs is None:
@@ -139,6 +145,16 @@ class Cron:
             or not (math.isfinite(grace) and grace >= 0)
         ):
             raise ConfigurationError(f"schedule {self.label}: grace must be seconds >= 0")
+        if self.expires is not None:
+            expires: object = self.expires
+            if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+                expires = timedelta(seconds=expires) if math.isfinite(expires) else None
+            if not isinstance(expires, timedelta) or expires <= timedelta(0):
+                raise ConfigurationError(
+                    f"schedule {self.label}: expires must be a positive number of seconds or "
+                    f"a timedelta after the occurrence, got {self.expires!r}"
+                )
+            object.__setattr__(self, "expires", expires)
         if self.queue_name is not None:
             try:
                 validate_queue_name(self.queue_name)

@@ -221,6 +221,9 @@ class JobSpec:
     on_conflict: str = "existing"
     concurrency_key: KeyRule | None = None
     concurrency_limit: int = 1
+    #: A job not started by then never runs (`expires_at`): a datetime, or a delay
+    #: after the enqueue (after the occurrence, for a schedule's job).
+    expires: datetime | timedelta | None = None
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse (InvalidJobError) a call that does not bind to the task's signature."""

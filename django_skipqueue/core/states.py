@@ -73,7 +73,7 @@ class WorkflowState(models.TextChoices):
 TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("pending", "pending"): ("enqueue_many (unique, replace)",),
     ("pending", "running"): ("claim", "claim_limited"),
-    ("pending", "cancelled"): ("cancel",),
+    ("pending", "cancelled"): ("cancel", "end_expired (reap: not started by expires_at)"),
     ("pending", "failed"): ("claim (a row that cannot be claimed or loaded)", "relay (unfit)"),
     ("pending", "relayed"): ("relay (a queue with RESULTS)",),
     ("running", "running"): ("renew", "extend_lease", "cancel (the request)"),
@@ -83,7 +83,11 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("running", "cancelled"): ("end_cancelled", "fail", "release", "reap"),
     ("waiting", "waiting"): ("a parent's ack (one parent fewer to wait on)",),
     ("waiting", "pending"): ("the ack of its last parent", "the workflow failed (on_error)"),
-    ("waiting", "cancelled"): ("a parent failed or was cancelled", "cancel"),
+    ("waiting", "cancelled"): (
+        "a parent failed or was cancelled",
+        "cancel",
+        "end_expired (reap: not started by expires_at)",
+    ),
     ("cancelled", "waiting"): ("retry_now of its failed parent (operator)",),
     ("relayed", "done"): ("the consumer's write-back",),
     ("relayed", "failed"): ("the consumer's write-back",),
@@ -99,6 +103,8 @@ OPERATOR_TRANSITIONS = frozenset(
 UPSTREAM = "skipqueue:upstream"
 #: Who ends a workflow's on_error job when the workflow succeeded (`cancelled_by`).
 UNNEEDED = "skipqueue:unneeded"
+#: Who ends a job not started by its `expires_at` (`cancelled_by`): the reaper.
+EXPIRED = "skipqueue:expired"
 
 #: The states in which a job holds its unique key (see Job's skipqueue_job_unique_key).
 UNFINISHED_STATES = (JobState.PENDING, JobState.RUNNING, JobState.WAITING)

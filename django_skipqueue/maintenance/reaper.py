@@ -40,6 +40,7 @@ class HousekeepingResult:
     requeued: int = 0
     failed: int = 0
     cancelled: int = 0  # expired with a cancel request: ended cancelled, not retried
+    expired: int = 0  # not started by their expires_at: ended cancelled (EXPIRED)
     pruned_done: int = 0
     pruned_failed: int = 0
     pruned_workers: int = 0
@@ -55,7 +56,8 @@ class Reaper:
         self.batch_size = batch_size
 
     def reap(self, *, dry_run: bool = False) -> HousekeepingResult:
-        """Take back expired leases (pending again, or failed with no attempt left).
+        """Take back expired leases (pending again, or failed with no attempt left), and
+        end the jobs not started by their `expires_at`.
 
         With `dry_run`, count what the reap would do (the same classification,
         `JobQuerySet.reapable`) and change nothing.
@@ -64,7 +66,10 @@ class Reaper:
         if dry_run:
             requeued, failed, cancelled = jobs.reapable()
             return HousekeepingResult(
-                requeued=requeued.count(), failed=failed.count(), cancelled=cancelled.count()
+                requeued=requeued.count(),
+                failed=failed.count(),
+                cancelled=cancelled.count(),
+                expired=jobs.past_expiry().count(),
             )
         with bounded(self.database):
             if not self._locked():
@@ -76,9 +81,13 @@ class Reaper:
                 requeued=result.requeued,
                 failed=result.failed,
                 cancelled=result.cancelled,
+                expired=result.expired,
             )
         return HousekeepingResult(
-            requeued=result.requeued, failed=result.failed, cancelled=result.cancelled
+            requeued=result.requeued,
+            failed=result.failed,
+            cancelled=result.cancelled,
+            expired=result.expired,
         )
 
     def prune(

@@ -395,8 +395,8 @@ def _enqueue(cron: Cron, instants: list[datetime], database: str) -> int:
     """The occurrences at `instants`, through the queue layer's verb, from the task's spec
     with the schedule's queue and priority: how many rows were really inserted."""
     task = registry.get(cron.task or "")
-    if cron.queue_name or cron.priority is not None:
-        task = task.using(queue_name=cron.queue_name, priority=cron.priority)
+    if cron.queue_name or cron.priority is not None or cron.expires is not None:
+        task = task.using(queue_name=cron.queue_name, priority=cron.priority, expires=cron.expires)
     jobs = Job.objects.db_manager(database)
     return jobs.enqueue_occurrences(
         task.spec(), cron.args, cron.kwargs or {}, schedule=cron.name or "", instants=instants

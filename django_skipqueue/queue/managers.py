@@ -9,6 +9,7 @@ unexpired lease in its own WHERE, so a stale attempt changes nothing (0 rows).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import itertools
@@ -34,7 +35,7 @@ from django.db.models import (
     Value,
     signals,
 )
-from django.db.models.functions import Coalesce, Greatest, JSONObject, Least, Now
+from django.db.models.functions import Cast, Coalesce, Concat, Greatest, JSONObject, Least, Now
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.conf.relay import relayed_queues
@@ -48,6 +49,7 @@ from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.core.states import (
     ACTOR_MAX_LENGTH,
     CLAIM_ORDER,
+    EXPIRED,
     FINISHED_STATES,
     UNFINISHED_STATES,
     UNNEEDED,
@@ -76,6 +78,9 @@ T = TypeVar("T")
 Checked: TypeAlias = "tuple[list[Any], dict[str, Any], str, str]"
 
 logger = logging.getLogger(__name__)
+#: The most jobs one reaper pass ends for their expiry (`end_expired`): a burst of
+#: millions of expired jobs is ended over several passes, each a short UPDATE.
+EXPIRE_BATCH_SIZE = 10_000
 
 #: PostgreSQL's SQLSTATE of a unique violation.
 UNIQUE_VIOLATION = "23505"
@@ -162,10 +167,11 @@ class ReapResult:
     requeued: int = 0
     failed: int = 0
     cancelled: int = 0  # a cancel was requested: ended cancelled, not retried
+    expired: int = 0  # not started by `expires_at`: ended cancelled, by EXPIRED
 
     @property
     def total(self) -> int:
-        return self.requeued + self.failed + self.cancelled
+        return self.requeued + self.failed + self.cancelled + self.expired
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -180,6 +186,16 @@ class JobQuerySet(models.QuerySet["Job"]):
     def due(self) -> JobQuerySet:
         """Pending jobs whose `run_at` has come, on the database clock."""
         return self.filter(state=JobState.PENDING, run_at__lte=Now())
+
+    def unexpired(self) -> JobQuerySet:
+        """Jobs without an expiry, or whose `expires_at` has not come (database clock):
+        a claim or a relay never starts one past it (the reaper then ends it)."""
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
+
+    def past_expiry(self) -> JobQuerySet:
+        """Unstarted jobs (pending, or waiting on a workflow's parents) whose
+        `expires_at` has come: the reaper ends them cancelled, by EXPIRED."""
+        return self.filter(state__in=[JobState.PENDING, JobState.WAITING], expires_at__lte=Now())
 
     def scheduled(self) -> JobQuerySet:
         """Pending jobs due in the future."""
@@ -251,6 +267,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             self.due()
             .for_queues(queues)
             .filter(concurrency_key__isnull=True)  # keyed jobs: claim_limited()
+            .unexpired()
             .order_by(*CLAIM_ORDER)
             .select_for_update(skip_locked=True, no_key=True)
         )
@@ -284,6 +301,7 @@ class JobQuerySet(models.QuerySet["Job"]):
                 Q(concurrency_key__isnull=True)
                 | Q(concurrency_limit__gt=Coalesce(Subquery(running_of_key), 0))
             )
+            .unexpired()
             .order_by(*CLAIM_ORDER)
             .select_for_update(skip_locked=True, no_key=True)
         )
@@ -656,6 +674,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         job = self.model(**spec.columns(plain_args, plain_kwargs))
         if spec.run_after is not None:
             job.run_at = _run_at(spec.run_after)
+        if spec.expires is not None:
+            job.expires_at = _run_at(spec.expires)
         return job
 
     def _check_room(self, spec: JobSpec, adding: int) -> None:
@@ -750,7 +770,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for start in range(0, len(checked), batch_size):
             batch = checked[start : start + batch_size]
             inserted, _, run_at, created_at = self._insert(task, batch)
-            shared = template | {"run_at": run_at, "created_at": created_at}
+            shared = template | {
+                "run_at": run_at,
+                "created_at": created_at,
+                "expires_at": _expires_at(task.expires, created_at),
+            }
             jobs.extend(
                 loaded_jobs(
                     self.model,
@@ -879,6 +903,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 run_at=instant,
                 schedule=schedule,
                 scheduled_for=instant,
+                # A schedule's expiry is a delay after the occurrence's instant.
+                expires_at=_expires_at(spec.expires, instant),
             )
             for instant in instants
         ]
@@ -918,6 +944,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         broker's confirms, then marks or deletes them before it commits)."""
         return list(
             self.filter(queue_name__in=queues, state=JobState.PENDING, run_at__lte=Now())
+            .unexpired()
             .order_by(*CLAIM_ORDER)
             .select_for_update(skip_locked=True, no_key=True)
             .only(*self.MESSAGE_FIELDS)[:limit]
@@ -987,7 +1014,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             )
             params["concurrency_limit"] = task.concurrency_limit
         statement = sql.enqueue_many_statement(
-            _insert_defaults(self.model), keys is not None, keyed
+            _insert_defaults(self.model), keys is not None, keyed, task.expires is not None
         )
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
@@ -1005,6 +1032,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "delay": task.run_after if isinstance(task.run_after, timedelta) else timedelta(0),
             "lease": shared["lease"],
             "max_attempts": shared["max_attempts"],
+            "expires_at": task.expires if isinstance(task.expires, datetime) else None,
+            "expires_in": task.expires if isinstance(task.expires, timedelta) else None,
             # One JSON array text per column, not a text[] of one element per call:
             # psycopg dumps a list element by element (measured: a sixth of a bulk enqueue).
             "args": "[" + ", ".join(args_json for _, _, args_json, _ in batch) + "]",
@@ -1189,7 +1218,40 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 result.failed,
                 result.cancelled,
             )
+        expired = self.end_expired()
+        if expired:
+            logger.warning("jobs expired before they started count=%d", expired)
+            result = dataclasses.replace(result, expired=expired)
         return result
+
+    def end_expired(self, limit: int = EXPIRE_BATCH_SIZE) -> int:
+        """End cancelled (`cancelled_by` EXPIRED) up to `limit` unstarted jobs whose
+        `expires_at` has come, oldest expiry first; returns how many. No claim starts
+        such a job (`unexpired()`): this only gives it its visible end. One UPDATE whose
+        WHERE re-checks the state and the expiry; rows another transaction holds are
+        skipped, left to the next pass. A workflow's job ended so cancels what waits on
+        it, as any cancel does (the workflow trigger)."""
+        chosen = (
+            self.past_expiry()
+            .order_by("expires_at")
+            .select_for_update(skip_locked=True, no_key=True)
+            .values("id")[:limit]
+        )
+        with transaction.atomic(using=self.db):
+            return (
+                self.filter(id__in=chosen)
+                .past_expiry()
+                .update(
+                    state=JobState.CANCELLED,
+                    finished_at=Now(),
+                    leased_until=None,
+                    cancelled_by=EXPIRED,
+                    last_error=Concat(
+                        Value("expired: not started by "),
+                        Cast(F("expires_at"), output_field=models.TextField()),
+                    ),
+                )
+            )
 
     def _reap(self, jobs: JobQuerySet) -> ReapResult:
         """Reap the expired jobs among `jobs`: each UPDATE's WHERE is `reapable()`'s,
@@ -1254,6 +1316,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     finished_at=None,
                     cancel_requested_at=None,
                     cancelled_by="",
+                    expires_at=None,  # an operator's retry runs it, late or not
                     max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
                 )
             )
@@ -1401,6 +1464,13 @@ def clamped_delay(delay: timedelta) -> timedelta:
     that records the attempt's real error would fail with it."""
     ceiling = timedelta(seconds=get_settings().MAX_DELAY_SECONDS)
     return max(min(delay, ceiling), timedelta(0))
+
+
+def _expires_at(expires: datetime | timedelta | None, start: datetime) -> datetime | None:
+    """The `expires_at` of a job enqueued (or scheduled) at `start`, a database time."""
+    if isinstance(expires, timedelta):
+        return start + expires
+    return expires
 
 
 def _run_at(run_after: datetime | timedelta) -> datetime | Expression:

@@ -213,11 +213,11 @@ ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors,
-        created_at{key_column}{ck_column})
+        created_at{key_column}{ck_column}{exp_column})
     SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
-        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}{ck_value}
+        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}{ck_value}{exp_value}
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
         jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows})
         WITH ORDINALITY AS v(a, k, {key_name}{ck_name}n)
@@ -253,6 +253,12 @@ _KEYED_PARTS = {
     "ck_notify": ",\n    pg_notify('skipqueue!keyed', '')",
 }
 _UNKEYED_PARTS = dict.fromkeys(_KEYED_PARTS, "")
+# Expiring jobs (`expires`): a given instant, or a delay after the statement's time.
+EXPIRES_AT = (
+    "COALESCE(%(expires_at)s::timestamptz, statement_timestamp() + %(expires_in)s::interval)"
+)
+_EXPIRING_PARTS = {"exp_column": ", expires_at", "exp_value": f",\n        {EXPIRES_AT}"}
+_LASTING_PARTS = dict.fromkeys(_EXPIRING_PARTS, "")
 
 
 def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
@@ -265,15 +271,19 @@ def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=16)
 def enqueue_many_statement(
-    defaults: tuple[tuple[str, object], ...], unique: bool = False, keyed: bool = False
+    defaults: tuple[tuple[str, object], ...],
+    unique: bool = False,
+    keyed: bool = False,
+    expiring: bool = False,
 ) -> str:
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
-    with `keyed`, the concurrency key and limit columns."""
+    with `keyed`, the concurrency key and limit columns; with `expiring`, `expires_at`."""
     return ENQUEUE_MANY.format(
         **_literals(defaults),
         **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
         **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
+        **(_EXPIRING_PARTS if expiring else _LASTING_PARTS),
     )
 
 
@@ -291,12 +301,13 @@ WHERE task = %s AND unique_key = ANY(%s::text[]) AND unique_key IS NOT NULL
 REPLACE_PENDING = """
 UPDATE skipqueue_job AS job
 SET args = v.a, kwargs = v.k,
-    run_at = COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval)
+    run_at = COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+    expires_at = {expires_at}
 FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb), jsonb_array_elements(%(kwargs)s::jsonb),
     jsonb_array_elements_text(%(keys)s::jsonb)) AS v(a, k, u)
 WHERE job.task = %(task)s AND job.unique_key = v.u AND job.state = 'pending'
 RETURNING job.unique_key, job.id
-"""
+""".format(expires_at=EXPIRES_AT)  # noqa: UP032  (an f-string would hide the SQL's layout)
 
 
 # The volume guard of MAX_PENDING_PER_QUEUE: an index scan of at most `cap` entries of
@@ -340,17 +351,19 @@ WORKFLOW_INSERT = """
 INSERT INTO skipqueue_job (id, task, args, kwargs, queue_name, priority, state, run_at,
     lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at,
     unique_key, concurrency_key, concurrency_limit, workflow_id, waiting_on, dependents,
-    inputs, ends_workflow)
+    inputs, ends_workflow, expires_at)
 SELECT r.id, r.task, r.args, r.kwargs, r.queue_name, r.priority, r.state,
     COALESCE(r.run_at, statement_timestamp() + make_interval(secs => r.delay)),
     make_interval(secs => r.lease), {attempts}, r.max_attempts, {expirations}, {releases},
     {last_error}, {errors}::jsonb, statement_timestamp(), r.unique_key, r.concurrency_key,
-    r.concurrency_limit, %(workflow)s, r.waiting_on, r.dependents, r.inputs, r.ends_workflow
+    r.concurrency_limit, %(workflow)s, r.waiting_on, r.dependents, r.inputs, r.ends_workflow,
+    COALESCE(r.expires_at, statement_timestamp() + make_interval(secs => r.expires_in))
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id bigint, task text, args jsonb,
     kwargs jsonb, queue_name text, priority smallint, state text, run_at timestamptz,
     delay double precision, lease double precision, max_attempts integer,
     unique_key text, concurrency_key text, concurrency_limit smallint, waiting_on integer,
-    dependents jsonb, inputs jsonb, ends_workflow boolean)
+    dependents jsonb, inputs jsonb, ends_workflow boolean, expires_at timestamptz,
+    expires_in double precision)
 ORDER BY r.id
 ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL AND state IN ({unfinished})
 DO NOTHING
@@ -371,12 +384,12 @@ def workflow_insert_statement(defaults: tuple[tuple[str, object], ...]) -> str:
 WORKFLOW_COLUMNS = """
 INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at, lease,
     attempts, max_attempts, expirations, releases, last_error, errors, created_at,
-    workflow_id, dependents, ends_workflow)
+    workflow_id, dependents, ends_workflow, expires_at)
 SELECT %(task)s, a, k, %(queue)s, %(priority)s, 'pending',
     COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
     %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
     {last_error}, {errors}::jsonb, statement_timestamp(), %(workflow)s,
-    %(dependents)s::jsonb, %(ends)s
+    %(dependents)s::jsonb, %(ends)s, {expires_at}
 FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb), jsonb_array_elements(%(kwargs)s::jsonb))
     WITH ORDINALITY AS v(a, k, n)
 ORDER BY n
@@ -387,4 +400,4 @@ RETURNING id
 @functools.lru_cache(maxsize=4)
 def workflow_columns_statement(defaults: tuple[tuple[str, object], ...]) -> str:
     """WORKFLOW_COLUMNS with ENQUEUE_DEFAULTS (column, value) quoted in as literals."""
-    return WORKFLOW_COLUMNS.format(**_literals(defaults))
+    return WORKFLOW_COLUMNS.format(**_literals(defaults), expires_at=EXPIRES_AT)

@@ -495,6 +495,8 @@ def _shared_json(spec: JobSpec) -> str:
         "delay": run_after.total_seconds() if isinstance(run_after, timedelta) else 0.0,
         "lease": columns["lease"].total_seconds(),
         "max_attempts": columns["max_attempts"],
+        "expires_at": spec.expires.isoformat() if isinstance(spec.expires, datetime) else None,
+        "expires_in": spec.expires.total_seconds() if isinstance(spec.expires, timedelta) else None,
     }
     return json.dumps(shared, separators=(",", ":"))[1:-1]
 

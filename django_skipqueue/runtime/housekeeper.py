@@ -91,6 +91,7 @@ class Housekeeper:
                     if self.reap_interval and now >= next_reap:
                         result = reaper.reap()
                         self.stats.reaped += result.requeued + result.failed + result.cancelled
+                        self.stats.expired += result.expired
                         if not result.locked_out:
                             reaper.prune(workers_dead_for=self.prune_workers_after)
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)

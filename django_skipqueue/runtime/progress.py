@@ -29,6 +29,7 @@ class WorkerStats:
     renew_refused: int = 0
     released_on_shutdown: int = 0
     reaped: int = 0
+    expired: int = 0  # ended by this worker's reaper: not started by their expires_at
     timed_out: int = 0
     thread_restarts: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -41,6 +42,7 @@ class WorkerStats:
         counts = {"claimed": self.claimed}
         counts |= {outcome.value: self.count(outcome) for outcome in Outcome}
         counts |= {"timed_out": self.timed_out, "released_on_stop": self.released_on_shutdown}
+        counts["expired"] = self.expired  # ended by this worker's reaper before they started
         return counts
 
     def summary(self) -> str:

@@ -88,6 +88,38 @@ def _validate_run_after(run_after: object) -> datetime | timedelta | None:
     )
 
 
+def _validate_expires(value: object, *, when: str = "a call") -> datetime | timedelta | None:
+    """`expires` as a timedelta (from seconds too) or an aware datetime; InvalidJobError
+    naming the fault. A task's own (`@task(expires=...)`) and a schedule's are delays:
+    an instant is for one call (`.using(expires=...)`)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidJobError(f"expires must be a positive number of seconds, got {value!r}")
+        return timedelta(seconds=value)
+    if isinstance(value, timedelta):
+        if value <= timedelta(0):
+            raise InvalidJobError(f"expires must be a positive delay, got {value}")
+        return value
+    if isinstance(value, datetime) and when == "a call":
+        if settings.USE_TZ and timezone.is_naive(value):
+            raise InvalidJobError(
+                f"expires {value.isoformat()} is a naive datetime while USE_TZ is on; pass "
+                f"an aware datetime or a delay"
+            )
+        return value
+    kinds = (
+        "seconds, a timedelta or an aware datetime"
+        if when == "a call"
+        else (
+            f"seconds or a timedelta (a delay after {when}; an instant is for one call: "
+            f".using(expires=...))"
+        )
+    )
+    raise InvalidJobError(f"expires must be {kinds}, got {value!r}")
+
+
 def _validate_max_attempts(value: object) -> int | None:
     if value is None:
         return None
@@ -238,9 +270,14 @@ class Task(Generic[P, R]):
     #: `concurrency_limit` at a time across every worker. None: no key.
     concurrency_key: UniqueKey | None = None
     concurrency_limit: int = 1
+    #: A job not started by then never runs: it ends cancelled, by skipqueue:expired. A
+    #: delay after the enqueue (after the occurrence, for a schedule's job), or, for one
+    #: call (`.using(expires=...)`), an instant.
+    expires: datetime | timedelta | None = None
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
+        object.__setattr__(self, "expires", _validate_expires(self.expires))
         _validate_priority(self.priority)
         _validate_run_after(self.run_after)
         _validate_max_attempts(self.max_attempts)
@@ -331,6 +368,7 @@ class Task(Generic[P, R]):
             on_conflict=self.on_conflict,
             concurrency_key=self._key_rule(self.concurrency_key, "concurrency_key"),
             concurrency_limit=self.concurrency_limit,
+            expires=self.expires,
         )
 
     @property
@@ -358,11 +396,14 @@ class Task(Generic[P, R]):
         on_conflict: str | None = None,
         concurrency_key: UniqueKey | None = None,
         concurrency_limit: int | None = None,
+        expires: datetime | timedelta | float | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept.
 
         `unique_key` makes the jobs it enqueues unique (at most one unfinished job of this
         task holds the key); `on_conflict` says what an enqueue whose key is held does.
+        `expires`: a job not started by then never runs (an instant, or a delay after the
+        enqueue).
         """
         changes: dict[str, Any] = {
             key: value
@@ -377,6 +418,7 @@ class Task(Generic[P, R]):
                 "on_conflict": on_conflict,
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
+                "expires": _validate_expires(expires),
             }.items()
             if value is not None
         }
@@ -527,6 +569,7 @@ def task(
     on_conflict: str = ...,
     concurrency_key: UniqueKey | None = ...,
     concurrency_limit: int = ...,
+    expires: timedelta | float | None = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -549,6 +592,7 @@ def task(
     on_conflict: str = "existing",
     concurrency_key: UniqueKey | None = None,
     concurrency_limit: int = 1,
+    expires: timedelta | float | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -587,6 +631,7 @@ def task(
             on_conflict=on_conflict,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            expires=_validate_expires(expires, when="the enqueue"),
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))

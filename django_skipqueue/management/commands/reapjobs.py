@@ -107,6 +107,7 @@ class Command(BaseCommand):
             requeued=reaped.requeued,
             failed=reaped.failed,
             cancelled=reaped.cancelled,
+            expired=reaped.expired,
             locked_out=reaped.locked_out,
             pruned_done=pruned.pruned_done,
             pruned_failed=pruned.pruned_failed,
@@ -120,7 +121,7 @@ class Command(BaseCommand):
             self.stdout.write(self.style.WARNING("another housekeeper is reaping; skipped"))
         line = (
             f"{verb}reap: {result.requeued} back to pending, {result.failed} failed, "
-            f"{result.cancelled} cancelled; "
+            f"{result.cancelled} cancelled, {result.expired} expired before they started; "
             f"{verb}prune: {result.pruned_done} done, {result.pruned_failed} failed, "
             f"{result.pruned_workers} dead workers, {result.pruned_workflows} workflows"
         )
