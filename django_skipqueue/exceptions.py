@@ -91,6 +91,28 @@ class JobCancelled(SkipQueueError):  # noqa: N818  (a control-flow signal, like 
         self.job_id = job_id
 
 
+class SoftTimeLimitExceeded(SkipQueueError):  # noqa: N818  (Celery's name)
+    """Raised in a task past its `soft_time_limit`, at its safe point,
+    `TaskContext.check_cancelled()`. Catch it to clean up and
+    return or re-raise; left out of the task, it is a failure like any other (retried
+    as the task's policy says)."""
+
+    def __init__(self, job_id: int, seconds: float) -> None:
+        super().__init__(f"job {job_id} ran past its soft time limit of {seconds:g}s")
+        self.job_id = job_id
+
+
+class TimeLimitExceeded(BaseException):  # noqa: N818  (Celery's name)
+    """Raised by the worker into a task's thread past its `time_limit` (the hard limit),
+    so that a pure-Python loop stops there; a call blocked in C (a socket without a
+    timeout, `time.sleep`) is not interrupted. A BaseException, as KeyboardInterrupt
+    is, so that `except Exception` in the task does not swallow it. The attempt ends
+    through the fence as a failure (retried as the task's policy says)."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__(f"the task ran past its time limit of {seconds:g}s")
+
+
 #: The longest delay a Retry keeps (a hundred years), before any setting applies.
 RETRY_DELAY_CEILING_SECONDS = 100 * 365 * 24 * 3600.0
 

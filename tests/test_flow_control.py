@@ -507,13 +507,18 @@ def test_a_timed_out_job_keeps_its_slot_while_its_code_runs():
     thread = threading.Thread(target=worker.run, name="test-worker")
     thread.start()
     try:
-        wait_until(lambda: Job.objects.filter(state="done").count() == 2, timeout=30)
+        # Each is stopped by its time limit when its sleep ends (TimeLimitExceeded lands
+        # then), and fails through the fence: its lease, so its slot, was kept till then.
+        wait_until(lambda: Job.objects.filter(state="failed").count() == 2, timeout=30)
     finally:
         worker.stop()
         thread.join(timeout=30)
 
+    assert {tuple(job.errors[-1]["type"].rsplit(".", 1)[-1:]) for job in Job.objects.all()} == {
+        ("TimeLimitExceeded",)
+    }
     spans = sorted(Span.objects.filter(key="a").values_list("started_at", "ended_at"))
-    assert len(spans) >= 2
+    assert len(spans) == 2
     for (_, first_end), (second_start, _) in itertools.pairwise(spans):
         assert second_start >= first_end  # never two at once: the limit held
 

@@ -205,6 +205,19 @@ class InFlight:
                 if flight.timeout_at <= now and flight.job.id not in self._acking
             ]
 
+    def thread_of(self, job_id: int) -> threading.Thread | None:
+        """The executor thread running `job_id`, if one is."""
+        with self._lock:
+            for thread, running in self._running.items():
+                if running == job_id:
+                    return thread
+            return None
+
+    def abandoned(self) -> int:
+        """Threads given up on (past a time limit) that are still inside their task."""
+        with self._lock:
+            return len(self._abandoned)
+
     def abandon(self, job_id: int, *, keep_lease: bool = False) -> int | None:
         """Give up on a timed-out job's thread: a new thread takes its place. Returns how
         many threads are now given up on, or None if the job finished meanwhile.

@@ -42,6 +42,7 @@ from django_skipqueue.faults import is_row_fault
 from django_skipqueue.models import Job, Workflow
 from django_skipqueue.queue.connections import discard
 from django_skipqueue.queue.managers import ErrorInfo
+from django_skipqueue.runtime import interrupt
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
 from django_skipqueue.tasks.registry import registry
 
@@ -113,7 +114,7 @@ def run_and_decide(
         if cancel is not None and cancel.is_set():  # cancelled before it started
             raise JobCancelled(job.id)
         try:
-            with SessionWatch(database):
+            with SessionWatch(database), interrupt.running(job.id):
                 value = _call(task, job, database, cancel, brokered=brokered)
         finally:
             _roll_back_left_open(database, depth)
@@ -217,6 +218,8 @@ def _call(
     if task.django_task is not None:  # declared with django.tasks' @task
         return _call_django_task(task, job, args)
     if task.takes_context:
+        now = time.monotonic()
+        soft, hard = task.soft_time_limit, task.time_limit
         context = TaskContext(
             job_id=job.id,
             attempt=job.attempts,
@@ -226,6 +229,8 @@ def _call(
             database=database,
             cancel_event=cancel,
             brokered=brokered,
+            soft_deadline=now + soft.total_seconds() if soft is not None else None,
+            hard_deadline=now + hard.total_seconds() if hard is not None else None,
         )
         args.insert(0, context)
     if task.is_async:

@@ -37,7 +37,7 @@ from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
-from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.exceptions import ConfigurationError, TimeLimitExceeded
 from django_skipqueue.faults import is_transient
 from django_skipqueue.maintenance.scheduler import Scheduler, defined_schedules
 from django_skipqueue.models import Job, Queue, WorkerProcess
@@ -59,8 +59,10 @@ from django_skipqueue.runtime.executor import (
 from django_skipqueue.runtime.flow import REFRESH_SECONDS, FlowView
 from django_skipqueue.runtime.housekeeper import MAX_WAIT, Housekeeper
 from django_skipqueue.runtime.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
+from django_skipqueue.runtime.interrupt import interrupt
 from django_skipqueue.runtime.notifier import Notifier
 from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
+from django_skipqueue.runtime.runner import describe_error, retry_delay
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.threads import Supervisor
 from django_skipqueue.tasks.registry import registry
@@ -81,6 +83,15 @@ def connection_budget(
 #: A job that waited this long in the prefetch buffer is checked for a cancel request
 #: before it starts (one read by primary key): cancelled while buffered, it never runs.
 BUFFERED_CANCEL_CHECK_SECONDS = 0.5
+#: How long the housekeeper waits for a thread it raised TimeLimitExceeded into to end.
+STOP_WAIT_SECONDS = 1.0
+#: A threaded worker stops (for its supervisor to start it again) once more than this
+#: share of its threads are stuck in tasks past their hard time limit: their places are
+#: taken by new threads meanwhile, so no slot is lost, but their memory and CPU are.
+STUCK_SHARE = 0.5
+#: The exit code of a worker that stopped for stuck threads, or of a `--processes`
+#: child ended for a task past its time limit: not 0, so that a supervisor restarts it.
+EXIT_TIME_LIMIT = 3
 
 
 class Worker:
@@ -101,8 +112,12 @@ class Worker:
         prefetch: int | None = None,
         database: str | None = None,
         schedules: bool | None = None,
+        exit_on_time_limit: bool = False,
     ) -> None:
         conf = get_settings()
+        #: A child of `--processes`: a task past its hard time limit that does not stop
+        #: when interrupted ends this process (the pool replaces it), see `_abandon`.
+        self.exit_on_time_limit = exit_on_time_limit
         self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -136,6 +151,8 @@ class Worker:
         self.stats = WorkerStats()
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
+        #: Stopped because too many threads were stuck past a time limit (`_abandon`).
+        self.stuck_exit = False
 
         self.flow = FlowView(
             queues=self.queues,
@@ -180,7 +197,8 @@ class Worker:
     # -- control ----------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped (or the burst, job or memory limit); returns the exit code 0."""
+        """Run until stopped (or the burst, job or memory limit); returns the exit code:
+        0, or EXIT_TIME_LIMIT when it stopped for threads stuck past a time limit."""
         self._register()
         self._start_threads()
         logger.info(
@@ -197,7 +215,7 @@ class Worker:
             # while it exits (a pool forwards one to a child that stopped on its own)
             # is a stop already done, not a kill by the default action.
             self._shutdown()
-        return 0
+        return EXIT_TIME_LIMIT if self.stuck_exit else 0
 
     def stop(self, reason: str = "stop requested", *, release_prefetched: bool = True) -> None:
         """Stop claiming; jobs in flight get the grace period, then are released.
@@ -466,31 +484,100 @@ class Worker:
         self._wake.set()
 
     def _abandon(self, flight: Flight) -> None:
-        """From the housekeeper: stop renewing a job past its timeout and give its
-        thread's place to a new one.
+        """From the housekeeper: a job past its hard time limit (`time_limit`).
 
-        Python cannot stop a thread: the old one runs on until the task returns, and its
-        outcome is then refused by the fence if the reaper took the job back meanwhile.
+        Its thread is made to raise TimeLimitExceeded (`interrupt`: a task looping in
+        Python stops at once, and its attempt ends through the fence as a failure,
+        retried as its policy says), its lease is no longer renewed (so the reaper takes
+        it back if the thread does not stop), and a new thread takes its place. In a
+        child of `--processes`, a thread that has not stopped within a second ends the
+        process: the attempt is failed through the fence, the jobs not yet started are
+        released, and the pool starts a new child. A threaded worker whose given-up
+        threads outnumber STUCK_SHARE of its concurrency stops, for its supervisor to
+        start it again.
+
+        A job holding a concurrency slot keeps its lease while its thread runs (H15):
+        the slot is freed when its code stops, not before.
         """
         job = flight.job
-        limited = self.flow.holds_slot(job)  # then its lease is kept while it runs (H15)
+        limited = self.flow.holds_slot(job)
+        thread = self.held.thread_of(job.id)
         hung = self.held.abandon(job.id, keep_lease=limited)
         if hung is None:
             return  # finished just now
         self.stats.timed_out += 1
+        limit = flight.timeout or 0.0
+        interrupted = thread is not None and interrupt(thread, job.id, limit)
         logger.warning(
-            "job timed out id=%s task=%s attempt=%d: %s",
+            "job timed out id=%s task=%s attempt=%d limit=%gs: %s; %s",
             job.id,
             job.task,
             flight.attempt,
+            limit,
+            "TimeLimitExceeded raised in its thread" if interrupted else "its thread is not in it",
             "its lease is kept while its thread runs (a concurrency limit holds its slot)"
             if limited
-            else "lease no longer renewed; the reaper will take it back",
+            else "lease no longer renewed",
         )
         self._spawn_executor()
         self._wake.set()
-        if hung > self.concurrency:
-            self.stop(f"{hung} threads hung in timed-out tasks; restart the process")
+        if thread is not None:  # not the housekeeper's to wait: it renews the others
+            check = threading.Timer(
+                STOP_WAIT_SECONDS, self._after_time_limit, args=(flight, thread, limit)
+            )
+            check.daemon = True
+            check.start()
+
+    def _after_time_limit(self, flight: Flight, thread: threading.Thread, limit: float) -> None:
+        """STOP_WAIT_SECONDS after a job's hard limit: if its thread is still in the task,
+        end this process (a `--processes` child), or stop the worker once more than
+        STUCK_SHARE of its threads are stuck so."""
+        try:
+            if not thread.is_alive() or self._halted.is_set():
+                return
+            if self.exit_on_time_limit:
+                self._exit_for_time_limit(flight, limit)
+            stuck = self.held.abandoned()
+            if stuck > self.concurrency * STUCK_SHARE:
+                self.stuck_exit = True
+                self.stop(
+                    f"{stuck} of {self.concurrency} threads stuck in tasks past their time "
+                    f"limit; exiting for the supervisor to restart this worker"
+                )
+        except Exception:
+            logger.exception("worker could not act on job id=%s past its time limit", flight.job.id)
+
+    def _exit_for_time_limit(self, flight: Flight, limit: float) -> None:
+        """A child of `--processes` whose task does not stop past its hard limit: fail
+        the attempt through the fence (retried as its policy says), release the jobs not
+        yet started, and end the process now; the pool starts a new child. The child's
+        other running jobs are left to the reaper (their code stops with the process)."""
+        job = flight.job
+        jobs = Job.objects.db_manager(self.database)
+        task = registry.get(job.task) if job.task in registry else None
+        exceeded = TimeLimitExceeded(limit)
+        try:
+            jobs.fail(
+                job.id,
+                flight.attempt,
+                error=describe_error(exceeded),
+                retry_in=retry_delay(task, exceeded, flight.attempt),
+            )
+            unstarted = self.held.unstarted(self._work.drain())
+            release_on_shutdown([(f.job, f.attempt) for f in unstarted], self.database)
+        except DatabaseError as error:
+            logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
+        logger.error(
+            "job past its time limit id=%s task=%s attempt=%d limit=%gs did not stop: "
+            "ending this worker process (%d other jobs running are left to the reaper)",
+            job.id,
+            job.task,
+            flight.attempt,
+            limit,
+            max(self.held.held() - 1, 0),
+        )
+        logging.shutdown()
+        os._exit(EXIT_TIME_LIMIT)
 
     # -- threads ----------------------------------------------------------------------
 

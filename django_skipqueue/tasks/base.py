@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,6 +42,7 @@ from django_skipqueue.exceptions import (
     ConfigurationError,
     InvalidJobError,
     JobCancelled,
+    SoftTimeLimitExceeded,
 )
 from django_skipqueue.tasks.registry import registry
 
@@ -172,6 +174,24 @@ class TaskContext:
     #: The job came from RabbitMQ (a relayed queue): no row holds a lease, the broker
     #: holds the message until it is acknowledged.
     brokered: bool = dataclasses.field(default=False, repr=False, compare=False)
+    #: The process clock (time.monotonic) at the task's soft and hard time limits.
+    soft_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
+    hard_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the soft time limit (the hard one if there is no soft one), at
+        least 0; None when the task has neither."""
+        deadline = self.soft_deadline if self.soft_deadline is not None else self.hard_deadline
+        if deadline is None:
+            return None
+        return max(deadline - time.monotonic(), 0.0)
+
+    def _past_soft_limit(self) -> None:
+        if self.soft_deadline is not None and time.monotonic() >= self.soft_deadline:
+            task = registry.get(self.task_name) if self.task_name in registry else None
+            limit = task.soft_time_limit if task is not None else None
+            raise SoftTimeLimitExceeded(self.job_id, limit.total_seconds() if limit else 0.0)
 
     @property
     def idempotency_key(self) -> str:
@@ -215,11 +235,14 @@ class TaskContext:
         return self._cancel_in_row()
 
     def check_cancelled(self) -> None:
-        """Raise JobCancelled if an operator asked this job to stop (reads the row now)."""
+        """The task's safe point: raise JobCancelled if an operator asked this job to
+        stop (reads the row now), or SoftTimeLimitExceeded once the task's
+        `soft_time_limit` has passed."""
         if (self.cancel_event is not None and self.cancel_event.is_set()) or (
             self._cancel_in_row()
         ):
             self._cancelled()
+        self._past_soft_limit()
 
     def _cancel_in_row(self) -> bool:
         from django_skipqueue.models import Job
@@ -250,9 +273,14 @@ class Task(Generic[P, R]):
     non_retryable: tuple[type[BaseException], ...] = ()
     takes_context: bool = False
     database: str | None = None
-    #: After this long a worker stops renewing the attempt's lease, so the reaper takes
-    #: it back (a hung task cannot hold its job forever). None: renew while it runs.
+    #: The hard time limit (`time_limit=`, or its older name `timeout=`): past it the
+    #: worker raises TimeLimitExceeded into the task's thread and stops renewing the
+    #: lease; under `--processes` the child running it is killed and replaced. The
+    #: attempt ends through the fence, as a failure or by the reaper. None: no limit.
     timeout: timedelta | None = None
+    #: The soft time limit: past it, `context.check_cancelled()` raises
+    #: SoftTimeLimitExceeded, and `context.time_left` counts down to it.
+    soft_time_limit: timedelta | None = None
     #: The django.tasks Task this one runs, when declared with Django's @task under
     #: SkipQueueBackend (see backends.py).
     django_task: Any = None
@@ -282,7 +310,14 @@ class Task(Generic[P, R]):
         _validate_run_after(self.run_after)
         _validate_max_attempts(self.max_attempts)
         object.__setattr__(self, "lease", _validate_lease(self.lease))
-        object.__setattr__(self, "timeout", _validate_lease(self.timeout, "timeout"))
+        object.__setattr__(self, "timeout", _validate_lease(self.timeout, "time_limit"))
+        soft = _validate_lease(self.soft_time_limit, "soft_time_limit")
+        object.__setattr__(self, "soft_time_limit", soft)
+        if soft is not None and self.timeout is not None and soft >= self.timeout:
+            raise ConfigurationError(
+                f"soft_time_limit of {self.name} ({soft.total_seconds():g}s) must be shorter "
+                f"than its time_limit ({self.timeout.total_seconds():g}s)"
+            )
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a RetryPolicy, got {self.retry!r}")
         if isinstance(self.non_retryable, type):
@@ -327,6 +362,11 @@ class Task(Generic[P, R]):
             f"{option} of {self.name} must be a string, a list of parameter names or a "
             f"function of the call's arguments, got {key!r}"
         )
+
+    @property
+    def time_limit(self) -> timedelta | None:
+        """The hard time limit (stored as `timeout`, its older name)."""
+        return self.timeout
 
     @property
     def call_rule(self) -> CallRule:
@@ -564,6 +604,8 @@ def task(
     takes_context: bool = ...,
     database: str | None = ...,
     timeout: timedelta | float | None = ...,
+    time_limit: timedelta | float | None = ...,
+    soft_time_limit: timedelta | float | None = ...,
     schedule: Schedule | Sequence[Schedule] | None = ...,
     unique_key: UniqueKey | None = ...,
     on_conflict: str = ...,
@@ -587,6 +629,8 @@ def task(
     takes_context: bool = False,
     database: str | None = None,
     timeout: timedelta | float | None = None,
+    time_limit: timedelta | float | None = None,
+    soft_time_limit: timedelta | float | None = None,
     schedule: Schedule | Sequence[Schedule] | None = None,
     unique_key: UniqueKey | None = None,
     on_conflict: str = "existing",
@@ -601,6 +645,10 @@ def task(
     periodically: a cron expression, an interval (`timedelta(seconds=30)`), a `Cron`, or
     a list of them (see core/cron.py).
     """
+
+    if timeout is not None and time_limit is not None:
+        raise ConfigurationError("@task takes time_limit or timeout (its older name), not both")
+    hard_limit = time_limit if time_limit is not None else timeout
 
     def wrap(func: Callable[P, R]) -> Task[P, R]:
         if not callable(func) or not hasattr(func, "__qualname__"):
@@ -626,7 +674,8 @@ def task(
             non_retryable=tuple(non_retryable),
             takes_context=takes_context,
             database=database,
-            timeout=_validate_lease(timeout, "timeout"),
+            timeout=_validate_lease(hard_limit, "time_limit"),
+            soft_time_limit=_validate_lease(soft_time_limit, "soft_time_limit"),
             unique_key=unique_key,
             on_conflict=on_conflict,
             concurrency_key=concurrency_key,

@@ -11,6 +11,7 @@ import time
 from django.db.models.functions import Now
 
 from django_skipqueue import Retry, RetryPolicy, TaskContext, task
+from django_skipqueue.exceptions import SoftTimeLimitExceeded
 from tests.testapp.models import Run, Span
 
 
@@ -292,8 +293,10 @@ def meet() -> None:
 
 def _occupy(job_id: int, seconds: float, key: str) -> None:
     span = Span.objects.create(job_id=job_id, key=key)
-    time.sleep(seconds)
-    Span.objects.filter(id=span.id).update(ended_at=Now())
+    try:
+        time.sleep(seconds)
+    finally:  # the end of its code, even when a time limit stops it
+        Span.objects.filter(id=span.id).update(ended_at=Now())
 
 
 @task(takes_context=True)
@@ -358,10 +361,11 @@ def leaks_a_process(pid_file: str) -> None:
     concurrency_limit=1,
     timeout=0.3,
     lease=1.0,
-    max_attempts=5,
+    max_attempts=1,
 )
 def outlives_its_timeout_per_account(context: TaskContext, account: str, seconds: float) -> None:
-    """Runs past its timeout under a concurrency limit of 1 per account."""
+    """Runs past its time limit under a concurrency limit of 1 per account, blocked in C
+    (the interrupt lands when its sleep ends)."""
     _occupy(context.job_id, seconds, account)
 
 
@@ -417,3 +421,39 @@ def chord_body(context: TaskContext, results: list[object]) -> list[object]:
 def per_account_ignores_cancel(context: TaskContext, account: str, seconds: float) -> None:
     """Runs its full time whatever an operator asks, under a limit of 1 per account."""
     _occupy(context.job_id, seconds, account)
+
+
+# -- time limits (tests/test_time_limits.py) ---------------------------------------------
+
+
+@task(takes_context=True, soft_time_limit=0.3, time_limit=20.0)
+def soft_limited(context: TaskContext) -> dict[str, object]:
+    """Works in steps, checking at each; past its soft limit it cleans up and returns."""
+    first = context.time_left
+    steps = 0
+    try:
+        while steps < 1000:
+            time.sleep(0.05)
+            steps += 1
+            context.check_cancelled()
+    except SoftTimeLimitExceeded:
+        return {"first": first, "left": context.time_left, "steps": steps, "stopped": True}
+    return {"stopped": False}
+
+
+@task(takes_context=True)
+def no_limits(context: TaskContext) -> object:
+    return context.time_left
+
+
+@task(time_limit=0.5, lease=10.0, max_attempts=2, retry=RetryPolicy(base=0, cap=0, jitter=0))
+def loops_forever() -> None:
+    """Pure Python: TimeLimitExceeded raised into its thread stops it."""
+    while True:
+        sum(range(100))
+
+
+@task(time_limit=0.5, lease=2.0, max_attempts=1)
+def sleeps_past_its_limit(seconds: float = 30.0) -> None:
+    """Blocked in C (time.sleep): an interrupt lands only when the sleep ends."""
+    time.sleep(seconds)

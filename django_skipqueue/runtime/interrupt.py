@@ -1,0 +1,74 @@
+"""Raising TimeLimitExceeded into a task's thread past its hard time limit.
+
+Python cannot stop a thread, but CPython can make one raise an exception at its next
+bytecode (`PyThreadState_SetAsyncExc`): a task looping in Python code stops there; one
+blocked in a C call (a socket read without a timeout, `time.sleep`) only when that call
+returns. It must never land in the worker's own code (in the middle of an ack, holding
+a lock of `InFlight`), so it is only raised while the thread is inside a task's call,
+which `running()` marks, and one that has not landed yet when the call ends is taken
+back there. The mark and the raise take the same lock.
+
+Both are inside `runner.run_and_decide`'s handling of what a task raises, so an
+interrupt that lands is recorded as that attempt's failure, through the fence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django_skipqueue.exceptions import TimeLimitExceeded
+
+_lock = threading.Lock()
+_inside: dict[int, int] = {}  # thread ident -> the id of the job whose task it runs
+
+
+def _set_async_exc(ident: int, exception: type[BaseException] | None) -> int:
+    """How many threads were given `exception` to raise (None: take a pending one back)."""
+    value = ctypes.py_object(exception) if exception is not None else None
+    return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), value))
+
+
+@contextmanager
+def running(job_id: int) -> Iterator[None]:
+    """Around one task call on this thread: the stretch where `interrupt` may land."""
+    ident = threading.get_ident()
+    with _lock:
+        _inside[ident] = job_id
+    try:
+        yield
+    finally:
+        with _lock:
+            if _inside.pop(ident, None) is not None:
+                _set_async_exc(ident, None)  # one raised too late to land: taken back
+
+
+def interrupt(thread: threading.Thread, job_id: int, limit: float) -> bool:
+    """Make `thread` raise TimeLimitExceeded (naming `limit`, in seconds) if it is still
+    inside job `job_id`'s task call. False if it is not (it finished meanwhile), or if
+    the lock is not had within a second (the caller, the housekeeper, must not wait on
+    a thread it gives up on)."""
+    ident = thread.ident
+    if ident is None or not _lock.acquire(timeout=1.0):
+        return False
+    try:
+        if _inside.get(ident) != job_id:
+            return False
+        return _set_async_exc(ident, _exceeded(limit)) == 1
+    finally:
+        _lock.release()
+
+
+def _exceeded(limit: float) -> type[TimeLimitExceeded]:
+    """CPython raises an exception class (made without arguments), not an instance: a
+    subclass of TimeLimitExceeded that names `limit`, recorded under the same name."""
+
+    class Exceeded(TimeLimitExceeded):
+        def __init__(self) -> None:
+            super().__init__(limit)
+
+    Exceeded.__name__ = Exceeded.__qualname__ = TimeLimitExceeded.__qualname__
+    Exceeded.__module__ = TimeLimitExceeded.__module__
+    return Exceeded

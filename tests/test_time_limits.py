@@ -1,0 +1,124 @@
+"""Time limits (issue 27): `soft_time_limit`, which a task sees at its safe point and in
+`context.time_left`, and `time_limit`, the hard one, which frees the capacity.
+
+Real threads and real processes, with limits of a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from django_skipqueue import task
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.maintenance.reaper import Reaper
+from django_skipqueue.models import Job, JobState
+from django_skipqueue.runtime.worker import EXIT_TIME_LIMIT, Worker
+from django_skipqueue.testing import run_jobs
+from tests.processes import wait_until
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+TIME_LIMIT_EXCEEDED = "django_skipqueue.exceptions.TimeLimitExceeded"
+
+
+def test_a_task_sees_its_soft_limit_coming_and_stops_at_its_safe_point():
+    job = tasks.soft_limited.enqueue()
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.DONE
+    result = job.result
+    assert result["stopped"] is True
+    assert 0.2 < result["first"] <= 0.3  # counted from the start of the task
+    assert result["left"] == 0.0
+    assert 3 <= result["steps"] <= 8  # about 0.3 s of 0.05 s steps, not 1000
+
+
+def test_time_left_is_none_without_a_limit():
+    job = tasks.no_limits.enqueue()
+    run_jobs()
+    job.refresh_from_db()
+    assert (job.state, job.result) == (JobState.DONE, None)
+
+
+def _limits() -> None: ...
+
+
+def test_a_soft_limit_must_be_shorter_than_the_hard_one():
+    with pytest.raises(ConfigurationError, match="must be shorter than its time_limit"):
+        task(soft_time_limit=5, time_limit=2)(_limits)
+    with pytest.raises(ConfigurationError, match="time_limit or timeout"):
+        task(timeout=5, time_limit=2)(_limits)
+
+
+def test_a_looping_task_is_stopped_at_its_hard_limit_and_retried_as_its_policy_says():
+    """A pure-Python loop past `time_limit`: TimeLimitExceeded is raised into its thread,
+    so the attempt ends through the fence at once (not when the 10 s lease runs out),
+    and the thread is free again; the second attempt ends the same way, failed."""
+    job = tasks.loops_forever.enqueue()  # time_limit 0.5 s, lease 10 s, 2 attempts
+    after = tasks.add.enqueue(1, 2)
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    started = time.monotonic()
+    thread.start()
+    try:
+        wait_until(
+            lambda: Job.objects.get(id=job.id).state == JobState.FAILED,
+            timeout=15,
+            message="the looping job was not stopped twice",
+        )
+        took = time.monotonic() - started
+        wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=10)
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    job.refresh_from_db()
+    assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED] * 2
+    assert "time limit of 0.5s" in job.last_error
+    assert (job.attempts, job.expirations) == (2, 0)  # through the fence, not the reaper
+    assert took < 8  # far below one 10 s lease
+    assert worker.stats.timed_out == 2
+    assert worker.stuck_threads == 0 and not worker.stuck_exit
+
+
+def test_a_threaded_worker_whose_threads_are_stuck_past_their_limit_exits_to_be_restarted():
+    """Blocked in C, the task cannot be interrupted: a new thread takes its place, and
+    once more than half the worker's threads are stuck it stops with EXIT_TIME_LIMIT,
+    for its supervisor to start a fresh process. The job's lease is no longer renewed:
+    the reaper takes it back."""
+    job = tasks.sleeps_past_its_limit.enqueue(seconds=3.0)  # lease 2 s, limit 0.5 s
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0.2, grace=0.2)
+    code = worker.run()
+    assert code == EXIT_TIME_LIMIT
+    assert "stuck in tasks past their time limit" in worker.stop_reason
+    reaper = Reaper()
+    wait_until(
+        lambda: reaper.reap() and Job.objects.get(id=job.id).state == JobState.FAILED,
+        timeout=10,
+    )
+    job.refresh_from_db()
+    assert job.expirations == 1  # its lease ran out; the reaper ended it (1 attempt)
+
+
+@pytest.mark.slow
+def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replaced(start_worker):
+    """`--processes`: a task blocked past its limit ends its child at once; the attempt is
+    failed through the fence with TimeLimitExceeded (long before its 30 s sleep or even
+    its lease), and the pool starts a new child, which runs the next job."""
+    job = tasks.sleeps_past_its_limit.enqueue(seconds=30.0)
+    worker = start_worker("--processes", "2", "--concurrency", "1")
+    wait_until(
+        lambda: Job.objects.get(id=job.id).state == JobState.FAILED,
+        timeout=20,
+        message="the job past its limit was not failed",
+    )
+    job.refresh_from_db()
+    assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
+    assert job.expirations == 0
+    worker.wait_for_output("ending this worker process")
+    worker.wait_for_output("replacing it")
+    after = tasks.add.enqueue(2, 3)
+    wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=15)
