@@ -27,6 +27,7 @@ from django_skipqueue.core.states import (
 from django_skipqueue.queue.managers import (
     JobManager,
     QueueManager,
+    RateBucketManager,
     ScheduleManager,
     WorkerProcessManager,
 )
@@ -207,6 +208,15 @@ class Job(models.Model):
         help_text=_("Jobs sharing a key run at most concurrency_limit at a time."),
     )
     concurrency_limit = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Rate limits per task (`@task(rate_limit="10/m")`): jobs sharing `rate_key` (their
+    # task's name) start at most `rate_limit` times per period, across every worker.
+    rate_key = models.CharField(  # noqa: DJ001  (NULL for "none", as concurrency_key)
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Jobs sharing a rate key start at most rate_limit times per period."),
+    )
+    rate_limit = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
     cancel_requested_at = DateTimeField(
         null=True, blank=True, help_text=_("An operator asked a running job to stop.")
     )
@@ -290,6 +300,13 @@ class Job(models.Model):
                 fields=["queue_name", *CLAIM_ORDER],
                 name="skipqueue_job_keyed_claim_idx",
                 condition=Q(state="pending", concurrency_key__isnull=False),
+            ),
+            # Rate limits per task, the claim of rate-limited jobs: due jobs with a rate
+            # key, in claim order. Only those pending jobs are in it (empty unless used).
+            models.Index(
+                fields=["queue_name", *CLAIM_ORDER],
+                name="skipqueue_job_rated_claim_idx",
+                condition=Q(state="pending", rate_key__isnull=False),
             ),
             # Flow control, the running jobs of a key (counted under the key's lock).
             models.Index(
@@ -474,6 +491,27 @@ class Queue(models.Model):
     @property
     def is_paused(self) -> bool:
         return self.paused_at is not None
+
+
+class RateBucket(models.Model):
+    """The token bucket of a task's rate limit (`@task(rate_limit=...)`), shared by every
+    worker: created at the first claim of one of its jobs, locked by each claim that
+    takes some (FOR UPDATE SKIP LOCKED), refilled on the database clock."""
+
+    key = models.CharField(primary_key=True, max_length=UNIQUE_KEY_MAX_LENGTH)
+    tokens = models.FloatField(
+        default=0.0, help_text=_("Job starts the rate limit allows now (a token bucket).")
+    )
+    refilled_at = DateTimeField(null=True, blank=True)
+
+    objects = RateBucketManager()
+
+    class Meta:
+        verbose_name = _("rate bucket")
+        verbose_name_plural = _("rate buckets")
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class QueueOverview(Job):

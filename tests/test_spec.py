@@ -36,6 +36,8 @@ DECIDED = (
     "max_attempts",
     "lease",
     "unique_key",
+    "rate_key",
+    "rate_limit",
     "concurrency_key",
     "concurrency_limit",
 )
@@ -48,7 +50,7 @@ def decided(job: Job) -> dict[str, object]:
 
 @pytest.fixture
 def keyed_task():
-    """A task with both keys, registered for the test only."""
+    """A task with both keys and a rate limit, registered for the test only."""
 
     def billing(account: str, amount: int = 0) -> None: ...
 
@@ -63,6 +65,7 @@ def keyed_task():
         unique_key=("account", "amount"),
         concurrency_key=lambda account, **_: f"acct:{account}",
         concurrency_limit=2,
+        rate_limit="100/m",
     )(billing)
     yield made
     registry.unregister(made.name)
@@ -95,6 +98,8 @@ def test_every_enqueue_path_writes_the_same_row_for_the_same_call(keyed_task):
         "unique_key": 'account="a-1",amount=5',
         "concurrency_key": "acct:a-1",
         "concurrency_limit": 2,
+        "rate_key": "tests.spec.keyed",
+        "rate_limit": "100/m",
     }
 
 

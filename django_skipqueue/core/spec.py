@@ -224,6 +224,13 @@ class JobSpec:
     #: A job not started by then never runs (`expires_at`): a datetime, or a delay
     #: after the enqueue (after the occurrence, for a schedule's job).
     expires: datetime | timedelta | None = None
+    #: Rate limits per task: at most this many starts of the task's jobs per period
+    #: ("10/s", "100/m", "5000/h"), across every worker (`rate_key` is the task's name).
+    rate_limit: str | None = None
+
+    @property
+    def rate_key(self) -> str | None:
+        return self.name if self.rate_limit is not None else None
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse (InvalidJobError) a call that does not bind to the task's signature."""
@@ -271,6 +278,8 @@ class JobSpec:
             "priority": self.priority,
             "max_attempts": self.max_attempts,
             "lease": self.lease,
+            "rate_key": self.rate_key,
+            "rate_limit": self.rate_limit,
         }
 
     def key_columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat, Greatest, JSONObject, Least, Now
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.payload import (
     encode,
@@ -58,7 +59,12 @@ from django_skipqueue.core.states import (
     sort_in_claim_order,
     validate_queue_name,
 )
-from django_skipqueue.exceptions import DuplicateJobError, InvalidJobError, QueueFullError
+from django_skipqueue.exceptions import (
+    ConfigurationError,
+    DuplicateJobError,
+    InvalidJobError,
+    QueueFullError,
+)
 from django_skipqueue.faults import is_transient
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import bounded
@@ -71,7 +77,7 @@ if TYPE_CHECKING:
     from django_skipqueue.conf.limits import QueueLimit
     from django_skipqueue.core.payload import JSONValue
     from django_skipqueue.core.spec import JobSpec
-    from django_skipqueue.models import Job, Queue, Schedule, WorkerProcess  # noqa: F401
+    from django_skipqueue.models import Job, Queue, RateBucket, Schedule, WorkerProcess  # noqa: F401
 
 T = TypeVar("T")
 #: A call checked for enqueue: plain args, plain kwargs, and their JSON texts.
@@ -267,6 +273,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             self.due()
             .for_queues(queues)
             .filter(concurrency_key__isnull=True)  # keyed jobs: claim_limited()
+            .filter(rate_key__isnull=True)  # rate-limited tasks' jobs: claim_limited()
             .unexpired()
             .order_by(*CLAIM_ORDER)
             .select_for_update(skip_locked=True, no_key=True)
@@ -295,6 +302,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             self.due()
             .filter(
                 Q(queue_name__in=list(keyed_in), concurrency_key__isnull=False)
+                | Q(queue_name__in=list(keyed_in), rate_key__isnull=False)
                 | Q(queue_name__in=list(all_in))
             )
             .filter(
@@ -509,11 +517,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return self._claim_each(queues, ids, worker, lease, locked=True, ids_only=True)
 
     def keyed_due(self, queues: Sequence[str]) -> bool:
-        """Whether a job with a concurrency key is due in these queues: a probe of the
-        index that holds only keyed pending jobs (skipqueue_job_keyed_claim_idx)."""
+        """Whether a job with a concurrency key or a rate key is due in these queues:
+        probes of the indexes that hold only such pending jobs."""
         if not queues:
             return False
-        return self.due().for_queues(queues).filter(concurrency_key__isnull=False).exists()
+        due = self.due().for_queues(queues)
+        return (
+            due.filter(concurrency_key__isnull=False).exists()
+            or due.filter(rate_key__isnull=False).exists()  # skipqueue_job_rated_claim_idx
+        )
 
     def claim_limited(
         self,
@@ -568,14 +580,13 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     if not room:
                         waits.append(SLOT_RETRY_SECONDS)
                 if queue_limit.rate is not None:
-                    tokens = float(queue_limit.rate)
-                    if row.rate_refilled_at is not None:
-                        elapsed = max((now - row.rate_refilled_at).total_seconds(), 0.0)
-                        stored = row.rate_tokens
-                        if not math.isfinite(stored):  # written by another client
-                            stored = 0.0
-                        stored = max(stored, -tokens)  # a bucket owes at most one fill
-                        tokens = min(tokens, stored + elapsed * queue_limit.refill_per_second)
+                    tokens = refilled(
+                        queue_limit.rate,
+                        queue_limit.period,
+                        row.rate_tokens,
+                        row.rate_refilled_at,
+                        now,
+                    )
                     buckets[name] = (tokens, now)
                     room = min(room, math.floor(tokens))
                     if tokens < 1:
@@ -584,19 +595,32 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             open_limited = [name for name, room in allowed.items() if room >= 1]
             candidates = list(
                 self.claimable_under_limits(keyed_in=keyed_in, all_in=open_limited).values_list(
-                    "id", "queue_name", "concurrency_key", "concurrency_limit"
+                    "id",
+                    "queue_name",
+                    "concurrency_key",
+                    "concurrency_limit",
+                    "rate_key",
+                    "rate_limit",
                 )[:limit]
             )
             running_of = self._lock_keys(
-                sorted({key for _, _, key, _ in candidates if key is not None})
+                sorted({key for _, _, key, _, _, _ in candidates if key is not None})
+            )
+            rated = self._rate_buckets(
+                {rate_key: rate for _, _, _, _, rate_key, rate in candidates if rate_key}, waits
             )
             chosen: list[int] = []
             taken: dict[str, int] = {}
-            for job_id, queue_name, key, key_limit in candidates:
+            spent: dict[str, int] = {}
+            for job_id, queue_name, key, key_limit, rate_key, _ in candidates:
                 if len(chosen) >= limit:
                     break
                 if queue_name in allowed and allowed[queue_name] < 1:
                     continue
+                if rate_key is not None and rate_key in rated:
+                    left = rated[rate_key][0] - spent.get(rate_key, 0)
+                    if left < 1:
+                        continue  # its bucket is empty, or another claim holds it
                 if key is not None:
                     if key not in running_of or running_of[key] >= (key_limit or 1):
                         waits.append(SLOT_RETRY_SECONDS)
@@ -605,17 +629,55 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 if queue_name in allowed:
                     allowed[queue_name] -= 1
                     taken[queue_name] = taken.get(queue_name, 0) + 1
+                if rate_key is not None and rate_key in rated:
+                    spent[rate_key] = spent.get(rate_key, 0) + 1
                 chosen.append(job_id)
             claimed_ids = self._claim_these(queues, chosen, worker, lease) if chosen else []
             for name, (tokens, now) in buckets.items():
                 queue_rows.filter(name=name).update(
                     rate_tokens=tokens - taken.get(name, 0), rate_refilled_at=now
                 )
+            bucket_rows = _rate_bucket_model(self.model).objects.db_manager(self.db)
+            for rate_key, (tokens, now) in rated.items():
+                if math.isfinite(tokens):  # a bucket this claim locked
+                    bucket_rows.filter(key=rate_key).update(
+                        tokens=tokens - spent.get(rate_key, 0), refilled_at=now
+                    )
         # Committed: the payloads are read now, holding no lock (a frozen reader of a
         # large result cannot be ended by the server, and would hold the queue's row).
         claimed = self._load_claimed(claimed_ids)
         sort_in_claim_order(claimed)
         return claimed, min(waits) if waits else None
+
+    def _rate_buckets(
+        self, rates: Mapping[str, str], waits: list[float]
+    ) -> dict[str, tuple[float, datetime]]:
+        """The token buckets of these rate keys (`{key: "10/m"}`), each locked (FOR
+        UPDATE SKIP LOCKED, in key order) and refilled on the database clock: what each
+        allows now, and that now. A bucket another claim holds allows 0 for this one; a
+        limit another client wrote that cannot be read limits nothing (logged). Adds to
+        `waits` when a bucket holds less than one start."""
+        rows = _rate_bucket_model(self.model).objects.db_manager(self.db)
+        found: dict[str, tuple[float, datetime]] = {}
+        for key in sorted(rates):
+            try:
+                rate, period = parse_rate(rates[key], "rate_limit")
+            except ConfigurationError:
+                logger.error(
+                    "job rate limit unreadable key=%s limit=%r: not limited", key, rates[key]
+                )
+                continue
+            locked = rows.locked(key)
+            if locked is None:  # another worker is deciding this bucket's claim now
+                found[key] = (-math.inf, datetime.min)  # allows none; never written
+                waits.append(SLOT_RETRY_SECONDS)
+                continue
+            row, now = locked
+            tokens = refilled(rate, period, row.tokens, row.refilled_at, now)
+            found[key] = (tokens, now)
+            if tokens < 1:
+                waits.append((1 - tokens) * period / rate)
+        return found
 
     def _lock_keys(self, keys: list[str]) -> dict[str, int]:
         """Try each key's advisory lock (`sql.TRY_KEY_LOCKS`); for the keys locked, the
@@ -986,11 +1048,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         settings = get_settings()
         limit = settings.MAX_PAYLOAD_BYTES
         keyed = task.unique_key is not None or task.concurrency_key is not None
-        if keyed and settings.RELAY and task.queue_name in relayed_queues():
+        if (keyed or task.rate_limit) and settings.RELAY and task.queue_name in relayed_queues():
             raise InvalidJobError(
                 f"queue {task.queue_name!r} is relayed to RabbitMQ, which keeps no unique or "
-                f"concurrency key: enqueue {task.name} with its key on a queue of the job "
-                f"table, or without the key"
+                f"concurrency key and no rate limit: enqueue {task.name} with its key or "
+                f"limit on a queue of the job table, or without them"
             )
         checked = []
         for args, kwargs in calls:
@@ -1014,7 +1076,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             )
             params["concurrency_limit"] = task.concurrency_limit
         statement = sql.enqueue_many_statement(
-            _insert_defaults(self.model), keys is not None, keyed, task.expires is not None
+            _insert_defaults(self.model),
+            keys is not None,
+            keyed,
+            task.expires is not None,
+            task.rate_limit is not None,
         )
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
@@ -1034,6 +1100,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "max_attempts": shared["max_attempts"],
             "expires_at": task.expires if isinstance(task.expires, datetime) else None,
             "expires_in": task.expires if isinstance(task.expires, timedelta) else None,
+            "rate_key": task.rate_key,
+            "rate_limit": task.rate_limit,
             # One JSON array text per column, not a text[] of one element per call:
             # psycopg dumps a list element by element (measured: a sixth of a bulk enqueue).
             "args": "[" + ", ".join(args_json for _, _, args_json, _ in batch) + "]",
@@ -1418,6 +1486,14 @@ def _locking_query(
     return compiled
 
 
+def _rate_bucket_model(job_model: type[Job]) -> type[RateBucket]:
+    """The RateBucket model, from the app registry (models.py imports this module)."""
+    model: type[RateBucket] = job_model._meta.apps.get_model(
+        job_model._meta.app_label, "RateBucket"
+    )
+    return model
+
+
 def _queue_model(job_model: type[Job]) -> type[Queue]:
     """The Queue model, from the app registry (models.py imports this module)."""
     queue: type[Queue] = job_model._meta.apps.get_model(job_model._meta.app_label, "Queue")
@@ -1574,24 +1650,52 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
         return set(self.paused().filter(name__in=list(names)).values_list("name", flat=True))
 
     def locked(self, name: str) -> tuple[Queue, datetime] | None:
-        """The queue's row, created if missing and locked FOR UPDATE SKIP LOCKED (the
-        caller is in a transaction), with the database's now: what serializes a limited
-        queue's claims. None while another transaction holds it: that queue is skipped
-        for this claim and tried again soon, so a worker frozen inside its claim never
-        makes the others wait (and the server ends its transaction, `bounded`)."""
-        for _ in range(2):
-            row = (
-                self.select_for_update(skip_locked=True)
-                .annotate(db_now=Now())
-                .filter(name=name)
-                .first()
-            )
-            if row is not None:
-                return row, row.db_now
-            if self.filter(name=name).exists():
-                return None  # there, and locked by another claim
-            self.bulk_create([self.model(name=name)], ignore_conflicts=True)
-        return None
+        """The queue's row, created if missing and locked (see `locked_row`)."""
+        return locked_row(self, name)
+
+
+class RateBucketManager(models.Manager["RateBucket"]):
+    """The token buckets of tasks' rate limits (`@task(rate_limit=...)`)."""
+
+    def locked(self, key: str) -> tuple[RateBucket, datetime] | None:
+        """The bucket's row, created if missing and locked (see `locked_row`)."""
+        return locked_row(self, key)
+
+
+def locked_row(manager: models.Manager[Any], pk: str) -> tuple[Any, datetime] | None:
+    """The row `pk` (a queue's or a rate bucket's), created if missing and locked FOR
+    UPDATE SKIP LOCKED (the caller is in a transaction), with the database's now: what
+    serializes the claims under one limit. None while another transaction holds it:
+    that limit's jobs are skipped for this claim and tried again soon, so a worker
+    frozen inside its claim never makes the others wait (and the server ends its
+    transaction, `bounded`)."""
+    for _ in range(2):
+        row = (
+            manager.select_for_update(skip_locked=True).annotate(db_now=Now()).filter(pk=pk).first()
+        )
+        if row is not None:
+            return row, row.db_now
+        if manager.filter(pk=pk).exists():
+            return None  # there, and locked by another claim
+        manager.bulk_create([manager.model(pk=pk)], ignore_conflicts=True)
+    return None
+
+
+def refilled(
+    rate: int, period: float, stored: float, refilled_at: datetime | None, now: datetime
+) -> float:
+    """A token bucket of `rate` starts per `period` seconds, holding up to `rate`: what it
+    holds at `now`, from what it held (`stored`) when last refilled. A bucket never
+    refilled is full; one written by another client (not finite) counts as empty; one
+    owes at most one fill."""
+    tokens = float(rate)
+    if refilled_at is not None:
+        elapsed = max((now - refilled_at).total_seconds(), 0.0)
+        if not math.isfinite(stored):
+            stored = 0.0
+        stored = max(stored, -tokens)
+        tokens = min(tokens, stored + elapsed * rate / period)
+    return tokens
 
 
 def _notify_control(alias: str) -> None:

@@ -213,11 +213,12 @@ ENQUEUE_MANY = """
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors,
-        created_at{key_column}{ck_column}{exp_column})
+        created_at{key_column}{ck_column}{exp_column}{rate_column})
     SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
-        {last_error}, {errors}::jsonb, statement_timestamp(){key_value}{ck_value}{exp_value}
+        {last_error}, {errors}::jsonb,
+        statement_timestamp(){key_value}{ck_value}{exp_value}{rate_value}
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
         jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows})
         WITH ORDINALITY AS v(a, k, {key_name}{ck_name}n)
@@ -226,7 +227,7 @@ WITH inserted AS (
 )
 SELECT COALESCE(array_agg(id ORDER BY id), '{{}}'), {keys_agg},
     COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-    statement_timestamp(){ck_notify}
+    statement_timestamp(){ck_notify}{rate_notify}
 FROM inserted
 """
 
@@ -259,6 +260,14 @@ EXPIRES_AT = (
 )
 _EXPIRING_PARTS = {"exp_column": ", expires_at", "exp_value": f",\n        {EXPIRES_AT}"}
 _LASTING_PARTS = dict.fromkeys(_EXPIRING_PARTS, "")
+# Rate limits per task: each row's rate key and limit (the task's), and the wake-up of
+# the workers' limited claim, which takes such jobs (as it takes keyed ones).
+_RATED_PARTS = {
+    "rate_column": ", rate_key, rate_limit",
+    "rate_value": ", %(rate_key)s, %(rate_limit)s",
+    "rate_notify": ",\n    pg_notify('skipqueue!keyed', '')",
+}
+_UNRATED_PARTS = dict.fromkeys(_RATED_PARTS, "")
 
 
 def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
@@ -275,15 +284,21 @@ def enqueue_many_statement(
     unique: bool = False,
     keyed: bool = False,
     expiring: bool = False,
+    rated: bool = False,
 ) -> str:
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
-    with `keyed`, the concurrency key and limit columns; with `expiring`, `expires_at`."""
+    with `keyed`, the concurrency key and limit columns; with `expiring`, `expires_at`;
+    with `rated`, the rate key and limit."""
+    rate_parts = _RATED_PARTS if rated else _UNRATED_PARTS
+    if keyed:  # one wake-up of the limited claim is enough
+        rate_parts = rate_parts | {"rate_notify": ""}
     return ENQUEUE_MANY.format(
         **_literals(defaults),
         **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
         **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
         **(_EXPIRING_PARTS if expiring else _LASTING_PARTS),
+        **rate_parts,
     )
 
 
@@ -351,19 +366,20 @@ WORKFLOW_INSERT = """
 INSERT INTO skipqueue_job (id, task, args, kwargs, queue_name, priority, state, run_at,
     lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at,
     unique_key, concurrency_key, concurrency_limit, workflow_id, waiting_on, dependents,
-    inputs, ends_workflow, expires_at)
+    inputs, ends_workflow, expires_at, rate_key, rate_limit)
 SELECT r.id, r.task, r.args, r.kwargs, r.queue_name, r.priority, r.state,
     COALESCE(r.run_at, statement_timestamp() + make_interval(secs => r.delay)),
     make_interval(secs => r.lease), {attempts}, r.max_attempts, {expirations}, {releases},
     {last_error}, {errors}::jsonb, statement_timestamp(), r.unique_key, r.concurrency_key,
     r.concurrency_limit, %(workflow)s, r.waiting_on, r.dependents, r.inputs, r.ends_workflow,
-    COALESCE(r.expires_at, statement_timestamp() + make_interval(secs => r.expires_in))
+    COALESCE(r.expires_at, statement_timestamp() + make_interval(secs => r.expires_in)),
+    r.rate_key, r.rate_limit
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id bigint, task text, args jsonb,
     kwargs jsonb, queue_name text, priority smallint, state text, run_at timestamptz,
     delay double precision, lease double precision, max_attempts integer,
     unique_key text, concurrency_key text, concurrency_limit smallint, waiting_on integer,
     dependents jsonb, inputs jsonb, ends_workflow boolean, expires_at timestamptz,
-    expires_in double precision)
+    expires_in double precision, rate_key text, rate_limit text)
 ORDER BY r.id
 ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL AND state IN ({unfinished})
 DO NOTHING

@@ -497,6 +497,8 @@ def _shared_json(spec: JobSpec) -> str:
         "max_attempts": columns["max_attempts"],
         "expires_at": spec.expires.isoformat() if isinstance(spec.expires, datetime) else None,
         "expires_in": spec.expires.total_seconds() if isinstance(spec.expires, timedelta) else None,
+        "rate_key": spec.rate_key,
+        "rate_limit": spec.rate_limit,
     }
     return json.dumps(shared, separators=(",", ":"))[1:-1]
 
@@ -539,6 +541,7 @@ def _one_plain_spec(batch: list[PlannedJob]) -> bool:
     return (
         spec.unique_key is None
         and spec.concurrency_key is None
+        and spec.rate_limit is None
         and all(planned.spec is spec and planned.output == output for planned in batch)
     )
 

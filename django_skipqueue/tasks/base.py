@@ -19,7 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
-from django_skipqueue.conf.limits import MAX_CONCURRENCY
+from django_skipqueue.conf.limits import MAX_CONCURRENCY, parse_rate
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
@@ -302,9 +302,14 @@ class Task(Generic[P, R]):
     #: delay after the enqueue (after the occurrence, for a schedule's job), or, for one
     #: call (`.using(expires=...)`), an instant.
     expires: datetime | timedelta | None = None
+    #: At most this many starts of this task's jobs per period, across every worker:
+    #: "10/s", "100/m" or "5000/h" (Celery's `rate_limit`). None: no limit.
+    rate_limit: str | None = None
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
+        if self.rate_limit is not None:
+            parse_rate(self.rate_limit, f"rate_limit of {self.name}")
         object.__setattr__(self, "expires", _validate_expires(self.expires))
         _validate_priority(self.priority)
         _validate_run_after(self.run_after)
@@ -409,6 +414,7 @@ class Task(Generic[P, R]):
             concurrency_key=self._key_rule(self.concurrency_key, "concurrency_key"),
             concurrency_limit=self.concurrency_limit,
             expires=self.expires,
+            rate_limit=self.rate_limit.strip() if self.rate_limit is not None else None,
         )
 
     @property
@@ -612,6 +618,7 @@ def task(
     concurrency_key: UniqueKey | None = ...,
     concurrency_limit: int = ...,
     expires: timedelta | float | None = ...,
+    rate_limit: str | None = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -637,6 +644,7 @@ def task(
     concurrency_key: UniqueKey | None = None,
     concurrency_limit: int = 1,
     expires: timedelta | float | None = None,
+    rate_limit: str | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -681,6 +689,7 @@ def task(
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
             expires=_validate_expires(expires, when="the enqueue"),
+            rate_limit=rate_limit,
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))

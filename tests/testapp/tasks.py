@@ -457,3 +457,17 @@ def loops_forever() -> None:
 def sleeps_past_its_limit(seconds: float = 30.0) -> None:
     """Blocked in C (time.sleep): an interrupt lands only when the sleep ends."""
     time.sleep(seconds)
+
+
+# -- rate limits per task (tests/test_rate_limits.py) -------------------------------------
+
+
+@task(rate_limit="5/s", takes_context=True)
+def five_a_second(context: TaskContext, n: int = 0) -> int:
+    Span.objects.create(job_id=context.job_id, key="five", ended_at=Now())
+    return n
+
+
+@task(rate_limit="3/m")
+def three_a_minute(n: int = 0) -> int:
+    return n

@@ -1,0 +1,90 @@
+"""Rate limits per task (`@task(rate_limit=...)`, issue 27): at most N starts of a task's
+jobs per period across every worker, on the database clock, with the queue limits'
+token bucket (one per task, in skipqueue_ratebucket)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db.models import F
+
+from django_skipqueue import group, task
+from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
+from django_skipqueue.models import Job, JobState, RateBucket
+from tests.processes import wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Span
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def claim(limit: int = 10) -> tuple[list[Job], float | None]:
+    return Job.objects.claim_limited(queues=["default"], limits={}, limit=limit)
+
+
+def test_a_rate_limited_task_starts_at_most_its_rate_and_refills_on_the_database_clock():
+    tasks.three_a_minute.enqueue_many([((n,), {}) for n in range(10)])
+    first, _ = claim()
+    assert len(first) == 3  # a full bucket: one period's starts
+    again, wait = claim()
+    assert again == [] and wait is not None and 19 < wait <= 20  # one start per 20 s
+    bucket = RateBucket.objects.get(key=tasks.three_a_minute.name)
+    assert 0 <= bucket.tokens < 0.05  # spent, refilled only by the time between claims
+    # Twenty seconds of the database's clock later, one more start.
+    RateBucket.objects.update(refilled_at=F("refilled_at") - timedelta(seconds=20))
+    later, _ = claim()
+    assert len(later) == 1
+    assert Job.objects.filter(state=JobState.PENDING).count() == 6
+
+
+def test_the_plain_claim_never_takes_a_rate_limited_job_and_others_are_not_held_back():
+    tasks.three_a_minute.enqueue_many([((n,), {}) for n in range(5)])
+    plain = tasks.add.enqueue(1, 2)
+    assert [job.id for job in Job.objects.claim(queues=["default"], limit=10)] == [plain.id]
+    limited, _ = claim()
+    assert {job.task for job in limited} == {tasks.three_a_minute.name} and len(limited) == 3
+
+
+def test_a_workflows_steps_keep_their_tasks_rate_limit():
+    group(*(tasks.three_a_minute.s(n) for n in range(5))).enqueue()
+    assert Job.objects.filter(rate_key=tasks.three_a_minute.name).count() == 5
+    assert Job.objects.claim(queues=["default"], limit=10) == []
+    assert len(claim()[0]) == 3
+
+
+def _rated() -> None: ...
+
+
+def test_a_bad_rate_limit_is_refused_naming_the_task():
+    with pytest.raises(ConfigurationError, match=r"rate_limit of .*_rated must be .*'10/s'"):
+        task(rate_limit="10 per second")(_rated)
+
+
+def test_a_rate_limited_task_is_refused_on_a_relayed_queue(relayed):
+    with pytest.raises(InvalidJobError, match="no rate limit"):
+        tasks.three_a_minute.using(queue_name=relayed).enqueue(1)
+
+
+@pytest.mark.slow
+def test_two_worker_processes_together_keep_a_tasks_rate(start_worker):
+    """30 jobs of a 5-a-second task, two worker processes of 4 threads: the starts never
+    outrun the bucket (5 at once, then 5 a second), whichever worker makes them."""
+    tasks.five_a_second.enqueue_many([((n,), {}) for n in range(30)])
+    plain = tasks.add.enqueue(1, 2)
+    for _ in range(2):
+        start_worker("--concurrency", "4")
+    wait_until(
+        lambda: Job.objects.filter(state=JobState.DONE).count() == 31,
+        timeout=30,
+        message="the rate-limited jobs did not all run",
+    )
+    starts = sorted(Span.objects.filter(key="five").values_list("started_at", flat=True))
+    assert len(starts) == 30
+    origin = starts[0]
+    for count, moment in enumerate(starts, start=1):
+        allowed = 5 + 5 * (moment - origin).total_seconds() + 1  # +1: clock granularity
+        assert count <= allowed, (count, (moment - origin).total_seconds())
+    assert (starts[-1] - origin).total_seconds() >= 4.0  # 25 after the first 5, at 5/s
+    assert Job.objects.get(id=plain.id).state == JobState.DONE
+    assert len({job.worker_id for job in Job.objects.filter(rate_key__isnull=False)}) == 2
