@@ -13,13 +13,10 @@ class SkipQueueConfig(AppConfig):
     def ready(self) -> None:
         """Register checks and find tasks. Never touches the database."""
         from django_skipqueue import checks  # noqa: F401  (registers the checks)
+        from django_skipqueue.conf import tasks_api_installed
         from django_skipqueue.tasks.registry import autodiscover
 
-        try:
-            import django.tasks  # noqa: F401  (Django >= 6.0)
-        except ImportError:
-            pass
-        else:
+        if tasks_api_installed():  # django.tasks (Django >= 6.0), or the django-tasks backport
             from django_skipqueue.tasks import signal_handlers  # noqa: F401
 
         autodiscover()

@@ -1,4 +1,6 @@
-"""SkipQueueBackend: django-skipqueue under Django's own Tasks API (Django >= 6.0).
+"""SkipQueueBackend: django-skipqueue under Django's Tasks API: `django.tasks` on Django
+6.0 and later, the django-tasks backport (`django_tasks`) on Django 5.2. One class,
+subclassing the BaseTaskBackend of whichever core/tasks_api.py found (Django's first).
 
     TASKS = {
         "default": {
@@ -27,16 +29,21 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 
-try:
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task as DjangoTask
-    from django.tasks.base import TaskError, TaskResult, TaskResultStatus
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued
-except ImportError as error:  # Django 5.2
+try:  # django.tasks (Django >= 6.0), else the django-tasks backport (core/tasks_api.py)
+    from django_skipqueue.core.tasks_api import (
+        BaseTaskBackend,
+        InvalidTask,
+        TaskError,
+        TaskResult,
+        TaskResultDoesNotExist,
+        TaskResultStatus,
+        task_enqueued,
+    )
+    from django_skipqueue.core.tasks_api import Task as DjangoTask
+except ImportError as error:  # Django 5.2 without the backport
     raise ImproperlyConfigured(
-        "django_skipqueue.backends needs Django 6.0 or newer (django.tasks); on Django "
-        "5.2 use django-skipqueue's own @task from django_skipqueue instead"
+        "django_skipqueue.backends needs django.tasks (Django 6.0 or newer) or, on Django "
+        "5.2, the django-tasks backport: pip install 'django-skipqueue[django-tasks]'"
     ) from error
 
 from django_skipqueue.conf import get_settings
@@ -74,7 +81,8 @@ WORKER_IDS_SHOWN = 1000
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Task(DjangoTask):
     """Django's Task with our options: `@task(max_attempts=3, lease=60)` under this backend
-    (Django 6.1's `@task`, or `django_skipqueue.backends.task` on 6.0 and later)."""
+    (Django 6.1's `@task` and the backport's, or `django_skipqueue.backends.task` on every
+    version)."""
 
     max_attempts: int | None = None
     lease: float | None = None  # seconds
@@ -137,11 +145,11 @@ def task(
     """Django's `@task` that takes our options on Django 6.0 too.
 
     Django 6.1's own `@task` passes extra keyword arguments (`max_attempts`, `lease`,
-    `retry`, `timeout`) to the backend's task class; Django 6.0's refuses them. This one
-    takes them on both. Used with a backend other than SkipQueueBackend, our options
-    raise a TypeError naming them and the backend.
+    `retry`, `timeout`) to the backend's task class, as does the django-tasks backport's;
+    Django 6.0's refuses them. This one takes them on all three. Used with a backend other
+    than SkipQueueBackend, our options raise a TypeError naming them and the backend.
     """
-    from django.tasks import task_backends
+    from django_skipqueue.core.tasks_api import task_backends
 
     def wrapper(func: Callable[..., Any]) -> Any:
         task_class = task_backends[backend].task_class
@@ -175,7 +183,8 @@ class SkipQueueBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """skipqueue.E008: the app must be installed (its table, migrations, task
-        discovery and checks). Django runs this through django.tasks' own check."""
+        discovery and checks). Django runs this through django.tasks' own check (the
+        backport through its app's, when 'django_tasks' is in INSTALLED_APPS)."""
         messages = list(super().check(**kwargs))
         if not apps.is_installed("django_skipqueue"):
             messages.append(

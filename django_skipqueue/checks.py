@@ -2,10 +2,10 @@
 
 Ids are never reused: E001 unknown key, E002 bad value, E003 SKIPQUEUE not a dict,
 E004 unknown database alias, E005 database cannot SKIP LOCKED, E006 SkipQueueBackend
-in TASKS on a Django without django.tasks, E007 a task asks for more attempts than
-MAX_ATTEMPTS_LIMIT, E008 SkipQueueBackend without django_skipqueue in INSTALLED_APPS
-(from the backend's own check(): without the app, these checks are not registered),
-E009 a TASK_MODULES entry that cannot be imported. Warnings about the connection
+in TASKS with neither django.tasks nor the django-tasks backport, E007 a task asks for
+more attempts than MAX_ATTEMPTS_LIMIT, E008 SkipQueueBackend without django_skipqueue in
+INSTALLED_APPS (from the backend's own check(): without the app, these checks are not
+registered), E009 a TASK_MODULES entry that cannot be imported. Warnings about the connection
 (docs/explanation/failure-model.md S15), for a DATABASES entry that marks itself as
 behind a transaction pooler with DISABLE_SERVER_SIDE_CURSORS = True, as Django's docs
 ask: W001 prepared statements (psycopg's prepare_threshold) and W002 LISTEN through it;
@@ -23,7 +23,12 @@ from django.db import connections
 from django.utils import timezone
 
 from django_skipqueue.broker.topology import pika_module
-from django_skipqueue.conf import KNOWN_KEYS, get_settings, task_backends_of_ours
+from django_skipqueue.conf import (
+    KNOWN_KEYS,
+    get_settings,
+    task_backends_of_ours,
+    tasks_api_installed,
+)
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
@@ -160,14 +165,13 @@ def check_relay(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 @register()
 def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     uses_ours = bool(task_backends_of_ours())
-    try:
-        import django.tasks  # noqa: F401
-    except ImportError:
+    if not tasks_api_installed():
         if uses_ours:
             return [
                 Error(
-                    "SkipQueueBackend needs Django 6.0+ (django.tasks).",
-                    hint="Upgrade Django, or use django_skipqueue's own @task on 5.2.",
+                    "SkipQueueBackend needs django.tasks or the django-tasks backport.",
+                    hint="On Django 5.2: pip install 'django-skipqueue[django-tasks]' and "
+                    "add 'django_tasks' to INSTALLED_APPS.",
                     id="skipqueue.E006",
                 )
             ]

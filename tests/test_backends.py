@@ -1,23 +1,32 @@
-"""The django.tasks backend contract, against SkipQueueBackend (Django >= 6.0 only)."""
+"""The Tasks API's backend contract, against SkipQueueBackend: django.tasks on Django
+6.x, the django-tasks backport (django_tasks) on Django 5.2 (core/tasks_api.py)."""
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
 
-import django
 import pytest
 
-pytest.importorskip("django.tasks", reason="django.tasks needs Django 6.0 or newer")
+tasks_api = pytest.importorskip(
+    "django_skipqueue.core.tasks_api",
+    reason="neither django.tasks (Django 6.0+) nor the django-tasks backport is installed",
+)
 
 from django.db import transaction  # noqa: E402
-from django.tasks import TaskResultStatus, default_task_backend  # noqa: E402
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa: E402
-from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from django_skipqueue import Cron, backends  # noqa: E402
 from django_skipqueue.backends import SkipQueueBackend  # noqa: E402
+from django_skipqueue.core.tasks_api import (  # noqa: E402
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 from django_skipqueue.models import Job, JobState  # noqa: E402
 from django_skipqueue.testing import run_jobs  # noqa: E402
 from tests.testapp import django_tasks, tasks  # noqa: E402
@@ -25,8 +34,20 @@ from tests.testapp import django_tasks, tasks  # noqa: E402
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def test_the_backend_serves_djangos_api_where_it_exists_else_the_backports():
+    import importlib
+
+    import django
+
+    expected = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    assert tasks_api.API == expected
+    base = importlib.import_module(f"{expected}.backends.base").BaseTaskBackend
+    assert issubclass(SkipQueueBackend, base)
+    assert issubclass(backends.Task, importlib.import_module(f"{expected}.base").Task)
+
+
 def test_the_backend_declares_what_it_supports():
-    from django.tasks import task_backends
+    task_backends = tasks_api.task_backends
 
     backend = task_backends["default"]
     assert isinstance(backend, SkipQueueBackend)
@@ -113,13 +134,15 @@ def test_an_async_task_runs():
     assert result.return_value == 42
 
 
-def test_our_options_work_under_our_task_decorator_on_every_django_6():
+def test_our_options_work_under_our_task_decorator_on_every_django():
     result = django_tasks.dj_options.enqueue()
     job = Job.objects.get(id=int(result.id))
     assert (job.max_attempts, job.lease) == (3, timedelta(seconds=60))
 
 
-@pytest.mark.skipif(django.VERSION < (6, 1), reason="Django 6.0's @task takes no options")
+@pytest.mark.skipif(
+    not django_tasks.OWN_TASK_TAKES_OPTIONS, reason="Django 6.0's @task takes no options"
+)
 def test_our_options_work_under_djangos_task_decorator():
     result = django_tasks.dj_options_django.enqueue()
     job = Job.objects.get(id=int(result.id))

@@ -45,21 +45,27 @@ def test_checks_run_through_djangos_framework(settings):
     assert "skipqueue.E001" in ids(run_checks())
 
 
-def test_on_django_5_2_the_backend_is_refused_clearly(settings):
-    import importlib.util
+def test_without_either_tasks_api_the_backend_is_refused_clearly():
+    """Django 5.2 without the django-tasks backport: neither API can be imported (a None
+    in sys.modules makes an import raise ImportError, as for a missing package)."""
+    import importlib
+    import sys
 
     import pytest
-
-    if importlib.util.find_spec("django.tasks") is not None:
-        pytest.skip("Django 6.x has django.tasks")
     from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
 
     from django_skipqueue.checks import check_tasks_backend
 
-    settings.TASKS = {"default": {"BACKEND": "django_skipqueue.backends.SkipQueueBackend"}}
-    assert ids(check_tasks_backend()) == ["skipqueue.E006"]
-    with pytest.raises(ImproperlyConfigured, match="needs Django 6.0 or newer"):
-        importlib.import_module("django_skipqueue.backends")
+    ours = {"default": {"BACKEND": "django_skipqueue.backends.SkipQueueBackend"}}
+    with override_settings(TASKS=ours), pytest.MonkeyPatch.context() as patch:
+        for name in ("django.tasks", "django_tasks"):
+            patch.setitem(sys.modules, name, None)
+        for name in ("django_skipqueue.core.tasks_api", "django_skipqueue.backends"):
+            patch.delitem(sys.modules, name, raising=False)
+        assert ids(check_tasks_backend()) == ["skipqueue.E006"]
+        with pytest.raises(ImproperlyConfigured, match=r"or, on Django 5.2, the django-tasks"):
+            importlib.import_module("django_skipqueue.backends")
 
 
 def test_every_broken_schedule_is_reported_each_with_why_its_task_is_not_one(settings):

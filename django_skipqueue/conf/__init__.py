@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib.util import find_spec
 from typing import Any
 
 from django.conf import settings
@@ -266,6 +267,12 @@ _cache: tuple[object, SkipQueueSettings] | None = None
 
 #: The dotted path of our django.tasks backend, as a project writes it in TASKS.
 BACKEND_PATH = "django_skipqueue.backends.SkipQueueBackend"
+
+
+def tasks_api_installed() -> bool:
+    """Whether django.tasks (Django >= 6.0) or the django-tasks backport can be imported:
+    core/tasks_api.py imports whichever it finds; this looks without importing."""
+    return any(find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
 
 
 def task_backends_of_ours() -> list[dict[str, Any]]:

@@ -46,6 +46,11 @@ from django_skipqueue.runtime import interrupt
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
 from django_skipqueue.tasks.registry import registry
 
+try:  # the context class of the Tasks API (django.tasks, or the django-tasks backport)
+    from django_skipqueue.core.tasks_api import TaskContext as DjangoTaskContext
+except ImportError:  # neither is installed: no django.tasks Task can exist
+    DjangoTaskContext = None  # type: ignore[assignment,misc]
+
 if TYPE_CHECKING:
     from django_skipqueue.tasks.base import Task
 
@@ -242,8 +247,6 @@ def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:
     """Call a django.tasks Task: its own context class, async run in an event loop."""
     django_task = task.django_task
     if django_task.takes_context:
-        from django.tasks import TaskContext as DjangoTaskContext
-
         result = django_task.get_backend().result_from_job(job)  # the job's own options
         args.insert(0, DjangoTaskContext(task_result=result))
     return django_task.call(*args, **job.kwargs)

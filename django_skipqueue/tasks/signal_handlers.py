@@ -1,7 +1,8 @@
 """Receivers: Django's task_started / task_finished for jobs of django.tasks Tasks.
 
-Sent with the backend class as sender, as Django's own backends do. Connected in
-SkipQueueConfig.ready(), only when django.tasks exists (Django >= 6.0).
+Sent with the backend class as sender, as Django's own backends do: the signals of the
+API core/tasks_api.py serves (django.tasks, or the django-tasks backport's). Connected in
+SkipQueueConfig.ready(), only when that API exists.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from django.dispatch import receiver
 
 from django_skipqueue import signals
 from django_skipqueue.core.compat import set_on_frozen
+from django_skipqueue.core.tasks_api import (
+    TaskResultStatus,
+    task_finished,
+    task_started,
+)
 from django_skipqueue.tasks.registry import registry
 
 
@@ -24,8 +30,6 @@ def _django_result(job: Any, status: str | None = None) -> tuple[Any, Any] | Non
     backend = django_task.get_backend()
     result = backend.result_from_job(job)  # the job's own options
     if status is not None:
-        from django.tasks import TaskResultStatus
-
         set_on_frozen(result, "status", TaskResultStatus[status])
     return type(backend), result
 
@@ -34,8 +38,6 @@ def _django_result(job: Any, status: str | None = None) -> tuple[Any, Any] | Non
 def send_task_started(sender: Any, job: Any, **kwargs: Any) -> None:
     found = _django_result(job)
     if found:
-        from django.tasks.signals import task_started
-
         task_started.send(found[0], task_result=found[1])
 
 
@@ -43,8 +45,6 @@ def send_task_started(sender: Any, job: Any, **kwargs: Any) -> None:
 def send_task_succeeded(sender: Any, job: Any, result: Any = None, **kwargs: Any) -> None:
     found = _django_result(job, "SUCCESSFUL")
     if found:
-        from django.tasks.signals import task_finished
-
         set_on_frozen(found[1], "_return_value", result)
         task_finished.send(found[0], task_result=found[1])
 
@@ -53,6 +53,4 @@ def send_task_succeeded(sender: Any, job: Any, result: Any = None, **kwargs: Any
 def send_task_failed(sender: Any, job: Any, **kwargs: Any) -> None:
     found = _django_result(job, "FAILED")
     if found:
-        from django.tasks.signals import task_finished
-
         task_finished.send(found[0], task_result=found[1])

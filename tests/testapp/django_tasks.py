@@ -1,13 +1,14 @@
-"""Tasks declared with Django's own @task (Django >= 6.0), run by SkipQueueBackend."""
+"""Tasks declared with the Tasks API's own @task, run by SkipQueueBackend: Django's
+(Django >= 6.0), or the django-tasks backport's on Django 5.2 (core/tasks_api.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import django
-from django.tasks import task
 
 from django_skipqueue import backends
+from django_skipqueue.core.tasks_api import API, task
 
 
 @task
@@ -36,7 +37,10 @@ def dj_options() -> str:
     return "ok"
 
 
-if django.VERSION >= (6, 1):  # Django's own @task passes our options through
+#: The API's own @task passes extra options to our Task: Django 6.1's and the backport's.
+OWN_TASK_TAKES_OPTIONS = django.VERSION >= (6, 1) or API == "django_tasks"
+
+if OWN_TASK_TAKES_OPTIONS:
 
     @task(max_attempts=4, lease=30)
     def dj_options_django() -> str:

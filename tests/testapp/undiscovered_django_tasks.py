@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.tasks import task
+from django_skipqueue.core.tasks_api import task
 
 
 @task
