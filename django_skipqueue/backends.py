@@ -258,8 +258,8 @@ class SkipQueueBackend(BaseTaskBackend):
         native = self._native_call(task)
         try:
             job = native.enqueue(*args, **kwargs)
-        except NotJSONError as error:
-            raise InvalidTaskArguments(str(error)) from error
+        except NotJSONError as error:  # Django's words (normalize_json's), then ours
+            raise InvalidTaskArguments(f"Unsupported type: {error.kind} ({error})") from error
         except (InvalidJobError, ConfigurationError) as error:
             raise InvalidTask(str(error)) from error
         job.refresh_from_db(fields=["run_at", "created_at"])

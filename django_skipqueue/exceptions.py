@@ -38,7 +38,11 @@ class InvalidJobError(SkipQueueError, ValueError):
 
 class NotJSONError(InvalidJobError, TypeError):
     """A value of a type JSON cannot hold (an argument, a key, a return value). Also a
-    TypeError, as Django documents for task arguments."""
+    TypeError, as Django documents for task arguments. `kind` is the refused type."""
+
+    def __init__(self, message: str, *, kind: type | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class DuplicateJobError(SkipQueueError):

@@ -171,16 +171,24 @@ def test_arguments_that_are_not_json_are_refused_with_djangos_type_error_too():
         django_tasks.dj_add.enqueue(object(), 1)
     with pytest.raises(TypeError, match="argument 0 is a builtins.object"):  # Django's docs
         django_tasks.dj_add.enqueue(object(), 1)
+    with pytest.raises(TypeError) as raised:
+        django_tasks.dj_add.enqueue(1, {"when": timezone.now()})
+    # normalize_json's words, as Django's and the backport's TaskResult say them
+    assert "Unsupported type: <class 'datetime.datetime'>" in str(raised.value)
+    assert "argument 1['when'] is a datetime.datetime" in str(raised.value)
     assert not Job.objects.exists()
 
 
-def test_a_return_value_that_is_not_json_fails_with_a_type_error_class():
+def test_a_return_value_that_is_not_json_fails_with_djangos_type_error_once():
     result = django_tasks.dj_returns_object.enqueue()
     run_jobs()
     result.refresh()
-    [error] = result.errors
-    assert issubclass(error.exception_class, TypeError)
+    [error] = result.errors  # one attempt: another would return the same
+    assert error.exception_class_path == "builtins.TypeError"  # as Django's backends record
+    assert error.exception_class is TypeError
+    assert "Unsupported type: <class 'object'>" in error.traceback
     assert "the return value is a builtins.object" in error.traceback
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
 
 
 def test_started_at_is_the_first_attempts_and_worker_ids_name_each_attempt(worker_process):

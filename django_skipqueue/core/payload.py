@@ -70,7 +70,8 @@ def normalize(value: Any, where: str, depth: int = 0) -> JSONValue:
             if not isinstance(key, str):
                 raise NotJSONError(
                     f"{where} has the key {key!r} ({type(key).__name__}); JSON object keys "
-                    f"must be strings, or the value would come back with another key"
+                    f"must be strings, or the value would come back with another key",
+                    kind=type(key),
                 )
             _check_text(key, f"a key of {where}")
             result[key] = normalize(item, f"{where}[{key!r}]", depth + 1)
@@ -78,7 +79,8 @@ def normalize(value: Any, where: str, depth: int = 0) -> JSONValue:
     raise NotJSONError(
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
         f"JSON; pass plain data (str, int, float, bool, None, list, dict), such as an id "
-        f"or an ISO 8601 string"
+        f"or an ISO 8601 string",
+        kind=type(value),
     )
 
 

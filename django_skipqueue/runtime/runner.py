@@ -29,11 +29,18 @@ from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core.cancel import CancelFlag
 from django_skipqueue.core.compat import drop_atomic_blocks
-from django_skipqueue.core.payload import Undecodable, encoded_size, normalize, storable_text
+from django_skipqueue.core.payload import (
+    JSONValue,
+    Undecodable,
+    encoded_size,
+    normalize,
+    storable_text,
+)
 from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.exceptions import (
     InvalidJobError,
     JobCancelled,
+    NotJSONError,
     Retry,
     TransactionLeftOpenError,
     UnknownTaskError,
@@ -123,7 +130,7 @@ def run_and_decide(
                 value = _call(task, job, database, cancel, brokered=brokered)
         finally:
             _roll_back_left_open(database, depth)
-        result = normalize(value, "the return value")
+        result = _return_value(task, value)
         if check_size:
             limit = get_settings().MAX_PAYLOAD_BYTES
             size = encoded_size(result)
@@ -153,6 +160,17 @@ def run_and_decide(
     except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
         return decide_failure(task, raised, attempt, time.monotonic() - started)
     return Decision(Outcome.SUCCEEDED, time.monotonic() - started, result=result)
+
+
+def _return_value(task: Task[Any, Any], value: Any) -> JSONValue:
+    """`value` as JSON data, or NotJSONError; for a django.tasks Task, the TypeError that
+    Django's backends record (normalize_json's "Unsupported type: ..."), caused by it."""
+    try:
+        return normalize(value, "the return value")
+    except NotJSONError as error:
+        if task.django_task is None:
+            raise
+        raise TypeError(f"Unsupported type: {error.kind} ({error})") from error
 
 
 def decide_failure(
@@ -373,6 +391,8 @@ def end_open_transactions() -> list[str]:
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
     if isinstance(error, (InvalidJobError, TransactionLeftOpenError)):
         return False  # malformed row or result: another attempt would fail the same way
+    if type(error) is TypeError and isinstance(error.__cause__, NotJSONError):
+        return False  # a django.tasks Task's result JSON cannot hold (_return_value)
     if is_row_fault(error):
         return False  # the database refused this job's own row or result
     if isinstance(error, UnknownTaskError):
