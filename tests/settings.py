@@ -88,7 +88,11 @@ else:
             "QUEUES": ["default", "other"],
         }
     }
-    SKIPQUEUE["TASK_MODULES"] = [*SKIPQUEUE.get("TASK_MODULES", []), "tests.testapp.django_tasks"]
+    SKIPQUEUE["TASK_MODULES"] = [
+        *SKIPQUEUE.get("TASK_MODULES", []),
+        "tests.testapp.django_tasks",
+        "tests.testapp.backport_tasks",  # tests/test_backport_conformance.py
+    ]
 
 LOGGING = {
     "version": 1,
