@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -88,6 +89,9 @@ else:
             "QUEUES": ["default", "other"],
         }
     }
+    if importlib.util.find_spec("modelsearch") is not None:  # tests/test_modelsearch.py
+        # modelsearch on PostgreSQL stores SearchVectorFields: contrib.postgres (postgres.E005)
+        INSTALLED_APPS += ["django.contrib.postgres", "modelsearch", "tests.searchapp"]
     SKIPQUEUE["TASK_MODULES"] = [
         *SKIPQUEUE.get("TASK_MODULES", []),
         "tests.testapp.django_tasks",
