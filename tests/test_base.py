@@ -69,7 +69,7 @@ def test_using_returns_a_configured_copy_and_leaves_the_task_alone():
     [
         ({"priority": 101}, "priority 101 is out of range"),
         ({"priority": -101}, "priority -101 is out of range"),
-        ({"queue_name": "bad name;"}, "queue name 'bad name;' is invalid"),
+        ({"queue_name": ""}, "queue name '' is invalid"),
         ({"queue_name": "q" * 49}, "at most 48"),
         ({"run_after": timedelta(seconds=-1)}, "negative delay"),
         ({"run_after": datetime(2030, 1, 1)}, "naive datetime while USE_TZ is on"),  # noqa: DTZ001
@@ -348,10 +348,10 @@ def test_s6_any_queue_name_is_either_valid_or_refused_cleanly(name):
         validate_queue_name(name)
     except InvalidJobError:
         return
-    assert (
-        len(name.encode()) <= 48
-        and name.replace("_", "").replace("-", "").replace(".", "").isalnum()
-    )
+    # Accepted: any text Django's Tasks API takes, but control characters, within
+    # 48 bytes (its channel is a quoted identifier: test_notify.py)
+    assert 0 < len(name.encode()) <= 48
+    assert not any(ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F for char in name)
 
 
 @pytest.mark.django_db

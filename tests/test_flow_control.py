@@ -418,8 +418,8 @@ def test_pausequeue_and_resumequeue_commands():
     call_command("resumequeue", "reports", stdout=out)
     assert Queue.objects.paused_names(["default", "reports"]) == {"default"}
     assert "paused 2 of 2" in out.getvalue() and "resumed 1 of 1" in out.getvalue()
-    with pytest.raises(CommandError, match="queue name 'no spaces' is invalid"):
-        call_command("pausequeue", "no spaces", stdout=out)
+    with pytest.raises(CommandError, match="queue name '' is invalid"):
+        call_command("pausequeue", "", stdout=out)
 
 
 def test_a_worker_starting_on_a_paused_queue_says_so():

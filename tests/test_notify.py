@@ -78,6 +78,28 @@ def test_a_queue_channel_name_is_validated_before_any_sql():
     from django_skipqueue.exceptions import InvalidJobError
 
     with pytest.raises(InvalidJobError):
-        sql.channel_name('x"; DROP TABLE skipqueue_job; --')
+        sql.channel_name("new\nline")
+    with pytest.raises(InvalidJobError):
+        sql.channel_name("q" * 49)
     assert len(sql.channel_name("q" * 48).encode()) <= 63
     assert threading.current_thread()  # no connection was needed
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "queue", ["emails:high", "emails high", 'x"; DROP TABLE skipqueue_job; --', "é" * 24]
+)
+def test_a_queue_name_django_accepts_is_a_quoted_channel_that_notifies(queue):
+    """Django's Tasks API takes any text as a queue name: the channel is a quoted
+    identifier in LISTEN and a parameter of pg_notify(), never SQL text."""
+    wrapper = connections["default"]
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    raw.autocommit = True
+    try:
+        sql.listen(raw, [queue])
+        tasks.add.using(queue_name=queue).enqueue(1, 1)
+        [note] = raw.notifies(timeout=2.0, stop_after=1)
+    finally:
+        raw.close()
+    assert note.channel == sql.channel_name(queue) == f"skipqueue_{queue}"
+    assert tasks.add.using(queue_name=queue).enqueue(2, 2).queue_name == queue

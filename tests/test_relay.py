@@ -219,7 +219,7 @@ def test_runworker_broker_refuses_a_queue_that_is_not_relayed(relayed):
     ("relay", "message"),
     [
         ({"QUEUES": []}, "non-empty list of queue names"),
-        ({"QUEUES": ["a b"], "URL": AMQP_URL}, "queue name 'a b' is invalid"),
+        ({"QUEUES": [""], "URL": AMQP_URL}, "queue name '' is invalid"),
         ({"QUEUES": ["x"], "URL": "http://broker"}, "amqp:// or amqps:// URL"),
         ({"QUEUES": ["x"], "URL": AMQP_URL, "BATCH_SIZE": 0}, "BATCH_SIZE'] must be a positive"),
         ({"QUEUES": ["x"], "URL": AMQP_URL, "RESULTS": "yes"}, "RESULTS'] must be True or False"),

@@ -112,7 +112,7 @@ def test_latest_and_next_after() -> None:
         ({"expression": "* * * * *", "missed": "sometimes"}, "missed='sometimes'"),
         ({"expression": "* * * * *", "catch_up": 0}, "catch_up=0"),
         ({"expression": "* * * * *", "priority": 500}, "priority"),
-        ({"expression": "* * * * *", "queue_name": "no spaces"}, "queue name"),
+        ({"expression": "* * * * *", "queue_name": "tab\there"}, "queue name"),
         ({"expression": "* * * * *", "grace": -1}, "grace"),
     ],
 )

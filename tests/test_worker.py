@@ -214,7 +214,7 @@ def test_bad_worker_options_are_refused():
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         Worker(concurrency=0)
     with pytest.raises(ValueError, match="queue name"):
-        Worker(queues=["no spaces"])
+        Worker(queues=["tab\there"])
 
 
 # -- real processes ----------------------------------------------------------------
@@ -368,6 +368,20 @@ def test_notify_wakes_an_idle_worker_within_a_second(start_worker):
     wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
 
     assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.slow
+def test_notify_wakes_a_worker_on_queues_named_as_django_allows(start_worker):
+    """Queue names with a colon and a space (Django's Tasks API takes any text)."""
+    worker = start_worker("--poll-interval", "30", "--queue", "emails:high", "--queue", "a b")
+    worker.wait_for_output("worker listening")
+    time.sleep(0.3)  # let the first idle wait begin, so only a NOTIFY can end it early
+
+    for queue in ("emails:high", "a b"):
+        started = time.monotonic()
+        job = tasks.add.using(queue_name=queue).enqueue(1, 1)
+        wait_until(lambda job=job: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
+        assert time.monotonic() - started < 1.0, queue
 
 
 @pytest.mark.slow

@@ -6,21 +6,29 @@ import re
 
 from django_skipqueue.exceptions import InvalidJobError
 
-#: Longest queue name: LISTEN/NOTIFY channels are "skipqueue_<queue>" within 63 bytes.
+#: Longest queue name, in bytes: a queue's LISTEN/NOTIFY channel is "skipqueue_<queue>",
+#: and PostgreSQL ends channel names (identifiers) at 63 bytes.
 QUEUE_NAME_MAX_LENGTH = 48
-QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: Any text Django's Tasks API takes as a queue name (`emails:high`, `emails high`, `é`)
+#: but control characters (newlines, tabs, NUL: log lines and jsonb). Channel names are
+#: quoted identifiers (psycopg's sql.Identifier) and pg_notify() parameters, never SQL.
+QUEUE_NAME_PATTERN = re.compile(r"[^\x00-\x1f\x7f-\x9f]+")
 
 
 def validate_queue_name(name: object) -> str:
     """`name` if it is a valid queue name, else InvalidJobError saying why."""
     if not isinstance(name, str) or not QUEUE_NAME_PATTERN.fullmatch(name):
         raise InvalidJobError(
-            f"queue name {name!r} is invalid: use letters, digits, '_', '-' and '.', "
-            f"starting with a letter or digit"
+            f"queue name {name!r} is invalid: use text without control characters "
+            f"(newlines, tabs, NUL), at least one character"
         )
-    if len(name.encode()) > QUEUE_NAME_MAX_LENGTH:
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        raise InvalidJobError(f"queue name {name!r} is invalid: not valid Unicode") from None
+    if size > QUEUE_NAME_MAX_LENGTH:
         raise InvalidJobError(
-            f"queue name {name!r} is {len(name.encode())} bytes; at most "
-            f"{QUEUE_NAME_MAX_LENGTH} are allowed"
+            f"queue name {name!r} is {size} bytes; at most {QUEUE_NAME_MAX_LENGTH} are "
+            f"allowed (its NOTIFY channel must fit PostgreSQL's 63-byte names)"
         )
     return name
