@@ -96,6 +96,14 @@ class Task(DjangoTask):
     #: Flow control: jobs sharing the key run at most `concurrency_limit` at a time.
     concurrency_key: Any = None
     concurrency_limit: int = 1
+    #: The hard time limit in seconds (`timeout` is its older name) and the soft one:
+    #: see docs/reference/tasks.md (Django's TaskContext has no `time_left`).
+    time_limit: float | None = None
+    soft_time_limit: float | None = None
+    #: A job not started this many seconds after its enqueue never runs.
+    expires: float | None = None
+    #: At most this many starts per period across every worker: "10/s", "100/m".
+    rate_limit: str | None = None
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this call, a step of a workflow (chain, group, chord): it
@@ -119,6 +127,14 @@ OUR_OPTIONS = tuple(
 class InvalidTaskArguments(InvalidTask, TypeError):  # noqa: N818  (named like InvalidTask)
     """Arguments of a type JSON cannot hold: Django's InvalidTask, and the TypeError that
     Django documents for them, so that either `except` catches it."""
+
+
+def _hard_limit(task: DjangoTask) -> Any:  # seconds; the Task makes it a timedelta
+    """A task's `time_limit`, or `timeout`, its older name (not both)."""
+    limit, older = getattr(task, "time_limit", None), getattr(task, "timeout", None)
+    if limit is not None and older is not None:
+        raise ConfigurationError(f"{task.module_path} has time_limit and timeout: keep one")
+    return limit if limit is not None else older
 
 
 def _stand_in(name: str) -> Callable[..., Any]:
@@ -224,7 +240,10 @@ class SkipQueueBackend(BaseTaskBackend):
                 max_attempts=getattr(task, "max_attempts", None),
                 lease=getattr(task, "lease", None),
                 retry=getattr(task, "retry", None),
-                timeout=getattr(task, "timeout", None),
+                timeout=_hard_limit(task),
+                soft_time_limit=getattr(task, "soft_time_limit", None),
+                expires=getattr(task, "expires", None),
+                rate_limit=getattr(task, "rate_limit", None),
                 django_task=task,
                 unique_key=getattr(task, "unique_key", None),
                 on_conflict=getattr(task, "on_conflict", "existing"),

@@ -140,6 +140,20 @@ def test_our_options_work_under_our_task_decorator_on_every_django():
     assert (job.max_attempts, job.lease) == (3, timedelta(seconds=60))
 
 
+def test_the_options_a_celery_port_uses_reach_the_job_and_the_worker():
+    from django_skipqueue.tasks.registry import registry
+
+    result = django_tasks.dj_celery_options.enqueue()
+    job = Job.objects.get(id=int(result.id))
+    assert job.expires_at == job.created_at + timedelta(seconds=600)
+    assert (job.rate_key, job.rate_limit) == (django_tasks.dj_celery_options.module_path, "100/m")
+    native = registry.get(job.task)
+    assert (native.time_limit, native.soft_time_limit) == (
+        timedelta(seconds=30),
+        timedelta(seconds=10),
+    )
+
+
 @pytest.mark.skipif(
     not django_tasks.OWN_TASK_TAKES_OPTIONS, reason="Django 6.0's @task takes no options"
 )

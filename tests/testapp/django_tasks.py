@@ -70,3 +70,9 @@ def dj_returns_object() -> object:
 def dj_unique(order_id: int) -> int:
     """A unique job per order, declared with Django's @task API."""
     return order_id
+
+
+@backends.task(time_limit=30, soft_time_limit=10, expires=600, rate_limit="100/m")
+def dj_celery_options() -> str:
+    """The options a Celery port uses, on the Tasks API (issue 27)."""
+    return "ok"
