@@ -105,6 +105,15 @@ def test_the_expired_filter_and_badge_show_jobs_that_expired_before_they_started
     assert "expired</b>" in response.content.decode()
     page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[late.id]))
     assert page.status_code == 200 and "Expires at" in page.content.decode()
+    rated = tasks_rated().enqueue(1)
+    page = superuser_client.get(reverse("admin:skipqueue_job_change", args=[rated.id]))
+    assert "Rate limit" in page.content.decode() and "3/m" in page.content.decode()
+
+
+def tasks_rated():
+    from tests.testapp.tasks import three_a_minute
+
+    return three_a_minute
 
 
 def act(client, action: str, ids: list[int]):

@@ -111,6 +111,7 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "releases",
         "run_at",
         "expires_at",
+        "rate_limit",
         "lease",
         "leased_until",
         "created_at",
@@ -144,7 +145,15 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         ),
         (
             _("Origin"),
-            {"fields": ["shown_unique_key", "schedule_link", "scheduled_for", "workflow_link"]},
+            {
+                "fields": [
+                    "shown_unique_key",
+                    "schedule_link",
+                    "scheduled_for",
+                    "workflow_link",
+                    "rate_limit",
+                ]
+            },
         ),
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
