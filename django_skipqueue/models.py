@@ -301,13 +301,6 @@ class Job(models.Model):
                 name="skipqueue_job_keyed_claim_idx",
                 condition=Q(state="pending", concurrency_key__isnull=False),
             ),
-            # Rate limits per task, the claim of rate-limited jobs: due jobs with a rate
-            # key, in claim order. Only those pending jobs are in it (empty unless used).
-            models.Index(
-                fields=["queue_name", *CLAIM_ORDER],
-                name="skipqueue_job_rated_claim_idx",
-                condition=Q(state="pending", rate_key__isnull=False),
-            ),
             # Flow control, the running jobs of a key (counted under the key's lock).
             models.Index(
                 fields=["concurrency_key"],
@@ -503,6 +496,10 @@ class RateBucket(models.Model):
         default=0.0, help_text=_("Job starts the rate limit allows now (a token bucket).")
     )
     refilled_at = DateTimeField(null=True, blank=True)
+    #: When the bucket next holds a start, if it holds none now: the claim leaves the
+    #: task's jobs out of its candidates until then, so that a backlog of them never
+    #: hides the other jobs it could take (the count is made again under the lock).
+    empty_until = DateTimeField(null=True, blank=True)
 
     objects = RateBucketManager()
 

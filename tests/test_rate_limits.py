@@ -27,12 +27,16 @@ def test_a_rate_limited_task_starts_at_most_its_rate_and_refills_on_the_database
     tasks.three_a_minute.enqueue_many([((n,), {}) for n in range(10)])
     first, _ = claim()
     assert len(first) == 3  # a full bucket: one period's starts
-    again, wait = claim()
-    assert again == [] and wait is not None and 19 < wait <= 20  # one start per 20 s
     bucket = RateBucket.objects.get(key=tasks.three_a_minute.name)
-    assert 0 <= bucket.tokens < 0.05  # spent, refilled only by the time between claims
+    assert bucket.tokens == 0 and bucket.empty_until is not None  # next start in 20 s
+    assert 19 < (bucket.empty_until - bucket.refilled_at).total_seconds() <= 20
+    again, _ = claim()
+    assert again == []  # its jobs are left out of the candidates until then
     # Twenty seconds of the database's clock later, one more start.
-    RateBucket.objects.update(refilled_at=F("refilled_at") - timedelta(seconds=20))
+    RateBucket.objects.update(
+        refilled_at=F("refilled_at") - timedelta(seconds=20),
+        empty_until=F("empty_until") - timedelta(seconds=20),
+    )
     later, _ = claim()
     assert len(later) == 1
     assert Job.objects.filter(state=JobState.PENDING).count() == 6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 import time
@@ -39,9 +40,9 @@ def runs_per_job() -> set[int]:
 
 
 def claim_limits(queries) -> list[int]:
-    return [
-        int(q["sql"].split("LIMIT ")[1].split()[0]) for q in queries if "SKIP LOCKED" in q["sql"]
-    ]
+    """The LIMIT of each claim's locking query (not of a subquery inside it)."""
+    found = (re.search(r"LIMIT (\d+) FOR (?:NO KEY )?UPDATE", q["sql"]) for q in queries)
+    return [int(match.group(1)) for match in found if match is not None]
 
 
 def test_one_claim_fills_every_free_thread_and_the_prefetch_buffer(monkeypatch):

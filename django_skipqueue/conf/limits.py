@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from django_skipqueue.conf import check_entry, get_settings
 from django_skipqueue.exceptions import ConfigurationError
 
-RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
+RATE_PATTERN = re.compile(r"\s*([0-9]{1,9})\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*", re.ASCII)
 PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 PERIODS |= {"h": 3600.0, "hour": 3600.0}
 #: The keys a SKIPQUEUE['QUEUE_LIMITS'] entry may have.
@@ -45,6 +45,13 @@ def parse_rate(value: object, where: str = "rate") -> tuple[int, float]:
             f"written like '10/s', '100/m' or '5000/h'; got {value!r}"
         )
     return int(match.group(1)), PERIODS[match.group(2)]
+
+
+def canonical_rate(value: object, where: str = "rate") -> str:
+    """A rate as it is stored in a job's row: "10/s", "100/m" or "5000/h" (parse_rate's
+    ConfigurationError for one that is not a rate)."""
+    starts, period = parse_rate(value, where)
+    return f"{starts}/{ {1.0: 's', 60.0: 'm', 3600.0: 'h'}[period] }"
 
 
 def limit_from_setting(queue: str, entry: object) -> QueueLimit:

@@ -149,10 +149,11 @@ class Cron:
             expires: object = self.expires
             if isinstance(expires, (int, float)) and not isinstance(expires, bool):
                 expires = timedelta(seconds=expires) if math.isfinite(expires) else None
-            if not isinstance(expires, timedelta) or expires <= timedelta(0):
+            if not isinstance(expires, timedelta) or not timedelta(0) < expires <= MAX_INTERVAL:
                 raise ConfigurationError(
                     f"schedule {self.label}: expires must be a positive number of seconds or "
-                    f"a timedelta after the occurrence, got {self.expires!r}"
+                    f"a timedelta after the occurrence, at most {MAX_INTERVAL.days} days, got "
+                    f"{self.expires!r}"
                 )
             object.__setattr__(self, "expires", expires)
         if self.queue_name is not None:

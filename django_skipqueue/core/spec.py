@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_skipqueue.conf import get_settings
+from django_skipqueue.conf.limits import MAX_CONCURRENCY
 from django_skipqueue.core.states import UNIQUE_KEY_MAX_LENGTH
 from django_skipqueue.exceptions import InvalidJobError
 
@@ -151,6 +153,19 @@ def _unexpected_keywords(signature: inspect.Signature, kwargs: Mapping[str, Any]
     return problems
 
 
+#: The concurrency key of a rate-limited task's jobs that have none of their own: it
+#: routes them to the limited claim (by the keyed claim index) and limits nothing.
+RATE_KEY_PREFIX = "skipqueue:rate:"
+
+
+def rate_concurrency_key(task_name: str) -> str:
+    """`RATE_KEY_PREFIX` and the task's name, hashed if the column could not hold it."""
+    key = RATE_KEY_PREFIX + task_name
+    if len(key) > UNIQUE_KEY_MAX_LENGTH:
+        key = RATE_KEY_PREFIX + hashlib.sha256(task_name.encode()).hexdigest()
+    return key
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode()
@@ -232,6 +247,13 @@ class JobSpec:
     def rate_key(self) -> str | None:
         return self.name if self.rate_limit is not None else None
 
+    @property
+    def keyed(self) -> bool:
+        """Whether its jobs carry a concurrency key, and so go through the limited claim:
+        their own (`concurrency_key`), or, for a rate-limited task without one, a key of
+        its own with no concurrency limit (`rate_concurrency_key`)."""
+        return self.concurrency_key is not None or self.rate_limit is not None
+
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse (InvalidJobError) a call that does not bind to the task's signature."""
         self.call.check(args, kwargs)
@@ -260,15 +282,24 @@ class JobSpec:
                 f"max_attempts {self.max_attempts} is over SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
                 f"({conf.MAX_ATTEMPTS_LIMIT})"
             )
-        if self.run_after is not None:
-            delay = self.run_after
-            if isinstance(delay, datetime):
-                delay = delay - timezone.now()
+        for option in ("run_after", "expires"):
+            when = getattr(self, option)
+            if when is None:
+                continue
+            delay = when - timezone.now() if isinstance(when, datetime) else when
             if delay.total_seconds() > conf.MAX_DELAY_SECONDS:
                 raise InvalidJobError(
-                    f"run_after is {delay} ahead, over SKIPQUEUE['MAX_DELAY_SECONDS'] "
+                    f"{option} is {delay} ahead, over SKIPQUEUE['MAX_DELAY_SECONDS'] "
                     f"({conf.MAX_DELAY_SECONDS:.0f} s)"
                 )
+        start, end = self.run_after, self.expires
+        never = (isinstance(start, timedelta) and isinstance(end, timedelta) and start >= end) or (
+            isinstance(start, datetime) and isinstance(end, datetime) and start >= end
+        )
+        if never:
+            raise InvalidJobError(
+                f"{self.name} would never run: run_after ({start}) is not before its expiry ({end})"
+            )
 
     def shared_columns(self) -> dict[str, Any]:
         """The columns every job of this spec holds alike."""
@@ -290,6 +321,9 @@ class JobSpec:
         if self.concurrency_key is not None:
             columns["concurrency_key"] = self.concurrency_key.of(args, kwargs)
             columns["concurrency_limit"] = self.concurrency_limit
+        elif self.rate_limit is not None:
+            columns["concurrency_key"] = rate_concurrency_key(self.name)
+            columns["concurrency_limit"] = MAX_CONCURRENCY
         return columns
 
     def columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

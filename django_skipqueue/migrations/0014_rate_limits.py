@@ -3,15 +3,13 @@
 # its task's token bucket (the new table skipqueue_ratebucket), across every worker.
 #
 # - Both columns are nullable with no default: adding them rewrites nothing.
-# - The claim index of rate-limited jobs is partial (empty unless used) and built
-#   CONCURRENTLY, so that claims and enqueues go on meanwhile (not atomic).
+# - No index: a rate-limited job also carries a concurrency key (its own, or its task's
+#   rate key of no limit), so the keyed claim index of migration 0010 finds it.
 
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    atomic = False  # CREATE INDEX CONCURRENTLY
 
     dependencies = [
         ('skipqueue', '0013_job_expires_at'),
@@ -24,6 +22,7 @@ class Migration(migrations.Migration):
                 ('key', models.CharField(max_length=255, primary_key=True, serialize=False)),
                 ('tokens', models.FloatField(default=0.0, help_text='Job starts the rate limit allows now (a token bucket).')),
                 ('refilled_at', models.DateTimeField(blank=True, null=True)),
+                ('empty_until', models.DateTimeField(blank=True, null=True)),
             ],
             options={
                 'verbose_name': 'rate bucket',
@@ -39,9 +38,5 @@ class Migration(migrations.Migration):
             model_name='job',
             name='rate_limit',
             field=models.CharField(blank=True, max_length=32, null=True),
-        ),
-        AddIndexConcurrently(
-            model_name='job',
-            index=models.Index(condition=models.Q(('rate_key__isnull', False), ('state', 'pending')), fields=['queue_name', '-priority', 'run_at', 'id'], name='skipqueue_job_rated_claim_idx'),
         ),
     ]

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -87,6 +88,9 @@ logger = logging.getLogger(__name__)
 #: The most jobs one reaper pass ends for their expiry (`end_expired`): a burst of
 #: millions of expired jobs is ended over several passes, each a short UPDATE.
 EXPIRE_BATCH_SIZE = 10_000
+#: How long one reaper pass goes on ending expired jobs, batch after batch: expired rows
+#: at the head of a queue cost every claim a look, so they are ended quickly.
+EXPIRE_PASS_SECONDS = 2.0
 
 #: PostgreSQL's SQLSTATE of a unique violation.
 UNIQUE_VIOLATION = "23505"
@@ -272,8 +276,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         return (
             self.due()
             .for_queues(queues)
-            .filter(concurrency_key__isnull=True)  # keyed jobs: claim_limited()
-            .filter(rate_key__isnull=True)  # rate-limited tasks' jobs: claim_limited()
+            .filter(concurrency_key__isnull=True)  # keyed (and rate-limited) jobs: claim_limited()
             .unexpired()
             .order_by(*CLAIM_ORDER)
             .select_for_update(skip_locked=True, no_key=True)
@@ -302,12 +305,19 @@ class JobQuerySet(models.QuerySet["Job"]):
             self.due()
             .filter(
                 Q(queue_name__in=list(keyed_in), concurrency_key__isnull=False)
-                | Q(queue_name__in=list(keyed_in), rate_key__isnull=False)
                 | Q(queue_name__in=list(all_in))
             )
             .filter(
                 Q(concurrency_key__isnull=True)
                 | Q(concurrency_limit__gt=Coalesce(Subquery(running_of_key), 0))
+            )
+            .filter(  # a task whose rate bucket is empty: left out, as a full key is
+                Q(rate_key__isnull=True)
+                | ~Q(
+                    rate_key__in=_rate_bucket_model(self.model)
+                    .objects.filter(empty_until__gt=Now())
+                    .values("key")
+                )
             )
             .unexpired()
             .order_by(*CLAIM_ORDER)
@@ -517,15 +527,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return self._claim_each(queues, ids, worker, lease, locked=True, ids_only=True)
 
     def keyed_due(self, queues: Sequence[str]) -> bool:
-        """Whether a job with a concurrency key or a rate key is due in these queues:
-        probes of the indexes that hold only such pending jobs."""
+        """Whether a job with a concurrency key (a rate-limited task's included) is due in
+        these queues: a probe of the index that holds only such pending jobs
+        (skipqueue_job_keyed_claim_idx)."""
         if not queues:
             return False
-        due = self.due().for_queues(queues)
-        return (
-            due.filter(concurrency_key__isnull=False).exists()
-            or due.filter(rate_key__isnull=False).exists()  # skipqueue_job_rated_claim_idx
-        )
+        return self.due().for_queues(queues).filter(concurrency_key__isnull=False).exists()
 
     def claim_limited(
         self,
@@ -606,9 +613,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             running_of = self._lock_keys(
                 sorted({key for _, _, key, _, _, _ in candidates if key is not None})
             )
-            rated = self._rate_buckets(
-                {rate_key: rate for _, _, _, _, rate_key, rate in candidates if rate_key}, waits
-            )
+            rates_of = {rate_key: rate for _, _, _, _, rate_key, rate in candidates if rate_key}
+            rated = self._rate_buckets(rates_of, waits)
             chosen: list[int] = []
             taken: dict[str, int] = {}
             spent: dict[str, int] = {}
@@ -640,8 +646,14 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             bucket_rows = _rate_bucket_model(self.model).objects.db_manager(self.db)
             for rate_key, (tokens, now) in rated.items():
                 if math.isfinite(tokens):  # a bucket this claim locked
+                    left = tokens - spent.get(rate_key, 0)
+                    rate, period = parse_rate(rates_of[rate_key], "rate_limit")
                     bucket_rows.filter(key=rate_key).update(
-                        tokens=tokens - spent.get(rate_key, 0), refilled_at=now
+                        tokens=left,
+                        refilled_at=now,
+                        empty_until=now + timedelta(seconds=(1 - left) * period / rate)
+                        if left < 1
+                        else None,
                     )
         # Committed: the payloads are read now, holding no lock (a frozen reader of a
         # large result cannot be ended by the server, and would hold the queue's row).
@@ -768,7 +780,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         receivers = signals.pre_save.has_listeners(self.model) or signals.post_save.has_listeners(
             self.model
         )
-        if receivers and task.unique_key is None and task.concurrency_key is None:
+        if receivers and task.unique_key is None and not task.keyed:
             job = self.build(task, args, kwargs)
             job.save(force_insert=True, using=self.db)
             return job
@@ -907,6 +919,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             holders.update(zip(inserted_keys, inserted, strict=True))
             fresh = set(inserted_keys)
             conflicts = list(dict.fromkeys(keys[i] for i in todo if keys[i] not in fresh))
+            if conflicts and self._expire_holders(task.name, conflicts):
+                continue  # a holder past its expiry, ended now: its key is free again
             if conflicts and task.on_conflict == "raise":
                 found = self._holders(task, conflicts)
                 key = conflicts[0]
@@ -923,6 +937,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 f"while a new job was inserted; try again"
             )
         return [holders[key] for key in keys]
+
+    def _expire_holders(self, task_name: str, keys: list[str]) -> int:
+        """End the holders of these keys that are past their expiry (never to run): an
+        enqueue meeting one must not return a job the reaper is about to end. In the
+        caller's transaction; how many were ended."""
+        return _end_as_expired(self.filter(task=task_name, unique_key__in=keys).past_expiry())
 
     def _holders(self, task: JobSpec, keys: list[str]) -> dict[str, tuple[int, str]]:
         """{key: (id, state)} of the unfinished jobs of `task` holding `keys`."""
@@ -1047,8 +1067,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """Each call bound to the task's signature and encoded, then the volume guards."""
         settings = get_settings()
         limit = settings.MAX_PAYLOAD_BYTES
-        keyed = task.unique_key is not None or task.concurrency_key is not None
-        if (keyed or task.rate_limit) and settings.RELAY and task.queue_name in relayed_queues():
+        keyed = task.unique_key is not None or task.keyed
+        if keyed and settings.RELAY and task.queue_name in relayed_queues():
             raise InvalidJobError(
                 f"queue {task.queue_name!r} is relayed to RabbitMQ, which keeps no unique or "
                 f"concurrency key and no rate limit: enqueue {task.name} with its key or "
@@ -1069,12 +1089,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         params = self._insert_params(task, batch)
         if keys is not None:
             params["keys"] = encode(list(keys))
-        keyed = task.concurrency_key is not None
+        keyed = task.keyed
         if keyed:
-            params["concurrency_keys"] = encode(
-                [task.concurrency_key_for(args, kwargs) for args, kwargs, _, _ in batch]
-            )
-            params["concurrency_limit"] = task.concurrency_limit
+            columns = [task.key_columns(args, kwargs) for args, kwargs, _, _ in batch]
+            params["concurrency_keys"] = encode([one["concurrency_key"] for one in columns])
+            params["concurrency_limit"] = columns[0]["concurrency_limit"] if columns else 1
         statement = sql.enqueue_many_statement(
             _insert_defaults(self.model),
             keys is not None,
@@ -1286,7 +1305,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 result.failed,
                 result.cancelled,
             )
-        expired = self.end_expired()
+        expired, deadline = 0, time.monotonic() + EXPIRE_PASS_SECONDS
+        while True:  # a mass expiry is ended in batches, for up to EXPIRE_PASS_SECONDS
+            ended = self.end_expired()
+            expired += ended
+            if ended < EXPIRE_BATCH_SIZE or time.monotonic() >= deadline:
+                break
         if expired:
             logger.warning("jobs expired before they started count=%d", expired)
             result = dataclasses.replace(result, expired=expired)
@@ -1306,20 +1330,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             .values("id")[:limit]
         )
         with transaction.atomic(using=self.db):
-            return (
-                self.filter(id__in=chosen)
-                .past_expiry()
-                .update(
-                    state=JobState.CANCELLED,
-                    finished_at=Now(),
-                    leased_until=None,
-                    cancelled_by=EXPIRED,
-                    last_error=Concat(
-                        Value("expired: not started by "),
-                        Cast(F("expires_at"), output_field=models.TextField()),
-                    ),
-                )
-            )
+            return _end_as_expired(self.filter(id__in=chosen).past_expiry())
 
     def _reap(self, jobs: JobQuerySet) -> ReapResult:
         """Reap the expired jobs among `jobs`: each UPDATE's WHERE is `reapable()`'s,
@@ -1540,6 +1551,21 @@ def clamped_delay(delay: timedelta) -> timedelta:
     that records the attempt's real error would fail with it."""
     ceiling = timedelta(seconds=get_settings().MAX_DELAY_SECONDS)
     return max(min(delay, ceiling), timedelta(0))
+
+
+def _end_as_expired(jobs: JobQuerySet) -> int:
+    """End `jobs` (a `past_expiry()` set, which the UPDATE's WHERE re-checks) cancelled,
+    by EXPIRED, the expiry in `last_error`; how many."""
+    return jobs.update(
+        state=JobState.CANCELLED,
+        finished_at=Now(),
+        leased_until=None,
+        cancelled_by=EXPIRED,
+        last_error=Concat(
+            Value("expired: not started by "),
+            Cast(F("expires_at"), output_field=models.TextField()),
+        ),
+    )
 
 
 def _expires_at(expires: datetime | timedelta | None, start: datetime) -> datetime | None:

@@ -227,7 +227,7 @@ WITH inserted AS (
 )
 SELECT COALESCE(array_agg(id ORDER BY id), '{{}}'), {keys_agg},
     COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-    statement_timestamp(){ck_notify}{rate_notify}
+    statement_timestamp(){ck_notify}
 FROM inserted
 """
 
@@ -260,12 +260,11 @@ EXPIRES_AT = (
 )
 _EXPIRING_PARTS = {"exp_column": ", expires_at", "exp_value": f",\n        {EXPIRES_AT}"}
 _LASTING_PARTS = dict.fromkeys(_EXPIRING_PARTS, "")
-# Rate limits per task: each row's rate key and limit (the task's), and the wake-up of
-# the workers' limited claim, which takes such jobs (as it takes keyed ones).
+# Rate limits per task: each row's rate key and limit (the task's). Such a job is keyed
+# too (the keyed parts: its own concurrency key, or its task's rate key of no limit).
 _RATED_PARTS = {
     "rate_column": ", rate_key, rate_limit",
     "rate_value": ", %(rate_key)s, %(rate_limit)s",
-    "rate_notify": ",\n    pg_notify('skipqueue!keyed', '')",
 }
 _UNRATED_PARTS = dict.fromkeys(_RATED_PARTS, "")
 
@@ -290,15 +289,12 @@ def enqueue_many_statement(
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
     with `keyed`, the concurrency key and limit columns; with `expiring`, `expires_at`;
     with `rated`, the rate key and limit."""
-    rate_parts = _RATED_PARTS if rated else _UNRATED_PARTS
-    if keyed:  # one wake-up of the limited claim is enough
-        rate_parts = rate_parts | {"rate_notify": ""}
     return ENQUEUE_MANY.format(
         **_literals(defaults),
         **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
         **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
         **(_EXPIRING_PARTS if expiring else _LASTING_PARTS),
-        **rate_parts,
+        **(_RATED_PARTS if rated else _UNRATED_PARTS),
     )
 
 

@@ -269,7 +269,7 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             got = {row[0] for row in cursor.fetchall()}
             if len(got) < len(rows):
                 self._refuse_held_key(planned, ids, got)
-            if any(job.spec.concurrency_key is not None for job in planned):
+            if any(job.spec.keyed for job in planned):
                 cursor.execute("SELECT pg_notify(%s, '')", [sql.KEYED_CHANNEL])
 
     def _finish_start(self, workflow: Any, output: Any, outputs: int, on_error: list[int]) -> None:
@@ -476,7 +476,7 @@ def _row(
         own["inputs"] = inputs
     if planned.output:
         own["ends_workflow"] = True
-    if spec.unique_key is not None or spec.concurrency_key is not None:
+    if spec.unique_key is not None or spec.keyed:
         own |= spec.key_columns(planned.args, planned.kwargs)
     text = json.dumps(own, separators=(",", ":"))
     return f'{text[:-1]},{_shared_json(spec)},"args":{args_json},"kwargs":{kwargs_json}}}'

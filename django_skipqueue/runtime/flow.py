@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_skipqueue.conf.limits import QueueLimit
+from django_skipqueue.core.spec import RATE_KEY_PREFIX
 
 #: The longest a worker that does not receive NOTIFY goes without reading the queue
 #: table: a pause reaches every worker within this.
@@ -72,7 +73,8 @@ class FlowView:
         past its timeout or after a cancel request (docs/explanation/failure-model.md,
         H15 and H23); given away, the slot would let a second run start beside it."""
         if job.concurrency_key is not None:
-            return True
+            # A rate-limited task's own key limits nothing: no slot to keep.
+            return not job.concurrency_key.startswith(RATE_KEY_PREFIX)
         limit = self.limits.get(job.queue_name)
         return limit is not None and limit.concurrency is not None
 

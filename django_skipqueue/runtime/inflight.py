@@ -253,6 +253,11 @@ class InFlight:
         with self._lock:
             return list(self._flights.values())
 
+    def running_ids(self) -> set[int]:
+        """The jobs a thread is inside now (whose code may still run)."""
+        with self._lock:
+            return set(self._running.values())
+
 
 class Buffer:
     """Claimed jobs on their way from the dispatcher to the executor threads (FIFO).

@@ -23,6 +23,7 @@ from django_skipqueue.exceptions import TimeLimitExceeded
 
 _lock = threading.Lock()
 _inside: dict[int, int] = {}  # thread ident -> the id of the job whose task it runs
+_raised: dict[int, float] = {}  # job id -> the limit of an interrupt raised into it
 
 
 def _set_async_exc(ident: int, exception: type[BaseException] | None) -> int:
@@ -56,9 +57,20 @@ def interrupt(thread: threading.Thread, job_id: int, limit: float) -> bool:
     try:
         if _inside.get(ident) != job_id:
             return False
-        return _set_async_exc(ident, _exceeded(limit)) == 1
+        if _set_async_exc(ident, _exceeded(limit)) != 1:
+            return False
+        _raised[job_id] = limit
+        return True
     finally:
         _lock.release()
+
+
+def take(job_id: int) -> float | None:
+    """The limit of an interrupt raised into job `job_id`'s task, once (None if none
+    was): the attempt ends as TimeLimitExceeded whatever came out of the task, another
+    exception that code on the way turned it into, or a return after catching it."""
+    with _lock:
+        return _raised.pop(job_id, None)
 
 
 def _exceeded(limit: float) -> type[TimeLimitExceeded]:

@@ -13,6 +13,7 @@ broker consumer turns it into an ack, a delayed retry or a dead letter
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import re
@@ -42,6 +43,7 @@ from django_skipqueue.exceptions import (
     JobCancelled,
     NotJSONError,
     Retry,
+    TimeLimitExceeded,
     TransactionLeftOpenError,
     UnknownTaskError,
 )
@@ -120,6 +122,7 @@ def run_and_decide(
         " broker" if brokered else "",
     )
     task: Task[Any, Any] | None = None
+    past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
     depth = len(connections[database].atomic_blocks)
     try:
         task = registry.get(job.task)
@@ -130,6 +133,9 @@ def run_and_decide(
                 value = _call(task, job, database, cancel, brokered=brokered)
         finally:
             _roll_back_left_open(database, depth)
+            past = interrupt.take(job.id)
+        if past is not None:  # the task caught TimeLimitExceeded and returned: still past it
+            raise TimeLimitExceeded(past)
         result = _return_value(task, value)
         if check_size:
             limit = get_settings().MAX_PAYLOAD_BYTES
@@ -141,6 +147,8 @@ def run_and_decide(
                 )
     except Retry as request:
         duration = time.monotonic() - started
+        if past is not None:
+            return decide_failure(task, _past_limit(past, request), attempt, duration)
         if not request.spend_attempt:
             return Decision(Outcome.RELEASED, duration, retry_in=request.delay, raised=request)
         # A counted retry: a failed attempt whose delay is the task's, not the policy's.
@@ -154,12 +162,27 @@ def run_and_decide(
             Outcome.RETRYING, duration, error=error, retry_in=request.delay, raised=request
         )
     except JobCancelled as cancelled:
+        if past is not None:
+            exceeded = _past_limit(past, cancelled)
+            return decide_failure(task, exceeded, attempt, time.monotonic() - started)
         if brokered:  # no cancel reaches a brokered job: a failure like any other
             return decide_failure(task, cancelled, attempt, time.monotonic() - started)
         return Decision(Outcome.CANCELLED, time.monotonic() - started)
     except BaseException as raised:  # noqa: BLE001  (a task's SystemExit is a failure too)
+        if past is not None and not isinstance(raised, TimeLimitExceeded):
+            raised = _past_limit(past, raised)
         return decide_failure(task, raised, attempt, time.monotonic() - started)
     return Decision(Outcome.SUCCEEDED, time.monotonic() - started, result=result)
+
+
+def _past_limit(limit: float, raised: BaseException) -> TimeLimitExceeded:
+    """The worker raised TimeLimitExceeded into the task, and `raised` came out instead
+    (Django's atomic() turns an exception raised during its exit into a
+    ProgrammingError, say; a task may catch it and raise or return something else):
+    the attempt ends with TimeLimitExceeded all the same, `raised` as its cause."""
+    exceeded = TimeLimitExceeded(limit)
+    exceeded.__cause__ = raised
+    return exceeded
 
 
 def _return_value(task: Task[Any, Any], value: Any) -> JSONValue:
@@ -257,8 +280,24 @@ def _call(
         )
         args.insert(0, context)
     if task.is_async:
+        limit = task.time_limit
+        if limit is not None:  # the interrupt cannot reach the event loop's thread
+            return async_to_sync(_within(task.func, limit.total_seconds()))(*args, **job.kwargs)
         return async_to_sync(task.func)(*args, **job.kwargs)
     return task.func(*args, **job.kwargs)
+
+
+def _within(func: Any, seconds: float) -> Any:
+    """An async task's hard time limit: the coroutine is cancelled at its next await
+    past `seconds`, and the attempt ends with TimeLimitExceeded."""
+
+    async def limited(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.wait_for(func(*args, **kwargs), seconds)
+        except asyncio.TimeoutError:
+            raise TimeLimitExceeded(seconds) from None
+
+    return limited
 
 
 def _call_django_task(task: Task[Any, Any], job: Job, args: list[Any]) -> Any:

@@ -89,6 +89,9 @@ STOP_WAIT_SECONDS = 1.0
 #: share of its threads are stuck in tasks past their hard time limit: their places are
 #: taken by new threads meanwhile, so no slot is lost, but their memory and CPU are.
 STUCK_SHARE = 0.5
+#: At shutdown, how long past its lease a job still running in a concurrency slot keeps
+#: it: the process ends within the thread join (a second) of that moment.
+KEEP_MARGIN_SECONDS = 2.0
 #: The exit code of a worker that stopped for stuck threads, or of a `--processes`
 #: child ended for a task past its time limit: not 0, so that a supervisor restarts it.
 EXIT_TIME_LIMIT = 3
@@ -641,7 +644,32 @@ class Worker:
                 break
             self._wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
         self._ack_finished()
-        flights = [*unstarted, *self.held.remaining()]
+        # A job whose code still runs and that holds a concurrency slot is not released:
+        # released, its slot would let the key's next job start beside it while this
+        # process lives (H15, C7). Its lease, no longer renewed, ends once the process
+        # has, and the reaper takes it back.
+        running = self.held.running_ids()
+        flights: list[Flight] = [*unstarted]
+        kept: list[Flight] = []
+        for flight in self.held.remaining():
+            holds = flight.job.id in running and self.flow.holds_slot(flight.job)
+            (kept if holds else flights).append(flight)
+        jobs = Job.objects.db_manager(self.database)
+        for flight in kept:
+            # Its lease must outlive this process (the renewals stop with the threads,
+            # which are waited for up to a second before the process ends): once more,
+            # a lease and KEEP_MARGIN_SECONDS from now.
+            lease = timedelta(seconds=flight.lease_seconds + KEEP_MARGIN_SECONDS)
+            try:
+                jobs.renewal(flight.job.id, flight.attempt, lease, keep_if_cancelled=True)
+            except DatabaseError as error:
+                logger.warning("job lease not extended id=%s: %s", flight.job.id, error)
+            logger.warning(
+                "job not released id=%s task=%s: its code still runs and holds a concurrency "
+                "slot; the reaper takes it back when its lease ends, after this process",
+                flight.job.id,
+                flight.job.task,
+            )
         attempts = [(flight.job, flight.attempt) for flight in flights]
         self.stats.released_on_shutdown += release_on_shutdown(attempts, self.database)
         self._end_threads()

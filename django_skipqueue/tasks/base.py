@@ -19,7 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
-from django_skipqueue.conf.limits import MAX_CONCURRENCY, parse_rate
+from django_skipqueue.conf.limits import MAX_CONCURRENCY, canonical_rate
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
@@ -99,7 +99,10 @@ def _validate_expires(value: object, *, when: str = "a call") -> datetime | time
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not (math.isfinite(value) and value > 0):
             raise InvalidJobError(f"expires must be a positive number of seconds, got {value!r}")
-        return timedelta(seconds=value)
+        try:
+            return timedelta(seconds=value)
+        except OverflowError:
+            raise InvalidJobError(f"expires {value!r} seconds is longer than any delay") from None
     if isinstance(value, timedelta):
         if value <= timedelta(0):
             raise InvalidJobError(f"expires must be a positive delay, got {value}")
@@ -309,7 +312,8 @@ class Task(Generic[P, R]):
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
         if self.rate_limit is not None:
-            parse_rate(self.rate_limit, f"rate_limit of {self.name}")
+            rate = canonical_rate(self.rate_limit, f"rate_limit of {self.name}")
+            object.__setattr__(self, "rate_limit", rate)
         object.__setattr__(self, "expires", _validate_expires(self.expires))
         _validate_priority(self.priority)
         _validate_run_after(self.run_after)
@@ -414,7 +418,7 @@ class Task(Generic[P, R]):
             concurrency_key=self._key_rule(self.concurrency_key, "concurrency_key"),
             concurrency_limit=self.concurrency_limit,
             expires=self.expires,
-            rate_limit=self.rate_limit.strip() if self.rate_limit is not None else None,
+            rate_limit=self.rate_limit,
         )
 
     @property

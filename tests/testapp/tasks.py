@@ -471,3 +471,56 @@ def five_a_second(context: TaskContext, n: int = 0) -> int:
 @task(rate_limit="3/m")
 def three_a_minute(n: int = 0) -> int:
     return n
+
+
+# -- the outside trial of issue 27 (tests/test_celery_port_trial.py) ---------------------
+
+
+@task(rate_limit="2/h")
+def trial_rated(n: int = 0) -> int:
+    return n
+
+
+@task(concurrency_key=("account",), concurrency_limit=5)
+def trial_keyed(account: str) -> str:
+    return account
+
+
+@task(unique_key=("key",), expires=1)
+def trial_unique_expiring(key: str, n: int = 0) -> int:
+    return n
+
+
+@task(time_limit=1.0, lease=30.0, max_attempts=1)
+async def trial_async_loops(seconds: float = 30.0) -> str:
+    """Async, looping in Python with awaits: a time limit should stop it."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return "ran to the end"
+
+
+@task(takes_context=True, time_limit=0.5, lease=30.0, max_attempts=1)
+def trial_swallows(context: TaskContext, seconds: float = 3.0) -> str:
+    """Catches BaseException (a bare except) and keeps going."""
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    deadline = time.monotonic() + seconds
+    caught = 0
+    while time.monotonic() < deadline:
+        try:
+            sum(range(1000))
+        except BaseException:  # noqa: BLE001
+            caught += 1
+    return f"caught {caught}"
+
+
+@task(takes_context=True, time_limit=0.3, lease=30.0, max_attempts=1)
+def trial_queries_forever(context: TaskContext) -> None:
+    """Loops on ORM queries (and a transaction) until its time limit stops it."""
+    from django.db import transaction
+
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    while True:
+        with transaction.atomic():
+            Run.objects.filter(job_id=context.job_id).update(attempt=context.attempt)
+            list(Run.objects.filter(job_id=context.job_id)[:5])
