@@ -34,6 +34,12 @@ from django_skipqueue.queue.managers import (
 from django_skipqueue.queue.workflows import WorkflowManager
 
 
+class WorkerKind(models.TextChoices):
+    WORKER = "worker", _("worker")  # runworker: claims from the job table
+    CONSUMER = "consumer", _("broker consumer")  # runworker --broker: from RabbitMQ
+    RELAY = "relay", _("relay")  # relayjobs: publishes relayed queues' jobs
+
+
 class DateTimeField(models.DateTimeField):
     """A `DateTimeField` that loads every value PostgreSQL can store.
 
@@ -95,9 +101,12 @@ __all__ = [
     "FINISHED_STATES",
     "Job",
     "JobState",
+    "PICKUP_BUCKETS",
     "Queue",
+    "QueueMinute",
     "QueueOverview",
     "Schedule",
+    "WorkerKind",
     "WorkerProcess",
     "Workflow",
     "WorkflowState",
@@ -119,6 +128,13 @@ class WorkerProcess(models.Model):
     concurrency = models.PositiveSmallIntegerField(default=1)
     started_at = DateTimeField(db_default=Now())
     heartbeat_at = DateTimeField(db_default=Now())
+    #: What the process is: a claiming worker (`runworker`), a broker consumer
+    #: (`runworker --broker`) or a relay (`relayjobs`).
+    kind = models.CharField(
+        max_length=16, choices=WorkerKind.choices, default=WorkerKind.WORKER, db_default="worker"
+    )
+    #: Set when the process stopped cleanly; NULL and a silent heartbeat: it was lost.
+    stopped_at = DateTimeField(null=True, blank=True)
 
     objects = WorkerProcessManager()
 
@@ -257,6 +273,14 @@ class Job(models.Model):
     ends_workflow = models.BooleanField(
         null=True, blank=True, help_text=_("Its result is (part of) its workflow's result.")
     )
+    #: The running attempt's `context.set_progress()`: {"done", "total", "note", "at"}
+    #: (NULL until a task reports any), written through the fence at most once a second.
+    progress = PayloadField(
+        null=True, blank=True, help_text=_("What the task reported of its progress.")
+    )
+    #: The W3C trace context of the span that enqueued it ({"traceparent": ...,
+    #: "tracestate": ...}); NULL without OpenTelemetry or outside a span.
+    trace_context = PayloadField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -572,3 +596,65 @@ class Schedule(models.Model):
     @property
     def is_paused(self) -> bool:
         return self.paused_at is not None
+
+
+#: Upper bounds (seconds) of the pickup-delay buckets a QueueMinute counts, the last one
+#: open-ended. Fixed: a row's `pickup_buckets` holds one count per bound, in this order.
+PICKUP_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    3600.0,
+    float("inf"),
+)
+
+
+class QueueMinute(models.Model):
+    """What one queue did in one minute, as its workers counted it: the overview's
+    charts read these rows, never the job table. Each worker adds its counts every few
+    seconds (one upsert per queue and minute, `runtime/minutes.py`); the reaper's pass
+    adds the oldest due job's age. Rows older than MINUTES_KEPT_HOURS are deleted."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    minute = DateTimeField(help_text=_("The minute's start (database clock)."))
+    succeeded = models.PositiveIntegerField(default=0)
+    retried = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    #: Outcomes the fence refused: the attempt had lost the job.
+    lost = models.PositiveIntegerField(default=0)
+    unknown = models.PositiveIntegerField(default=0)
+    #: Pickup delays (due to started): how many, their sum, and one count per bucket
+    #: of PICKUP_BUCKETS.
+    pickups = models.PositiveIntegerField(default=0)
+    pickup_seconds = models.FloatField(default=0.0)
+    pickup_buckets = PayloadField(default=list)
+    runs = models.PositiveIntegerField(default=0)
+    run_seconds = models.FloatField(default=0.0)
+    #: The largest age of the oldest due job seen in this minute (None: not sampled).
+    oldest_due_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("queue minute")
+        verbose_name_plural = _("queue minutes")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue_name", "minute"], name="skipqueue_queueminute_key"
+            )
+        ]
+        indexes = [models.Index(fields=["minute"], name="skipqueue_queueminute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue_name} {self.minute:%Y-%m-%d %H:%M}"

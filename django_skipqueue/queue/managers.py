@@ -1599,18 +1599,23 @@ class WorkerProcessQuerySet(models.QuerySet["WorkerProcess"]):
 class WorkerProcessManager(models.Manager.from_queryset(WorkerProcessQuerySet)):  # type: ignore[misc]
     """The worker registry's verbs; each one statement."""
 
-    def register(self, *, queues: Sequence[str], concurrency: int) -> WorkerProcess:
-        """The row of a worker starting in this process (hostname, pid, queues)."""
+    def register(
+        self, *, queues: Sequence[str], concurrency: int, kind: str = "worker"
+    ) -> WorkerProcess:
+        """The row of a worker starting in this process (hostname, pid, queues); `kind`
+        is a WorkerKind: a claiming worker, a broker consumer or a relay."""
         return self.create(
             hostname=socket.gethostname()[:255],
             pid=os.getpid(),
             queues=list(queues),
             concurrency=concurrency,
+            kind=kind,
         )
 
     def mark_stopped(self, worker_id: uuid.UUID) -> None:
-        """A worker stopped: its heartbeat is set as old as a dead one's, at once."""
-        self.filter(id=worker_id).update(heartbeat_at=Now() - dead_after())
+        """A worker stopped cleanly: `stopped_at` says so, and its heartbeat is set as old
+        as a dead one's, at once."""
+        self.filter(id=worker_id).update(heartbeat_at=Now() - dead_after(), stopped_at=Now())
 
 
 class ScheduleQuerySet(models.QuerySet["Schedule"]):
