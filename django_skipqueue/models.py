@@ -406,6 +406,36 @@ class Job(models.Model):
         """Stable across every attempt of this job: hand it to external services."""
         return idempotency_key_of(self.id)
 
+    @property
+    def progress_fraction(self) -> float | None:
+        """done / total of the last progress report, 0 to 1 (None: no report, or no
+        total)."""
+        report = self.progress if isinstance(self.progress, dict) else {}
+        done, total = report.get("done"), report.get("total")
+        if not isinstance(done, (int, float)) or not isinstance(total, (int, float)):
+            return None
+        return min(max(done / total, 0.0), 1.0) if total > 0 else None
+
+    def describe_progress(self) -> str:
+        """The last progress report in words: "40 of 100 (40 %): page 3" ("" if none).
+        A report of an earlier attempt says so."""
+        report = self.progress if isinstance(self.progress, dict) else None
+        if report is None:
+            return ""
+        done, total, note = report.get("done"), report.get("total"), report.get("note")
+        text = f"{done:g}" if isinstance(done, (int, float)) else "?"
+        if isinstance(total, (int, float)):
+            text += f" of {total:g}"
+            fraction = self.progress_fraction
+            if fraction is not None:
+                text += f" ({fraction:.0%})"
+        if note:
+            text += f": {note}"
+        attempt = report.get("attempt")
+        if isinstance(attempt, int) and attempt != self.attempts:
+            text += f" (attempt {attempt})"
+        return text
+
 
 class Workflow(models.Model):
     """Jobs enqueued together as chains, groups and chords (docs/howto/workflows.md).
@@ -457,6 +487,24 @@ class Workflow(models.Model):
         """The workflow's result once done (a chain's last result, a group's list...);
         WorkflowFailed if it failed or was cancelled, WorkflowNotFinished before."""
         return Workflow.objects.db_manager(self._state.db).result_of(self)
+
+    def progress(self) -> dict[str, Any]:
+        """How far the workflow has come: its jobs counted by state, and the progress
+        its running jobs reported (`context.set_progress`), in one query of its jobs."""
+        jobs = Job.objects.using(self._state.db).filter(workflow_id=self.id)
+        counts: dict[str, int] = {}
+        running = []
+        for job in jobs.only("id", "task", "state", "attempts", "progress").order_by("id"):
+            counts[job.state] = counts.get(job.state, 0) + 1
+            if job.state == JobState.RUNNING and job.progress:
+                running.append({"id": job.id, "task": job.task, "progress": job.progress})
+        total = sum(counts.values())
+        return {
+            "jobs": total,
+            "by_state": counts,
+            "done": counts.get(JobState.DONE, 0),
+            "running": running,
+        }
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the workflow finishes and return its result (see `result`).

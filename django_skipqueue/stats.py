@@ -157,3 +157,34 @@ def throughput_last_hour(database: str | None = None) -> list[tuple[int, int]]:
         )
         counts = dict(cursor.fetchall())
     return [((bucket + 1) * 5, counts.get(bucket, 0)) for bucket in range(11, -1, -1)]
+
+
+#: The most running jobs `jobs_in_progress` lists.
+IN_PROGRESS_SHOWN = 100
+
+
+def jobs_in_progress(database: str | None = None) -> list[dict[str, Any]]:
+    """Running jobs that reported progress (`context.set_progress`), the longest
+    running first, at most IN_PROGRESS_SHOWN (running jobs only: a partial index)."""
+    alias = database or get_settings().DATABASE_ALIAS
+    running = (
+        Job.objects.using(alias)
+        .running()
+        .filter(progress__isnull=False)
+        .order_by("started_at")
+        .only("id", "task", "queue_name", "attempts", "progress", "max_attempts")
+    )
+    shown = []
+    for job in running[:IN_PROGRESS_SHOWN]:
+        report = job.progress if isinstance(job.progress, dict) else {}
+        shown.append(
+            {
+                "id": job.id,
+                "task": job.task,
+                "queue": job.queue_name,
+                "attempt": job.attempts,
+                **{key: report.get(key) for key in ("done", "total", "note", "at")},
+                "summary": job.describe_progress(),
+            }
+        )
+    return shown

@@ -126,9 +126,23 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "pretty_result",
         "timeline",
         "error_history",
+        "progress_shown",
     ]
     fieldsets = [
-        (None, {"fields": ["id", "task", "queue_name", "priority", "state", "expires_at"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "id",
+                    "task",
+                    "queue_name",
+                    "priority",
+                    "state",
+                    "expires_at",
+                    "progress_shown",
+                ]
+            },
+        ),
         (
             _("Attempts"),
             {
@@ -286,7 +300,8 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                     text,
                 )
             left = _("lease: %(age)s left") % {"age": _age(job.leased_until - now)}
-            return format_html('<span title="{}">{}</span>', _when(job.leased_until), left)
+            cell = format_html('<span title="{}">{}</span>', _when(job.leased_until), left)
+            return format_html("{}{}", cell, progress_html(job))
         if job.state == JobState.PENDING:
             text = (
                 _("due in %(age)s") % {"age": _age(job.run_at - now)}
@@ -298,6 +313,14 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
             text = _("ended %(age)s ago") % {"age": _age(now - job.finished_at)}
             return format_html('<span title="{}">{}</span>', _when(job.finished_at), text)
         return _when(job.run_at)
+
+    @admin.display(description=_("progress"))
+    def progress_shown(self, job: Job) -> str:
+        """The task's last `context.set_progress()`, and when it was written."""
+        if not job.progress:
+            return "-"
+        at = job.progress.get("at") if isinstance(job.progress, dict) else None
+        return format_html("{}<br><small>{}</small>", progress_html(job), at or "")
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, job: Job) -> str:
@@ -561,3 +584,17 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                 messages.WARNING,
             )
         return redirect("admin:skipqueue_job_change", object_id)
+
+
+def progress_html(job: Job) -> str:
+    """A bar and the words of a job's last progress report ("" if it made none)."""
+    text = job.describe_progress()
+    if not text:
+        return ""
+    fraction = job.progress_fraction
+    bar = (
+        format_html('<progress max="100" value="{}"></progress> ', round(fraction * 100))
+        if fraction is not None
+        else ""
+    )
+    return format_html('<div class="skipqueue-progress">{}{}</div>', bar, text)

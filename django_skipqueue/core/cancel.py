@@ -1,4 +1,5 @@
-"""The flag by which a worker tells a running task that an operator asked it to stop."""
+"""The flag by which a worker tells a running task that an operator asked it to stop,
+and by which the task hands its progress reports to the worker."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ class CancelFlag:
     nobody does. Setting and reading a bool are atomic under the GIL.
     """
 
-    __slots__ = ("_set",)
+    __slots__ = ("_set", "progress")
 
     def __init__(self) -> None:
         self._set = False
+        #: The task's latest `context.set_progress()` not yet written: the worker's
+        #: housekeeper takes it (at most once a second per job) and writes it through
+        #: the fence. Swapping a reference is atomic under the GIL.
+        self.progress: dict[str, object] | None = None
 
     def set(self) -> None:
         self._set = True

@@ -1219,6 +1219,14 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return Renewal.CANCEL_REQUESTED
         return Renewal.LOST
 
+    def report_progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> bool:
+        """Write a running attempt's progress (`context.set_progress()`), with the
+        attempt and the database's time ("at"). Fenced like an ack: False means this attempt no
+        longer holds the job, and nothing was written."""
+        fields = {key: Value(value) for key, value in progress.items()}
+        stamped = JSONObject(**fields, attempt=Value(attempt), at=Now())
+        return self.holding(job_id, attempt).update(progress=stamped) == 1
+
     def cancel_requested(self, job_id: int, attempt: int) -> bool:
         """Whether an operator asked this attempt, still held, to stop (one read)."""
         return self.holding(job_id, attempt).filter(cancel_requested_at__isnull=False).exists()

@@ -26,6 +26,7 @@ from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.queue.connections import Backoff, discard_connection
 from django_skipqueue.queue.managers import Renewal
 from django_skipqueue.runtime.inflight import Flight, InFlight
+from django_skipqueue.tasks.base import PROGRESS_WRITE_SECONDS
 
 if TYPE_CHECKING:
     from django_skipqueue.runtime.flow import FlowView
@@ -84,6 +85,7 @@ class Housekeeper:
             while not self.halted.is_set():
                 try:
                     self.renew_due_leases()
+                    self.write_progress()
                     now = time.monotonic()
                     if now >= next_beat:
                         self.heartbeat()
@@ -161,6 +163,19 @@ class Housekeeper:
                 flight.job.task,
                 flight.attempt,
             )
+
+    def write_progress(self) -> None:
+        """Write the progress tasks reported (`context.set_progress`) since the last
+        pass, through the fence, at most once per PROGRESS_WRITE_SECONDS per job."""
+        due = self.held.progress_due(time.monotonic(), PROGRESS_WRITE_SECONDS)
+        if not due:
+            return
+        jobs = Job.objects.db_manager(self.database)
+        for flight, report in due:
+            if not jobs.report_progress(flight.job.id, flight.attempt, report):
+                logger.debug(
+                    "job progress refused id=%s: attempt no longer holds it", flight.job.id
+                )
 
     def probe_keyed(self) -> None:
         """Once a KEYED_PROBE_SECONDS, look for due keyed jobs that no NOTIFY announced

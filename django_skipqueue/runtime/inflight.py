@@ -41,6 +41,7 @@ class Flight:
     #: it as `TaskContext.cancel_requested`).
     cancel: CancelFlag = field(default_factory=CancelFlag)
     claimed_at: float = 0.0  # process clock: when it was claimed (it waits in the buffer)
+    progress_written_at: float = -NEVER  # process clock: its progress's last write
 
 
 @dataclass
@@ -190,6 +191,20 @@ class InFlight:
         with self._lock:
             flight = self._flights.get(job_id)
             return flight.cancel if flight is not None else None
+
+    def progress_due(self, now: float, every: float) -> list[tuple[Flight, dict[str, Any]]]:
+        """Held jobs whose task reported progress not yet written, and last written
+        `every` seconds ago or more: each report is taken (the next one waits for the
+        next pass)."""
+        due = []
+        with self._lock:
+            for flight in self._flights.values():
+                report = flight.cancel.progress
+                if report is not None and now - flight.progress_written_at >= every:
+                    flight.cancel.progress = None
+                    flight.progress_written_at = now
+                    due.append((flight, report))
+        return due
 
     def renewal_refused(self, flight: Flight) -> None:
         """The fence refused a renewal: this attempt lost the job; never renew it again."""

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.conf.limits import MAX_CONCURRENCY, canonical_rate
 from django_skipqueue.core.cron import Cron
-from django_skipqueue.core.payload import normalize_arguments
+from django_skipqueue.core.payload import normalize_arguments, storable_text
 from django_skipqueue.core.retry import RetryPolicy
 from django_skipqueue.core.spec import (
     ON_CONFLICT_CHOICES,
@@ -161,6 +161,33 @@ def default_retry_policy() -> RetryPolicy:
     )
 
 
+#: A job's progress is written at most once per this many seconds, whatever the task
+#: calls (`TaskContext.set_progress`).
+PROGRESS_WRITE_SECONDS = 1.0
+#: The longest progress note kept, in characters.
+PROGRESS_NOTE_MAX_CHARS = 200
+
+
+def progress_report(done: object, total: object = None, note: object = "") -> dict[str, Any]:
+    """A progress report as stored in `Job.progress`, or TypeError / ValueError naming
+    what is wrong with it."""
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"set_progress(): {name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"set_progress(): {name} must be a finite number >= 0, got {value}")
+    if not isinstance(note, str):
+        raise TypeError(f"set_progress(): note must be a str, got {type(note).__name__}")
+    if len(note) > PROGRESS_NOTE_MAX_CHARS:
+        raise ValueError(
+            f"set_progress(): note is {len(note)} characters; at most "
+            f"{PROGRESS_NOTE_MAX_CHARS} are kept"
+        )
+    return {"done": done, "total": total, "note": storable_text(note)}
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """What a task declared with `takes_context=True` receives as its first argument."""
@@ -180,6 +207,11 @@ class TaskContext:
     #: The process clock (time.monotonic) at the task's soft and hard time limits.
     soft_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
     hard_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: Outside a worker: when set_progress last wrote (process clock), in a list to
+    #: stay mutable in this frozen class.
+    _progress_written: list[float] = dataclasses.field(
+        default_factory=lambda: [-math.inf], repr=False, compare=False
+    )
 
     @property
     def time_left(self) -> float | None:
@@ -228,6 +260,31 @@ class TaskContext:
         if renewal is Renewal.CANCEL_REQUESTED:
             self._cancelled()
         return renewal is Renewal.RENEWED
+
+    def set_progress(self, done: float, total: float | None = None, note: str = "") -> None:
+        """Report how far this attempt has come: `done` of `total` (None: unknown),
+        and a short `note` ("page 3 of 40").
+
+        Cheap to call in a tight loop: in a worker it only hands the latest report over,
+        and the worker writes it at most once a second per job, through the fence (only
+        the attempt that holds the lease can write it). It shows in the admin, in
+        `queuestats --json` and in `job.progress` after `refresh_from_db()`. Outside a
+        worker it is written at once, at most once a second. A relayed queue's job has
+        no lease in the table: its progress is not recorded.
+        """
+        report = progress_report(done, total, note)
+        if self.brokered:
+            return
+        if self.cancel_event is not None:  # in a worker: its housekeeper writes it
+            self.cancel_event.progress = report
+            return
+        now = time.monotonic()
+        if now - self._progress_written[0] < PROGRESS_WRITE_SECONDS:
+            return
+        from django_skipqueue.models import Job
+
+        self._progress_written[0] = now
+        Job.objects.db_manager(self.database).report_progress(self.job_id, self.attempt, report)
 
     @property
     def cancel_requested(self) -> bool:

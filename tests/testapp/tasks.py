@@ -524,3 +524,18 @@ def trial_queries_forever(context: TaskContext) -> None:
         with transaction.atomic():
             Run.objects.filter(job_id=context.job_id).update(attempt=context.attempt)
             list(Run.objects.filter(job_id=context.job_id)[:5])
+
+
+#: Set by tests/test_job_progress.py to let `reports_progress` finish.
+progress_release = threading.Event()
+
+
+@task(takes_context=True, lease=2.0)
+def reports_progress(context: TaskContext, steps: int = 5000) -> int:
+    """Reports progress in a tight loop (far more often than it is written), then waits
+    for the test to look at it, then reports once more and returns."""
+    for done in range(steps):
+        context.set_progress(done + 1, steps, note=f"step {done + 1}")
+    progress_release.wait(timeout=20)
+    context.set_progress(steps, steps, note="finished")
+    return steps

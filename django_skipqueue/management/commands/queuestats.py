@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.management.preflight import require_migrated
-from django_skipqueue.stats import queue_stats
+from django_skipqueue.stats import jobs_in_progress, queue_stats
 
 COLUMNS = [
     "queue",
@@ -50,7 +50,8 @@ class Command(BaseCommand):
             for row in rows
         ]
         if options["json"]:
-            self.stdout.write(json.dumps({"queues": rows}, indent=2))
+            document = {"queues": rows, "in_progress": jobs_in_progress()}
+            self.stdout.write(json.dumps(document, indent=2))
             return
         widths = {c: max([len(c), *(len(_cell(r[c])) for r in table_rows)]) for c in COLUMNS}
         self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS))
