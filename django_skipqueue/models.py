@@ -27,6 +27,7 @@ from django_skipqueue.core.states import (
 from django_skipqueue.queue.managers import (
     JobManager,
     QueueManager,
+    QueueMinuteManager,
     RateBucketManager,
     ScheduleManager,
     WorkerProcessManager,
@@ -693,6 +694,8 @@ class QueueMinute(models.Model):
     run_seconds = models.FloatField(default=0.0)
     #: The largest age of the oldest due job seen in this minute (None: not sampled).
     oldest_due_seconds = models.FloatField(null=True, blank=True)
+
+    objects = QueueMinuteManager()
 
     class Meta:
         verbose_name = _("queue minute")

@@ -6,6 +6,7 @@ never a COUNT(*) of the whole table.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,7 +21,7 @@ from django_skipqueue.conf.limits import QueueLimit, queue_limits
 from django_skipqueue.conf.relay import RelayConfig, relay_config
 from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.models import Job, Queue, WorkerProcess, queue_names_of
+from django_skipqueue.models import PICKUP_BUCKETS, Job, Queue, WorkerProcess, queue_names_of
 
 
 @dataclass
@@ -146,19 +147,6 @@ def _lag_seconds(alias: str) -> dict[str, float]:
         return {name: float(seconds) for name, seconds in cursor.fetchall()}
 
 
-def throughput_last_hour(database: str | None = None) -> list[tuple[int, int]]:
-    """(minutes ago, jobs done) for each 5-minute bucket of the last hour, oldest first."""
-    alias = database or get_settings().DATABASE_ALIAS
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT floor(EXTRACT(EPOCH FROM now() - finished_at) / 300)::int, count(*) "
-            "FROM skipqueue_job WHERE state = 'done' "
-            "AND finished_at >= now() - interval '1 hour' GROUP BY 1"
-        )
-        counts = dict(cursor.fetchall())
-    return [((bucket + 1) * 5, counts.get(bucket, 0)) for bucket in range(11, -1, -1)]
-
-
 #: The most running jobs `jobs_in_progress` lists.
 IN_PROGRESS_SHOWN = 100
 
@@ -188,3 +176,90 @@ def jobs_in_progress(database: str | None = None) -> list[dict[str, Any]]:
             }
         )
     return shown
+
+
+# -- trends: the overview's charts, from the per-minute counts (QueueMinute) ------------
+
+#: The overview's windows: how far back, and how many minutes a bar covers. The last
+#: bar of "hour" is the overview's "done 5 min" window (this minute and the 4 before).
+WINDOWS: dict[str, tuple[int, int]] = {"hour": (60, 5), "day": (24 * 60, 60)}
+
+
+@dataclass
+class Bucket:
+    """What a queue's workers counted in one bar's minutes."""
+
+    minutes_ago: int  # the bar's end, in minutes before the current one (0: now)
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    lost: int = 0
+    pickups: int = 0
+    pickup_buckets: list[int] | None = None
+    oldest_due_seconds: float | None = None
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Failed attempts (retried or failed) over attempts ended, or None if none."""
+        ended = self.succeeded + self.retried + self.failed
+        return (self.retried + self.failed) / ended if ended else None
+
+    def pickup_quantile(self, share: float) -> float | None:
+        """The pickup delay under which `share` of the pickups fell: the upper bound
+        of the histogram bucket where it is reached (the last finite bound for the
+        open-ended one). None without pickups."""
+        counts = self.pickup_buckets or []
+        total = sum(counts)
+        if not total:
+            return None
+        wanted, seen = share * total, 0
+        for bound, count in zip(PICKUP_BUCKETS, counts, strict=False):
+            seen += count
+            if seen >= wanted:
+                return bound if bound != float("inf") else PICKUP_BUCKETS[-2]
+        return PICKUP_BUCKETS[-2]
+
+
+def queue_trends(window: str = "hour", database: str | None = None) -> dict[str, list[Bucket]]:
+    """Per queue, its bars over `window` ("hour" or "day"), oldest first: one query
+    of the per-minute rows (the minute index), never the job table."""
+    span, width = WINDOWS[window]
+    alias = database or get_settings().DATABASE_ALIAS
+    bars = span // width
+    trends: dict[str, list[Bucket]] = {}
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT queue_name, "
+            "floor(EXTRACT(EPOCH FROM date_trunc('minute', now()) - minute) / 60 / %s)::int, "
+            "succeeded, retried, failed, cancelled, lost, pickups, pickup_buckets, "
+            "oldest_due_seconds FROM skipqueue_queueminute "
+            "WHERE minute > date_trunc('minute', now()) - make_interval(mins => %s) "
+            "AND minute <= now()",
+            [width, span],
+        )
+        rows = cursor.fetchall()
+    for name, index, *counts in rows:
+        if not 0 <= index < bars:
+            continue
+        series = trends.get(name)
+        if series is None:
+            series = trends[name] = [Bucket(minutes_ago=i * width) for i in range(bars)][::-1]
+        bucket = series[bars - 1 - index]
+        succeeded, retried, failed, cancelled, lost, pickups, histogram, oldest = counts
+        bucket.succeeded += succeeded
+        bucket.retried += retried
+        bucket.failed += failed
+        bucket.cancelled += cancelled
+        bucket.lost += lost
+        bucket.pickups += pickups
+        if isinstance(histogram, str):
+            histogram = json.loads(histogram)
+        if isinstance(histogram, list) and histogram:
+            mine = bucket.pickup_buckets or [0] * len(PICKUP_BUCKETS)
+            for i, count in enumerate(histogram[: len(mine)]):
+                mine[i] += int(count)
+            bucket.pickup_buckets = mine
+        if oldest is not None:
+            bucket.oldest_due_seconds = max(bucket.oldest_due_seconds or 0.0, float(oldest))
+    return dict(sorted(trends.items()))

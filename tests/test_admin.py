@@ -66,7 +66,7 @@ def test_pages_render_for_a_superuser(superuser_client):
     done = JobFactory(state="done", result={"api_key": "s3cr3t-value", "sent": 3})  # S14
     detail = superuser_client.get(reverse("admin:skipqueue_job_change", args=[done.id]))
     assert b"s3cr3t-value" not in detail.content and b"sent" in detail.content
-    assert b"throughput-chart" in superuser_client.get(reverse("admin:skipqueue_overview")).content
+    assert b"Trends per queue" in superuser_client.get(reverse("admin:skipqueue_overview")).content
 
 
 def test_anonymous_users_are_sent_to_the_login_page(client):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from django_skipqueue.models import Job, JobState
+from django_skipqueue.models import Job, JobState, QueueMinute
 from tests.factories import JobFactory
 from tests.processes import REPO_ROOT, child_env, wait_until
 
@@ -143,6 +143,17 @@ def test_at_1280_px_the_job_list_shows_what_an_operator_triages_by(server_url, p
 def test_an_operator_requeues_a_stuck_job_from_its_page_and_reaches_the_overview(server_url, page):
     stuck = JobFactory(expired=True, task="shop.tasks.send_welcome_email")
     JobFactory.create_batch(3, done=True)
+    QueueMinute.objects.add(
+        {
+            "default": {
+                "succeeded": 3,
+                "pickups": 3,
+                "pickup_seconds": 0.03,
+                "pickup_buckets": [0, 3],
+                "oldest_due_seconds": 2.0,
+            }
+        }
+    )
     log_in(page, server_url)
     ARTIFACTS.mkdir(exist_ok=True)
 
@@ -162,8 +173,10 @@ def test_an_operator_requeues_a_stuck_job_from_its_page_and_reaches_the_overview
     page.click("a:text-is('Queue overview')")
     # click() does not wait for the new page: wait for the table (is_visible() does not).
     page.locator("#queue-overview").wait_for(state="visible", timeout=10_000)
-    assert page.locator("#throughput-chart rect").count() == 12
-    assert page.locator("#throughput-chart .tick-label").count() == 3  # a scale
+    charts = page.locator(".skipqueue-trends .skipqueue-chart")
+    assert charts.count() == 4  # one queue's counts (counted_minutes): four charts
+    assert charts.first.locator(".tick-label").count() == 3  # a scale
+    assert charts.first.locator("rect").count() >= 1
     assert page.locator(".breadcrumbs a").first.inner_text() == "Home"
     page.screenshot(path=str(ARTIFACTS / "admin-queue-overview-1280.png"), full_page=True)
     assert Job.objects.filter(state=JobState.DONE).count() == 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django_skipqueue.admin.common import STYLESHEET, OwnLookupsOnly
 from django_skipqueue.admin.jobs import JobAdmin
-from django_skipqueue.admin.queues import QueueOverviewAdmin, QueueOverviewViews, throughput_chart
+from django_skipqueue.admin.queues import QueueOverviewAdmin, QueueOverviewViews, trend_charts
 from django_skipqueue.admin.schedules import ScheduleAdmin
 from django_skipqueue.admin.workers import WorkerProcessAdmin
 from django_skipqueue.admin.workflows import WorkflowAdmin
@@ -23,5 +23,5 @@ __all__ = [
     "ScheduleAdmin",
     "WorkerProcessAdmin",
     "WorkflowAdmin",
-    "throughput_chart",
+    "trend_charts",
 ]

@@ -18,8 +18,10 @@ from django.http import (
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from django_skipqueue.admin import charts
 from django_skipqueue.admin.common import (
     OwnLookupsOnly,
     ReadOnly,
@@ -27,7 +29,7 @@ from django_skipqueue.admin.common import (
 from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job, Queue, QueueOverview
-from django_skipqueue.stats import queue_stats, throughput_last_hour
+from django_skipqueue.stats import WINDOWS, Bucket, queue_stats, queue_trends
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
@@ -88,6 +90,16 @@ class QueueOverviewViews(_ModelAdmin):
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        window = request.GET.get("window", "hour")
+        if window not in WINDOWS:
+            window = "hour"
+        hour = queue_trends("hour")
+        trends = hour if window == "hour" else queue_trends(window)
+        rows = queue_stats()
+        for row in rows:  # the columns count what the hour chart's bars count
+            series = hour.get(row.queue, [])
+            row.done_5m = series[-1].succeeded if series else 0
+            row.done_1h = sum(bucket.succeeded for bucket in series)
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
@@ -98,9 +110,13 @@ class QueueOverviewViews(_ModelAdmin):
                     # worker row: it is not "unattended" for that.
                     "unattended": row.pending_due > 0 and not row.live_workers and not row.relayed,
                 }
-                for row in queue_stats()
+                for row in rows
             ],
-            "chart": throughput_chart(throughput_last_hour()),
+            "window": window,
+            "panels": [
+                {"queue": name, "charts": trend_charts(series, window)}
+                for name, series in trends.items()
+            ],
             "can_pause": self.has_pause_queue_permission(request),
             "opts": self.model._meta,
             "breadcrumbs_as_list": django.VERSION >= (6, 1),  # Django 6.1's admin markup
@@ -108,25 +124,50 @@ class QueueOverviewViews(_ModelAdmin):
         return TemplateResponse(request, "admin/skipqueue/overview.html", context)
 
 
-def throughput_chart(buckets: list[tuple[int, int]]) -> dict[str, Any]:
-    """Bars of jobs done per bucket, with a scale: gridlines at 0, half and the peak."""
-    peak = max((count for _, count in buckets), default=0)
-    top = max(peak, 1)
-    height, left = 100, 44
-    bars = [
-        {
-            "x": left + index * 40,
-            "y": 110 - round(count / top * height),
-            "height": round(count / top * height),
-            "count": count,
-            "label": f"-{minutes}m",
-        }
-        for index, (minutes, count) in enumerate(buckets)
+def trend_charts(series: list[Bucket], window: str) -> list[SafeString]:
+    """A queue's four charts over `window`: attempts ended by outcome, the failure
+    rate, the pickup delay (p50 and p95) and the age of the oldest due job."""
+    _span, width = WINDOWS[window]
+    labels = [
+        _("now")
+        if bucket.minutes_ago == 0
+        else (f"-{bucket.minutes_ago} min" if width < 60 else f"-{bucket.minutes_ago // 60} h")
+        for bucket in series
     ]
-    ticks = [
-        {"y": 110 - round(share * height), "value": round(top * share)} for share in (0, 0.5, 1)
+    per = _("per %(n)s min") % {"n": width} if width < 60 else _("per hour")
+    return [
+        charts.bar_chart(
+            _("Ended %(per)s") % {"per": per},
+            [
+                (_("succeeded"), "#16a34a", [b.succeeded for b in series]),
+                (_("retried"), "#d97706", [b.retried for b in series]),
+                (_("failed"), "#dc2626", [b.failed for b in series]),
+            ],
+            labels,
+            charts.count,
+        ),
+        charts.line_chart(
+            _("Failure rate"),
+            [(_("retried or failed"), "#dc2626", [b.failure_rate for b in series])],
+            labels,
+            charts.percent,
+        ),
+        charts.line_chart(
+            _("Pickup delay"),
+            [
+                ("p50", "#2563eb", [b.pickup_quantile(0.5) for b in series]),
+                ("p95", "#7c3aed", [b.pickup_quantile(0.95) for b in series]),
+            ],
+            labels,
+            charts.duration,
+        ),
+        charts.line_chart(
+            _("Oldest due job"),
+            [(_("age"), "#b45309", [b.oldest_due_seconds for b in series])],
+            labels,
+            charts.duration,
+        ),
     ]
-    return {"bars": bars, "ticks": ticks, "width": left + 40 * len(buckets), "left": left}
 
 
 @admin.register(QueueOverview)

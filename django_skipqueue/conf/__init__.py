@@ -9,6 +9,7 @@ by a crash at import.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +86,17 @@ def _name(value: Any) -> bool:
 
 def _names(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and all(_name(item) for item in value)
+
+
+def _networks(value: Any) -> bool:
+    if not isinstance(value, (list, tuple)):
+        return False
+    try:
+        for item in value:
+            ipaddress.ip_network(item, strict=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _dict(value: Any) -> bool:
@@ -168,6 +180,10 @@ class SkipQueueSettings:
     #: "PREFETCH", "RESULTS" and "DELIVERY_LIMIT" (see broker.RelayConfig). Empty: off.
     #: Checked by skipqueue.E012.
     RELAY: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The web metrics view (`django_skipqueue.urls`, docs/howto/monitoring.md): clients
+    #: from these networks ("10.0.0.0/8", "127.0.0.1") may scrape it without logging
+    #: in; anyone else needs a user with the "view job" permission.
+    METRICS_ALLOWED_NETWORKS: tuple[str, ...] = ()
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
     #: Keys whose values are masked in stored errors and the admin (any case, punctuation
@@ -221,6 +237,7 @@ class SkipQueueSettings:
             "IDLE_IN_TRANSACTION_SECONDS": (_positive_number, "a positive number of seconds"),
             "LOCK_TIMEOUT_SECONDS": (_positive_number, "a positive number of seconds"),
             "REDACT_KEYS": (_names, "a list of key names"),
+            "METRICS_ALLOWED_NETWORKS": (_networks, "a list of IP networks ('10.0.0.0/8')"),
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
             "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),
             "QUEUE_LIMITS": (_named_entries, "a dict of queue names to dicts"),
@@ -295,7 +312,7 @@ def get_settings() -> SkipQueueSettings:
     if cached is not None and cached[0] is raw:
         return cached[1]
     known = {key: value for key, value in user_settings().items() if key in KNOWN_KEYS}
-    for key in ("TASK_MODULES", "REDACT_KEYS"):
+    for key in ("TASK_MODULES", "REDACT_KEYS", "METRICS_ALLOWED_NETWORKS"):
         if isinstance(known.get(key), list):
             known[key] = tuple(known[key])
     built = SkipQueueSettings(**known)

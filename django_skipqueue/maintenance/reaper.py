@@ -9,9 +9,10 @@ doing the same work twice.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
@@ -20,7 +21,7 @@ from django.db.models.functions import Now
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient
-from django_skipqueue.models import Job, JobState, WorkerProcess, Workflow
+from django_skipqueue.models import Job, JobState, QueueMinute, WorkerProcess, Workflow
 from django_skipqueue.queue.connections import bounded
 from django_skipqueue.queue.managers import ReapResult
 from django_skipqueue.queue.sql import try_advisory_xact_lock
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PRUNE_BATCH_SIZE = 1000
+#: How long the per-minute counts (QueueMinute) are kept: the overview's longest chart
+#: is a day.
+MINUTES_KEPT = timedelta(hours=25)
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,10 @@ class HousekeepingResult:
     pruned_failed: int = 0
     pruned_workers: int = 0
     pruned_workflows: int = 0
+    pruned_minutes: int = 0
     locked_out: bool = False
+    #: Expired leases taken back, per queue (the metrics).
+    lease_expirations: Mapping[str, int] = field(default_factory=dict)
 
 
 class Reaper:
@@ -75,6 +82,7 @@ class Reaper:
             if not self._locked():
                 return HousekeepingResult(locked_out=True)
             result: ReapResult = jobs.reap()
+            self._sample_oldest_due(jobs)
         if result.total:
             signals.job_reaped.send(
                 sender=Job,
@@ -88,6 +96,15 @@ class Reaper:
             failed=result.failed,
             cancelled=result.cancelled,
             expired=result.expired,
+            lease_expirations=result.by_queue,
+        )
+
+    def _sample_oldest_due(self, jobs: Any) -> None:
+        """The age of each queue's oldest due job, into the current minute's rows (the
+        overview's chart): by the one housekeeper holding the lock, once a pass."""
+        gauges = jobs.queue_gauges()
+        QueueMinute.objects.db_manager(self.database).add(
+            {name: {"oldest_due_seconds": g["oldest_due_seconds"]} for name, g in gauges.items()}
         )
 
     def prune(
@@ -96,6 +113,7 @@ class Reaper:
         done_older_than: timedelta | None = None,
         failed_older_than: timedelta | None = None,
         workers_dead_for: timedelta | None = None,
+        minutes_older_than: timedelta | None = None,
         dry_run: bool = False,
     ) -> HousekeepingResult:
         """Delete finished jobs and dead worker rows older than the given ages.
@@ -115,11 +133,15 @@ class Reaper:
             workflows = Workflow.objects.db_manager(self.database).prune(
                 finished_before=done_older_than, dry_run=dry_run
             )
+        minutes = 0
+        if minutes_older_than is not None and not dry_run:
+            minutes = QueueMinute.objects.db_manager(self.database).prune(minutes_older_than)
         return HousekeepingResult(
             pruned_done=done,
             pruned_failed=failed,
             pruned_workers=workers,
             pruned_workflows=workflows,
+            pruned_minutes=minutes,
         )
 
     def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:

@@ -34,6 +34,13 @@ def zero_or_more_int(text: str) -> int:
     return _whole_number(text, 0)
 
 
+def port_number(text: str) -> int:
+    value = _whole_number(text, 1)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1 to 65535)")
+    return value
+
+
 def _number(text: str, unit: str, *, allow_zero: bool) -> float:
     """A finite number of `unit`: positive, or zero or more with `allow_zero`."""
     try:

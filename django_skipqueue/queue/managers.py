@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import functools
 import itertools
+import json
 import logging
 import math
 import os
@@ -78,7 +79,14 @@ if TYPE_CHECKING:
     from django_skipqueue.conf.limits import QueueLimit
     from django_skipqueue.core.payload import JSONValue
     from django_skipqueue.core.spec import JobSpec
-    from django_skipqueue.models import Job, Queue, RateBucket, Schedule, WorkerProcess  # noqa: F401
+    from django_skipqueue.models import (  # noqa: F401
+        Job,
+        Queue,
+        QueueMinute,
+        RateBucket,
+        Schedule,
+        WorkerProcess,
+    )
 
 T = TypeVar("T")
 #: A call checked for enqueue: plain args, plain kwargs, and their JSON texts.
@@ -178,6 +186,9 @@ class ReapResult:
     failed: int = 0
     cancelled: int = 0  # a cancel was requested: ended cancelled, not retried
     expired: int = 0  # not started by `expires_at`: ended cancelled, by EXPIRED
+    #: Expired leases by queue, as counted just before the reap (the metrics' series
+    #: skipqueue_lease_expirations_total).
+    by_queue: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -1219,6 +1230,28 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return Renewal.CANCEL_REQUESTED
         return Renewal.LOST
 
+    def queue_gauges(self) -> dict[str, dict[str, float]]:
+        """Per queue: jobs pending and due, scheduled, waiting, running and stuck, and
+        the age in seconds of the oldest due job (database clock). Read only from the
+        partial indexes of unfinished jobs, never the finished ones: the cost follows
+        the backlog, not the table."""
+        gauges: dict[str, dict[str, float]] = {}
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.QUEUE_GAUGES)
+            for name, due, scheduled, running, stuck, oldest in cursor.fetchall():
+                gauges[name] = {
+                    "pending_due": due,
+                    "scheduled": scheduled,
+                    "running": running,
+                    "stuck": stuck,
+                    "waiting": 0,
+                    "oldest_due_seconds": float(oldest or 0.0),
+                }
+            cursor.execute(sql.WAITING_BY_QUEUE)
+            for name, waiting in cursor.fetchall():
+                gauges.setdefault(name, dict.fromkeys(GAUGE_NAMES, 0.0))["waiting"] = waiting
+        return gauges
+
     def report_progress(self, job_id: int, attempt: int, progress: dict[str, Any]) -> bool:
         """Write a running attempt's progress (`context.set_progress()`), with the
         attempt and the database's time ("at"). Fenced like an ack: False means this attempt no
@@ -1298,6 +1331,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         left alone, and two reapers never count a job twice): jobs with an attempt left
         go back to pending, due now; the others end failed.
         """
+        # Per queue, for the metrics; the lease index serves it (usually no row).
+        by_queue = dict(self.expired().order_by().values_list("queue_name").annotate(n=Count("id")))
         try:
             with _savepoint_if_in_transaction(self.db):
                 result = self._reap(self.expired())
@@ -1307,6 +1342,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             logger.error("reap failed, reaping row by row: %s", error)
             result = self._reap_row_by_row()
         if result.total:
+            result = dataclasses.replace(result, by_queue=by_queue)
             logger.warning(
                 "leases expired requeued=%d failed=%d cancelled=%d",
                 result.requeued,
@@ -1742,3 +1778,47 @@ def _notify_control(alias: str) -> None:
     payload is empty, like every NOTIFY of ours: channels are visible to every user."""
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [sql.CONTROL_CHANNEL])
+
+
+#: The names of `JobManager.queue_gauges()`' numbers, per queue.
+GAUGE_NAMES = ("pending_due", "scheduled", "waiting", "running", "stuck", "oldest_due_seconds")
+
+#: The counts a QueueMinute row adds up (its integer and float columns).
+MINUTE_COUNTS = (
+    "succeeded",
+    "retried",
+    "failed",
+    "cancelled",
+    "lost",
+    "unknown",
+    "pickups",
+    "pickup_seconds",
+    "runs",
+    "run_seconds",
+)
+
+
+class QueueMinuteManager(models.Manager["QueueMinute"]):
+    """The per-minute counts the admin's charts read (see models.QueueMinute)."""
+
+    def add(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
+        """Add each queue's counts to its row of the database's current minute: one
+        upsert, queues in name order (two workers never wait on each other's rows in
+        opposite orders). A count missing from a row adds 0; `pickup_buckets` adds up
+        bucket by bucket; `oldest_due_seconds` keeps the largest."""
+        if not rows:
+            return
+        records = []
+        for name in sorted(rows):
+            counts = rows[name]
+            record: dict[str, Any] = {"queue_name": name}
+            record |= {column: counts.get(column, 0) for column in MINUTE_COUNTS}
+            record["pickup_buckets"] = list(counts.get("pickup_buckets") or [])
+            record["oldest_due_seconds"] = counts.get("oldest_due_seconds")
+            records.append(record)
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.ADD_MINUTE, [json.dumps(records)])
+
+    def prune(self, older_than: timedelta) -> int:
+        """Delete the minutes older than `older_than` (the minute index serves it)."""
+        return self.filter(minute__lt=Now() - older_than).delete()[0]

@@ -413,3 +413,64 @@ RETURNING id
 def workflow_columns_statement(defaults: tuple[tuple[str, object], ...]) -> str:
     """WORKFLOW_COLUMNS with ENQUEUE_DEFAULTS (column, value) quoted in as literals."""
     return WORKFLOW_COLUMNS.format(**_literals(defaults), expires_at=EXPIRES_AT)
+
+
+# The metrics' queue gauges (JobManager.queue_gauges): unfinished jobs only, so the
+# partial indexes of pending and running jobs serve it whatever the finished rows
+# number. The age is clamped as the models' timestamps are ('-infinity' written by
+# another client would fail the subtraction).
+QUEUE_GAUGES = """
+SELECT queue_name,
+    count(*) FILTER (WHERE state = 'pending' AND run_at <= now()),
+    count(*) FILTER (WHERE state = 'pending' AND run_at > now()),
+    count(*) FILTER (WHERE state = 'running'),
+    count(*) FILTER (WHERE state = 'running' AND leased_until < now()),
+    EXTRACT(EPOCH FROM now() - GREATEST(
+        min(run_at) FILTER (WHERE state = 'pending' AND run_at <= now()),
+        '0001-01-02 00:00:00+00'::timestamptz))
+FROM skipqueue_job
+WHERE state IN ('pending', 'running')
+GROUP BY queue_name
+"""
+
+WAITING_BY_QUEUE = """
+SELECT queue_name, count(*) FROM skipqueue_job WHERE state = 'waiting' GROUP BY queue_name
+"""
+
+# QueueMinuteManager.add: each queue's counts added to its row of the current minute
+# (database clock). pickup_buckets add up element by element (a row written with fewer
+# buckets, by an older worker, counts 0 for the others); oldest_due_seconds keeps the
+# largest (GREATEST ignores NULL).
+ADD_MINUTE = """
+INSERT INTO skipqueue_queueminute AS q (
+    queue_name, minute, succeeded, retried, failed, cancelled, lost, unknown,
+    pickups, pickup_seconds, pickup_buckets, runs, run_seconds, oldest_due_seconds)
+SELECT v.queue_name, date_trunc('minute', now()), v.succeeded, v.retried, v.failed,
+    v.cancelled, v.lost, v.unknown, v.pickups, v.pickup_seconds, v.pickup_buckets,
+    v.runs, v.run_seconds, v.oldest_due_seconds
+FROM jsonb_to_recordset(%s::jsonb) AS v(
+    queue_name text, succeeded int, retried int, failed int, cancelled int, lost int,
+    unknown int, pickups int, pickup_seconds float8, pickup_buckets jsonb, runs int,
+    run_seconds float8, oldest_due_seconds float8)
+ON CONFLICT (queue_name, minute) DO UPDATE SET
+    succeeded = q.succeeded + EXCLUDED.succeeded,
+    retried = q.retried + EXCLUDED.retried,
+    failed = q.failed + EXCLUDED.failed,
+    cancelled = q.cancelled + EXCLUDED.cancelled,
+    lost = q.lost + EXCLUDED.lost,
+    unknown = q.unknown + EXCLUDED.unknown,
+    pickups = q.pickups + EXCLUDED.pickups,
+    pickup_seconds = q.pickup_seconds + EXCLUDED.pickup_seconds,
+    pickup_buckets = (
+        SELECT COALESCE(jsonb_agg(
+            COALESCE(a.n::bigint, 0) + COALESCE(b.n::bigint, 0)
+            ORDER BY COALESCE(a.i, b.i)), '[]'::jsonb)
+        FROM jsonb_array_elements_text(
+            CASE WHEN jsonb_typeof(q.pickup_buckets) = 'array' THEN q.pickup_buckets
+            ELSE '[]'::jsonb END) WITH ORDINALITY AS a(n, i)
+        FULL JOIN jsonb_array_elements_text(EXCLUDED.pickup_buckets)
+            WITH ORDINALITY AS b(n, i) ON a.i = b.i),
+    runs = q.runs + EXCLUDED.runs,
+    run_seconds = q.run_seconds + EXCLUDED.run_seconds,
+    oldest_due_seconds = GREATEST(q.oldest_due_seconds, EXCLUDED.oldest_due_seconds)
+"""

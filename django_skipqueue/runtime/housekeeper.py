@@ -21,11 +21,12 @@ from django.db import connections
 from django.db.models.functions import Now
 
 from django_skipqueue.faults import is_transient
-from django_skipqueue.maintenance.reaper import Reaper
+from django_skipqueue.maintenance.reaper import MINUTES_KEPT, Reaper
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.queue.connections import Backoff, discard_connection
 from django_skipqueue.queue.managers import Renewal
 from django_skipqueue.runtime.inflight import Flight, InFlight
+from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.tasks.base import PROGRESS_WRITE_SECONDS
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class Housekeeper:
         progress: ProgressLog | None = None,
         flow: FlowView | None = None,
         wake_dispatcher: Callable[[], None] | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.database = database
         self.held = held
@@ -68,6 +70,7 @@ class Housekeeper:
         self.progress = progress  # the periodic INFO line of what ran
         self.flow = flow  # the worker's view of flow control: keyed jobs to look for
         self.wake_dispatcher = wake_dispatcher
+        self.meter = meter  # the worker's counts, flushed to QueueMinute rows
         #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
         #: boundary race, case T3 of docs/explanation/failure-model.md).
         self.renew_leases = True
@@ -80,6 +83,7 @@ class Housekeeper:
         next_beat = now + self.heartbeat_interval
         first_reap = self.reap_interval * random.uniform(0.1, 1.0) if self.reap_interval else 0
         next_reap = now + first_reap
+        next_flush = now + FLUSH_SECONDS
         backoff = Backoff()
         try:
             while not self.halted.is_set():
@@ -94,11 +98,19 @@ class Housekeeper:
                         result = reaper.reap()
                         self.stats.reaped += result.requeued + result.failed + result.cancelled
                         self.stats.expired += result.expired
+                        if self.meter is not None:
+                            self.meter.leases_expired(result.lease_expirations)
                         if not result.locked_out:
-                            reaper.prune(workers_dead_for=self.prune_workers_after)
+                            reaper.prune(
+                                workers_dead_for=self.prune_workers_after,
+                                minutes_older_than=MINUTES_KEPT,
+                            )
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     if self.progress is not None and now >= self.progress.next_at:
                         self.progress.emit(now)
+                    if self.meter is not None and now >= next_flush:
+                        next_flush = now + FLUSH_SECONDS
+                        self.meter.flush(self.database)
                     self.probe_keyed()
                     backoff.reset()
                     soonest = min(
@@ -106,6 +118,7 @@ class Housekeeper:
                         next_beat,
                         next_reap if self.reap_interval else next_beat,
                         self.progress.next_at if self.progress is not None else next_beat,
+                        next_flush,
                     )
                     wait = min(soonest - time.monotonic(), MAX_WAIT)
                 except Exception as error:  # noqa: BLE001  (this thread must not die)

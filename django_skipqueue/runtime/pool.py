@@ -61,7 +61,12 @@ class WorkerPool:
     """Runs `run_child()` in `processes` forked children until stopped (see module doc)."""
 
     def __init__(
-        self, processes: int, run_child: Callable[[], int], *, replace: bool = True
+        self,
+        processes: int,
+        run_child: Callable[[], int],
+        *,
+        replace: bool = True,
+        helper: Callable[[], int] | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
@@ -72,6 +77,10 @@ class WorkerPool:
         self.stopping = False
         self.replaced = 0
         self._restart_delay = QUICK_EXIT_SECONDS
+        #: One more child that runs no jobs (the metrics server of `--metrics-port`):
+        #: replaced if it exits, stopped when the last worker child has exited.
+        self.helper = helper
+        self.helper_pid: int | None = None
 
     def run(self) -> int:
         """Start the children and supervise them; 0 when every child stopped cleanly."""
@@ -80,6 +89,8 @@ class WorkerPool:
             signal.signal(signum, self._on_signal)
         for _ in range(self.processes):
             self._spawn()
+        if self.helper is not None:
+            self.helper_pid = self._fork(self.helper)
         logger.info(
             "worker pool started processes=%d pids=%s",
             self.processes,
@@ -91,6 +102,13 @@ class WorkerPool:
                 pid, status = os.wait()
             except ChildProcessError:
                 break
+            if pid == self.helper_pid:
+                self.helper_pid = None
+                if not self.stopping and self.helper is not None:
+                    logger.warning("pool helper pid=%d exited; replacing it", pid)
+                    time.sleep(QUICK_EXIT_SECONDS)
+                    self.helper_pid = self._fork(self.helper)
+                continue
             started = self.children.pop(pid, None)
             if started is None:
                 continue
@@ -99,6 +117,7 @@ class WorkerPool:
                 failed |= code != 0
                 continue
             self._replace(pid, code, time.monotonic() - started)
+        self._stop_helper()
         logger.info("worker pool stopped replaced=%d", self.replaced)
         return 1 if failed else 0
 
@@ -126,7 +145,20 @@ class WorkerPool:
         self.replaced += 1
         self._spawn()
 
+    def _stop_helper(self) -> None:
+        pid, self.helper_pid = self.helper_pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
     def _spawn(self) -> None:
+        self.children[self._fork(self.run_child)] = time.monotonic()
+
+    def _fork(self, run: Callable[[], int]) -> int:
         # The child starts with SIGTERM and SIGINT blocked, and the worker unblocks them
         # once its handlers are in place (stopsignals.StopSignals.install): a signal the
         # parent forwards meanwhile waits for them, instead of killing a child that has
@@ -141,7 +173,9 @@ class WorkerPool:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(signum, signal.SIG_DFL)  # the worker installs its own
                 _stop_with_parent()
-                code = self.run_child()
+                if run is not self.run_child:  # a helper installs no handlers: default
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+                code = run()
             except BaseException:  # noqa: BLE001  (a child never returns into the parent's code)
                 traceback.print_exc()
             finally:
@@ -149,11 +183,12 @@ class WorkerPool:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        self.children[pid] = time.monotonic()
+        return pid
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
-        for pid in list(self.children):
+        helper = [self.helper_pid] if self.helper_pid is not None else []
+        for pid in [*self.children, *helper]:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:

@@ -60,6 +60,7 @@ from django_skipqueue.runtime.flow import REFRESH_SECONDS, FlowView
 from django_skipqueue.runtime.housekeeper import MAX_WAIT, Housekeeper
 from django_skipqueue.runtime.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
 from django_skipqueue.runtime.interrupt import interrupt
+from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.notifier import Notifier
 from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
 from django_skipqueue.runtime.runner import describe_error, retry_delay
@@ -116,6 +117,7 @@ class Worker:
         database: str | None = None,
         schedules: bool | None = None,
         exit_on_time_limit: bool = False,
+        meter: Meter | None = None,
     ) -> None:
         conf = get_settings()
         #: A child of `--processes`: a task past its hard time limit that does not stop
@@ -152,6 +154,8 @@ class Worker:
         #: left in its code: it deletes the rows of those removed).
         self.syncs_schedules = bool(wanted)
         self.stats = WorkerStats()
+        #: Per-queue counts for the admin's charts (and Prometheus, if attached).
+        self.meter = meter or Meter()
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
         #: Stopped because too many threads were stuck past a time limit (`_abandon`).
@@ -186,6 +190,7 @@ class Worker:
             else None,
             flow=self.flow,
             wake_dispatcher=self._wake.set,
+            meter=self.meter,
         )
 
     @property
@@ -382,6 +387,9 @@ class Worker:
             flight = self.held.add(job, now=now, timeout=seconds)
             first_renewal = min(first_renewal, flight.renew_at)
         self.stats.claimed += len(claimed)
+        for job in claimed:  # both on the database's clock
+            if job.started_at is not None and job.run_at is not None:
+                self.meter.picked_up(job.queue_name, (job.started_at - job.run_at).total_seconds())
         if first_renewal - now < MAX_WAIT:
             # Sooner than the housekeeper's next pass: wake it to schedule the renewal.
             # Otherwise it is left asleep: waking it took the GIL just as the job began.
@@ -484,6 +492,7 @@ class Worker:
                 self.sizing.observe(execution.duration)
                 key = execution.outcome.value
                 self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
+                self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
         self._wake.set()
 
     def _abandon(self, flight: Flight) -> None:
@@ -673,6 +682,10 @@ class Worker:
         attempts = [(flight.job, flight.attempt) for flight in flights]
         self.stats.released_on_shutdown += release_on_shutdown(attempts, self.database)
         self._end_threads()
+        try:
+            self.meter.flush(self.database)  # the last seconds' counts
+        except DatabaseError as error:
+            logger.warning("worker counts not written: %s", error)
         if self.process is not None:
             try:  # dead at once, for the admin and the pruner
                 WorkerProcess.objects.db_manager(self.database).mark_stopped(self.process.id)

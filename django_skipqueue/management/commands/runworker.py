@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib.util
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +27,7 @@ from django_skipqueue.faults import is_transient
 from django_skipqueue.management.arguments import (
     configure_logging,
     megabytes,
+    port_number,
     positive_int,
     positive_seconds,
     queue_name,
@@ -32,6 +38,7 @@ from django_skipqueue.management.preflight import queue_warnings, require_migrat
 from django_skipqueue.models import Job
 from django_skipqueue.queue.connections import Backoff, discard_connection
 from django_skipqueue.runtime.executor import Outcome
+from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.pool import WorkerPool
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.worker import Worker
@@ -139,6 +146,20 @@ class Command(BaseCommand):
             "relay thread, as 'manage.py relayjobs' runs; SKIPQUEUE['RELAY']).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            metavar="PORT",
+            help="Serve Prometheus metrics on http://ADDRESS:PORT/metrics (the [metrics] "
+            "extra). With --processes, one endpoint for the whole pool.",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="127.0.0.1",
+            metavar="ADDRESS",
+            help="The address --metrics-port listens on. Default: 127.0.0.1 (this host "
+            "only); 0.0.0.0 for a scraper elsewhere.",
+        )
+        parser.add_argument(
             "--no-schedules",
             action="store_true",
             help="Do not enqueue the periodic schedules' occurrences from this worker "
@@ -157,8 +178,14 @@ class Command(BaseCommand):
 
     def make_worker(self, options: dict[str, Any]) -> Worker:
         """The Worker these options describe (a subclass may adjust it)."""
+        meter = None
+        if options.get("metrics_port") is not None:
+            from django_skipqueue.runtime.prometheus import worker_series
+
+            meter = Meter(prometheus=worker_series())
         try:
             return Worker(
+                meter=meter,
                 queues=options["queues"] or ["default"],
                 concurrency=options["concurrency"],
                 burst=options["burst"],
@@ -177,6 +204,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
+        if options["metrics_port"] is not None and not importlib.util.find_spec(
+            "prometheus_client"
+        ):
+            raise CommandError(
+                "--metrics-port needs prometheus_client: pip install 'django-skipqueue[metrics]'"
+            )
         if options["broker"]:
             self.run_consumer(options)
             return
@@ -187,18 +220,65 @@ class Command(BaseCommand):
         if options["processes"] > 1:
             if threading.current_thread() is not threading.main_thread():
                 raise CommandError("--processes needs the main thread (it handles signals)")
-            pool = WorkerPool(
-                options["processes"],
-                lambda: self.run_worker(self.make_worker(options), options),
-                replace=not options["burst"],
-            )
-            code = pool.run()
+            with self.pool_metrics(options, worker.database) as helper:
+                pool = WorkerPool(
+                    options["processes"],
+                    lambda: self.run_worker(self.make_worker(options), options),
+                    replace=not options["burst"],
+                    helper=helper,
+                )
+                code = pool.run()
             if code:
                 sys.exit(code)
             return
-        code = self.run_worker(worker, options)
+        server = self.serve_metrics(options, worker.database)
+        try:
+            code = self.run_worker(worker, options)
+        finally:
+            if server is not None:
+                server.shutdown()
         if code:
             sys.exit(code)
+
+    def serve_metrics(self, options: dict[str, Any], database: str) -> Any:
+        """--metrics-port, one process: the endpoint, served by a thread of this one."""
+        if options["metrics_port"] is None:
+            return None
+        from django_skipqueue.runtime.prometheus import serve_worker
+
+        try:
+            server = serve_worker(options["metrics_port"], options["metrics_address"], database)
+        except OSError as error:
+            raise CommandError(
+                f"--metrics-port {options['metrics_port']}: cannot listen on "
+                f"{options['metrics_address']}: {error}"
+            ) from error
+        logger.info(
+            "metrics served on http://%s:%d/metrics",
+            options["metrics_address"],
+            options["metrics_port"],
+        )
+        return server
+
+    @contextlib.contextmanager
+    def pool_metrics(
+        self, options: dict[str, Any], database: str
+    ) -> Iterator[Callable[[], int] | None]:
+        """--metrics-port with --processes: the children write their series to a
+        directory of this pool's (prometheus_client's multiprocess mode), and one more
+        child serves them, added up, with the queue gauges: one port for the pool."""
+        if options["metrics_port"] is None:
+            yield None
+            return
+        from django_skipqueue.runtime.prometheus import prepare_multiprocess, serve_pool
+
+        directory = tempfile.mkdtemp(prefix="skipqueue-metrics-")
+        try:
+            prepare_multiprocess(directory)
+            port, address = options["metrics_port"], options["metrics_address"]
+            yield lambda: serve_pool(port, address, database, directory)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def run_consumer(self, options: dict[str, Any]) -> None:
         """--broker: consume the relayed queues from RabbitMQ until SIGTERM or SIGINT."""

@@ -1,0 +1,126 @@
+"""Prometheus metrics (issue 28): `runworker --metrics-port`, one endpoint for a
+`--processes` pool, counters that match what the jobs did, and the queue gauges read
+from the database. Real worker processes; the endpoint is scraped over HTTP."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import urllib.request
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_skipqueue.models import Job, JobState, QueueMinute
+from django_skipqueue.runtime.prometheus import QueueGauges, gauge_families
+from tests.processes import wait_until
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def finished(samples, outcome: str, task: str) -> float:
+    return value(
+        samples, "skipqueue_jobs_finished_total", queue="default", task=task, outcome=outcome
+    )
+
+
+@pytest.mark.slow
+def test_a_pool_serves_one_endpoint_whose_counters_match_what_the_jobs_did(start_worker):
+    tasks.add.enqueue_many([((1, 2), {})] * 30)
+    tasks.always_fails.enqueue_many([((), {})] * 2)  # 3 attempts each: 2 retried, 1 failed
+    tasks.rejects_input.enqueue("x")  # not retryable: failed at once
+    port = free_port()
+    worker = start_worker("--processes", "2", "--metrics-port", str(port))
+    done = [JobState.DONE, JobState.FAILED]
+    wait_until(lambda: Job.objects.filter(state__in=done).count() == 33, timeout=60)
+
+    def counted() -> bool:
+        try:
+            samples = scrape(port)
+        except OSError:
+            return False
+        return finished(samples, "succeeded", tasks.add.name) == 30 and (
+            finished(samples, "failed", tasks.always_fails.name) == 2
+        )
+
+    wait_until(counted, timeout=20, message="the pool's endpoint never counted the jobs")
+    samples = scrape(port)
+    assert finished(samples, "retried", tasks.always_fails.name) == 4
+    assert finished(samples, "failed", tasks.rejects_input.name) == 1
+    assert (
+        value(samples, "skipqueue_job_duration_seconds_count", queue="default", task=tasks.add.name)
+        == 30
+    )
+    pickups = value(samples, "skipqueue_pickup_delay_seconds_count", queue="default")
+    assert pickups == 30 + 2 * 3 + 1  # one per attempt started
+    assert value(samples, "skipqueue_queue_workers", queue="default") == 2
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    # The same counts reached the overview's per-minute rows.
+    rows = QueueMinute.objects.filter(queue_name="default")
+    assert sum(row.succeeded for row in rows) == 30
+    assert sum(row.failed for row in rows) == 3 and sum(row.retried for row in rows) == 4
+    assert sum(row.pickups for row in rows) == pickups
+    assert sum(sum(row.pickup_buckets) for row in rows) == pickups
+
+
+def test_queue_gauges_are_read_from_the_database_not_per_scrape():
+    tasks.add.enqueue_many([((1, 2), {})] * 3)
+    tasks.add.using(run_after=timedelta(hours=1)).enqueue(1, 2)
+    gauges = QueueGauges(interval=3600)
+    gauges.refresh_if_stale()
+    families = {family.name: family for family in gauge_families(gauges.sample)}
+    jobs = {
+        sample.labels["state"]: sample.value
+        for sample in families["skipqueue_queue_jobs"].samples
+        if sample.labels["queue"] == "default"
+    }
+    assert jobs == {"pending_due": 3, "scheduled": 1, "waiting": 0, "running": 0, "stuck": 0}
+    tasks.add.enqueue(1, 2)
+    gauges.refresh_if_stale()  # within its interval: the sample stays as it was
+    families = {family.name: family for family in gauges.collect()}
+    due = [
+        s.value
+        for s in families["skipqueue_queue_jobs"].samples
+        if s.labels == {"queue": "default", "state": "pending_due"}
+    ]
+    assert due == [3]
+
+
+def test_the_metrics_port_must_be_a_port():
+    with pytest.raises(CommandError, match="not a TCP port"):
+        call_command("runworker", "--metrics-port", "70000")
+
+
+def test_the_web_view_needs_the_permission_or_an_allowed_network(client, admin_client, settings):
+    tasks.add.enqueue(1, 2)
+    assert client.get("/skipqueue/metrics").status_code == 403
+    page = admin_client.get("/skipqueue/metrics")
+    assert page.status_code == 200
+    assert 'skipqueue_queue_jobs{queue="default",state="pending_due"} 1.0' in page.content.decode()
+    settings.SKIPQUEUE = {"METRICS_ALLOWED_NETWORKS": ["127.0.0.0/8"]}
+    assert client.get("/skipqueue/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert client.get("/skipqueue/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
