@@ -51,9 +51,13 @@ class QueueStats:
         return asdict(self)
 
 
-def queue_stats(database: str | None = None, *, broker: bool = True) -> list[QueueStats]:
+def queue_stats(
+    database: str | None = None, *, broker: bool = True, finished: bool = True
+) -> list[QueueStats]:
     """One row per queue that has jobs or live workers (or is relayed), sorted by name.
-    `broker`: also ask RabbitMQ for the relayed queues' depths (a second at most)."""
+    `broker`: also ask RabbitMQ for the relayed queues' depths (a second at most).
+    `finished`: count the jobs done in the last 5 minutes and hour from the job table
+    (the finished index; the overview takes them from its per-minute rows instead)."""
     alias = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.using(alias)
     now = Now()
@@ -62,28 +66,13 @@ def queue_stats(database: str | None = None, *, broker: bool = True) -> list[Que
     def row(name: str) -> QueueStats:
         return stats.setdefault(name, QueueStats(queue=name))
 
-    active = (
-        jobs.filter(state__in=[JobState.PENDING, JobState.RUNNING])
-        .values("queue_name")
-        .annotate(
-            pending_due=Count("id", filter=Q(state=JobState.PENDING, run_at__lte=now)),
-            scheduled=Count("id", filter=Q(state=JobState.PENDING, run_at__gt=now)),
-            running=Count("id", filter=Q(state=JobState.RUNNING)),
-            stuck=Count("id", filter=Q(state=JobState.RUNNING, leased_until__lt=now)),
-        )
-    )
-    waiting = (  # the partial index skipqueue_job_waiting_idx: waiting jobs only
-        jobs.filter(state=JobState.WAITING).values("queue_name").annotate(n=Count("id"))
-    )
-    for item in waiting:
-        row(item["queue_name"]).waiting = item["n"]
-    lags = _lag_seconds(alias)
-    for item in active:
-        entry = row(item["queue_name"])
-        entry.pending_due, entry.scheduled = item["pending_due"], item["scheduled"]
-        entry.running, entry.stuck = item["running"], item["stuck"]
-        entry.lag_seconds = lags.get(item["queue_name"], 0.0)
-    finished = (
+    for name, gauges in Job.objects.db_manager(alias).queue_gauges().items():
+        entry = row(name)
+        entry.pending_due, entry.scheduled = int(gauges["pending_due"]), int(gauges["scheduled"])
+        entry.running, entry.stuck = int(gauges["running"]), int(gauges["stuck"])
+        entry.waiting = int(gauges["waiting"])
+        entry.lag_seconds = float(gauges["oldest_due_seconds"])
+    done = (
         jobs.filter(
             state__in=[JobState.DONE, JobState.FAILED], finished_at__gte=now - timedelta(hours=1)
         )
@@ -95,7 +84,7 @@ def queue_stats(database: str | None = None, *, broker: bool = True) -> list[Que
             ),
         )
     )
-    for item in finished:
+    for item in done if finished else []:
         entry = row(item["queue_name"])
         entry.done_1h, entry.done_5m = item["done_1h"], item["done_5m"]
     for item in jobs.filter(state=JobState.FAILED).values("queue_name").annotate(n=Count("id")):
@@ -132,19 +121,6 @@ def describe_limit(limit: QueueLimit) -> str:
         unit = {1.0: "s", 60.0: "min", 3600.0: "h"}.get(limit.period, f"{limit.period:g}s")
         parts.append(f"{limit.rate}/{unit}")
     return ", ".join(parts)
-
-
-def _lag_seconds(alias: str) -> dict[str, float]:
-    """Per queue, seconds since the oldest due job became due (database clock)."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            # Clamped as the models' timestamps are: '-infinity' written by another
-            # client would fail the subtraction (and the overview with it).
-            "SELECT queue_name, EXTRACT(EPOCH FROM now() - GREATEST(min(run_at), "
-            "'0001-01-02 00:00:00+00'::timestamptz)) FROM skipqueue_job "
-            "WHERE state = 'pending' AND run_at <= now() GROUP BY queue_name"
-        )
-        return {name: float(seconds) for name, seconds in cursor.fetchall()}
 
 
 #: The most running jobs `jobs_in_progress` lists.

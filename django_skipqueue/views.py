@@ -1,6 +1,6 @@
 """The web side's metrics view, for teams that scrape the web application rather than
 the workers: the queue gauges of `runtime.prometheus`, read from the database at most
-every SAMPLE_SECONDS per web process (a scrape in between costs no query).
+every SKIPQUEUE['METRICS_SAMPLE_SECONDS'] per web process (a scrape in between costs no query).
 
 Include `django_skipqueue.urls` (docs/howto/monitoring.md). Open to clients from
 SKIPQUEUE["METRICS_ALLOWED_NETWORKS"] (the address Django sees: behind a proxy, set

@@ -115,3 +115,18 @@ if os.environ.get("SKIPQUEUE_TEST_CLOCK_SKEW_SECONDS"):  # fault 6: this process
     _real_time, _real_now = _time.time, _timezone.now
     _time.time = lambda: _real_time() + _skew
     _timezone.now = lambda: _real_now() + _datetime.timedelta(seconds=_skew)
+
+# A worker subprocess of tests/test_tracing.py exports its spans, one JSON a line, to
+# this file (the OpenTelemetry SDK, as an application configures it at start-up).
+if os.environ.get("SKIPQUEUE_TEST_SPANS_FILE"):
+    from opentelemetry import trace as _trace
+    from opentelemetry.sdk.trace import TracerProvider as _TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter as _Console
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor as _Simple
+
+    _provider = _TracerProvider()
+    _spans_file = open(os.environ["SKIPQUEUE_TEST_SPANS_FILE"], "a", buffering=1)  # noqa: SIM115
+    _provider.add_span_processor(
+        _Simple(_Console(out=_spans_file, formatter=lambda span: span.to_json(indent=None) + "\n"))
+    )
+    _trace.set_tracer_provider(_provider)

@@ -53,7 +53,9 @@ def test_a_pool_serves_one_endpoint_whose_counters_match_what_the_jobs_did(start
     tasks.always_fails.enqueue_many([((), {})] * 2)  # 3 attempts each: 2 retried, 1 failed
     tasks.rejects_input.enqueue("x")  # not retryable: failed at once
     port = free_port()
-    worker = start_worker("--processes", "2", "--metrics-port", str(port))
+    worker = start_worker(
+        "--processes", "2", "--metrics-port", str(port), settings={"METRICS_SAMPLE_SECONDS": 0.2}
+    )
     done = [JobState.DONE, JobState.FAILED]
     wait_until(lambda: Job.objects.filter(state__in=done).count() == 33, timeout=60)
 
@@ -62,8 +64,10 @@ def test_a_pool_serves_one_endpoint_whose_counters_match_what_the_jobs_did(start
             samples = scrape(port)
         except OSError:
             return False
-        return finished(samples, "succeeded", tasks.add.name) == 30 and (
-            finished(samples, "failed", tasks.always_fails.name) == 2
+        return (
+            finished(samples, "succeeded", tasks.add.name) == 30
+            and finished(samples, "failed", tasks.always_fails.name) == 2
+            and value(samples, "skipqueue_queue_workers", queue="default") == 2
         )
 
     wait_until(counted, timeout=20, message="the pool's endpoint never counted the jobs")

@@ -95,7 +95,7 @@ class QueueOverviewViews(_ModelAdmin):
             window = "hour"
         hour = queue_trends("hour")
         trends = hour if window == "hour" else queue_trends(window)
-        rows = queue_stats()
+        rows = queue_stats(finished=False)  # the done columns: from the minute rows below
         for row in rows:  # the columns count what the hour chart's bars count
             series = hour.get(row.queue, [])
             row.done_5m = series[-1].succeeded if series else 0

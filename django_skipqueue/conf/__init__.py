@@ -184,6 +184,9 @@ class SkipQueueSettings:
     #: from these networks ("10.0.0.0/8", "127.0.0.1") may scrape it without logging
     #: in; anyone else needs a user with the "view job" permission.
     METRICS_ALLOWED_NETWORKS: tuple[str, ...] = ()
+    #: How often the metrics' queue gauges are read from the database, in seconds (by
+    #: a thread of `runworker --metrics-port`; by the web view on a scrape past it).
+    METRICS_SAMPLE_SECONDS: float = 15.0
     #: The admin's "repeatedly expired" filter: jobs with at least this many expirations.
     REPEATED_EXPIRY_THRESHOLD: int = 2
     #: Keys whose values are masked in stored errors and the admin (any case, punctuation
@@ -238,6 +241,7 @@ class SkipQueueSettings:
             "LOCK_TIMEOUT_SECONDS": (_positive_number, "a positive number of seconds"),
             "REDACT_KEYS": (_names, "a list of key names"),
             "METRICS_ALLOWED_NETWORKS": (_networks, "a list of IP networks ('10.0.0.0/8')"),
+            "METRICS_SAMPLE_SECONDS": (_positive_number, "a positive number of seconds"),
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
             "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),
             "QUEUE_LIMITS": (_named_entries, "a dict of queue names to dicts"),

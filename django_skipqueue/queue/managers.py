@@ -42,6 +42,7 @@ from django.db.models.functions import Cast, Coalesce, Concat, Greatest, JSONObj
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
+from django_skipqueue.core import tracing
 from django_skipqueue.core.payload import (
     encode,
     encode_arguments,
@@ -1100,6 +1101,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         params = self._insert_params(task, batch)
         if keys is not None:
             params["keys"] = encode(list(keys))
+        trace = tracing.enqueue_context(task.name, task.queue_name, len(batch))
+        if trace is not None:
+            params["trace"] = json.dumps(trace)
         keyed = task.keyed
         if keyed:
             columns = [task.key_columns(args, kwargs) for args, kwargs, _, _ in batch]
@@ -1111,6 +1115,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             keyed,
             task.expires is not None,
             task.rate_limit is not None,
+            trace is not None,
         )
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)

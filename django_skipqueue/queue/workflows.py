@@ -37,6 +37,7 @@ from django.db.models.functions import Now
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import relayed_queues
+from django_skipqueue.core import tracing
 from django_skipqueue.core.payload import Undecodable, encode_arguments
 from django_skipqueue.core.spec import JobSpec
 from django_skipqueue.core.states import (
@@ -267,6 +268,14 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, {"workflow": workflow_id, "rows": "[" + ",".join(rows) + "]"})
             got = {row[0] for row in cursor.fetchall()}
+            trace = tracing.enqueue_context(
+                "workflow", planned[0].spec.queue_name if planned else "", len(got)
+            )
+            if trace is not None and got:  # each job carries the enqueuing span's context
+                cursor.execute(
+                    "UPDATE skipqueue_job SET trace_context = %s::jsonb WHERE id = ANY(%s)",
+                    [json.dumps(trace), sorted(got)],
+                )
             if len(got) < len(rows):
                 self._refuse_held_key(planned, ids, got)
             if any(job.spec.keyed for job in planned):

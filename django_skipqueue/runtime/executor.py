@@ -19,6 +19,7 @@ from django.db import DatabaseError, connections
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
+from django_skipqueue.core import tracing
 from django_skipqueue.core.cancel import CancelFlag
 from django_skipqueue.exceptions import (
     UnknownTaskError,
@@ -112,7 +113,10 @@ def execute(
     database = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.db_manager(database)
     attempt = job.attempts
+    span = tracing.start_run(job)  # None without OpenTelemetry
     decision = run_and_decide(job, database=database, cancel=cancel)
+    if span is not None:
+        tracing.end_run(span, decision.outcome.value, decision.raised if decision.failed else None)
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         delay = decision.retry_in or timedelta(0)

@@ -9,8 +9,8 @@ The series (docs/howto/monitoring.md lists them with their labels):
 - Counted by the workers, as jobs run: `skipqueue_jobs_finished_total{queue,task,outcome}`,
   `skipqueue_job_duration_seconds{queue,task}` and `skipqueue_pickup_delay_seconds{queue}`
   (histograms), `skipqueue_lease_expirations_total{queue}`.
-- Read from the database every SAMPLE_SECONDS by a thread of the process that serves
-  them (never per scrape, so a scrape costs the same at any table size):
+- Read from the database every SKIPQUEUE["METRICS_SAMPLE_SECONDS"] (15) by a thread of
+  the process that serves them (never per scrape, so a scrape costs the same at any table size):
   `skipqueue_queue_jobs{queue,state}`, `skipqueue_queue_oldest_due_seconds{queue}`,
   `skipqueue_queue_workers{queue}`, `skipqueue_queue_paused{queue}`,
   `skipqueue_queue_limit_saturation{queue}` (running jobs over QUEUE_LIMITS'
@@ -48,8 +48,6 @@ from django_skipqueue.queue.connections import discard_connection
 
 logger = logging.getLogger(__name__)
 
-#: How often the queue gauges are read from the database (seconds).
-SAMPLE_SECONDS = 15.0
 #: The environment variable prometheus_client's multiprocess mode reads.
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DURATION_BUCKETS = (
@@ -186,9 +184,10 @@ class QueueGauges(Collector):
     `interval` seconds: by a thread of its own once `start()`ed (a worker), or on the
     first scrape past the interval (the web view)."""
 
-    def __init__(self, database: str | None = None, interval: float = SAMPLE_SECONDS) -> None:
-        self.database = database or get_settings().DATABASE_ALIAS
-        self.interval = interval
+    def __init__(self, database: str | None = None, interval: float | None = None) -> None:
+        conf = get_settings()
+        self.database = database or conf.DATABASE_ALIAS
+        self.interval = conf.METRICS_SAMPLE_SECONDS if interval is None else interval
         self.sample = QueueSample()
         self.sampled_at = -float("inf")
         self._lock = threading.Lock()

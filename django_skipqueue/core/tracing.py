@@ -1,0 +1,112 @@
+"""OpenTelemetry traces from enqueue to job (the `[otel]` extra: opentelemetry-api).
+
+- `enqueue_context()`, at an enqueue inside an active span: a PRODUCER span
+  `skipqueue enqueue <task>`, whose W3C trace context (`traceparent`, `tracestate`) the
+  job row keeps in `trace_context`.
+- `start_run()` / `end_run()`, around each attempt in a worker: a CONSUMER span
+  `skipqueue run <task>` whose parent is that context (so retries are new spans of the
+  same trace), with OpenTelemetry's messaging attributes and the error on a failure.
+  Spans the task opens are its children.
+
+The application brings the SDK and its exporter; without an SDK the API's spans record
+nothing. Without opentelemetry-api installed, each function returns at its first line
+(the import is tried once, on first use, not when this module is imported).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django_skipqueue.models import Job
+
+#: The `messaging.system` attribute of our spans.
+SYSTEM = "skipqueue"
+_INSTRUMENTATION = "django_skipqueue"
+
+_api: Any = None  # (trace, propagate, context) once imported; False: not installed
+
+
+def _otel() -> Any:
+    global _api
+    if _api is None:
+        try:
+            from opentelemetry import context, propagate, trace
+        except ImportError:
+            _api = False
+        else:
+            _api = (trace, propagate, context)
+    return _api
+
+
+def enqueue_context(task: str, queue: str, count: int = 1) -> dict[str, str] | None:
+    """At an enqueue: None outside an active span (or without OpenTelemetry); else a
+    PRODUCER span for the enqueue of `count` jobs, and its context to store."""
+    api = _otel()
+    if not api:
+        return None
+    trace, propagate, context = api
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    tracer = trace.get_tracer(_INSTRUMENTATION)
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "enqueue",
+        "skipqueue.task": task,
+    }
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    span = tracer.start_span(
+        f"skipqueue enqueue {task}", kind=trace.SpanKind.PRODUCER, attributes=attributes
+    )
+    try:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        return carrier or None
+    finally:
+        span.end()
+
+
+def start_run(job: Job) -> Any:
+    """Before an attempt runs: its CONSUMER span, made current (None without
+    OpenTelemetry). Hand the result to `end_run`."""
+    api = _otel()
+    if not api:
+        return None
+    trace, propagate, context = api
+    stored = job.trace_context
+    parent = propagate.extract(stored) if isinstance(stored, dict) else None
+    span = trace.get_tracer(_INSTRUMENTATION).start_span(
+        f"skipqueue run {job.task}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": job.queue_name,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "run",
+            "messaging.message.id": str(job.id),
+            "skipqueue.task": job.task,
+            "skipqueue.attempt": job.attempts,
+        },
+    )
+    token = context.attach(trace.set_span_in_context(span))
+    return span, token
+
+
+def end_run(started: Any, outcome: str, error: BaseException | None = None) -> None:
+    """After an attempt: its outcome (and error, recorded on the span), span ended."""
+    if started is None:
+        return
+    trace, _propagate, context = _otel()
+    span, token = started
+    try:
+        span.set_attribute("skipqueue.outcome", outcome)
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+    finally:
+        context.detach(token)
+        span.end()

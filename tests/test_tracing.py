@@ -1,0 +1,122 @@
+"""OpenTelemetry traces from request to job (issue 28), across real processes: this
+test process plays the web side (the SDK with an in-memory exporter), a `runworker`
+subprocess the worker (the SDK exporting to a file this test reads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from django_skipqueue import chain
+from django_skipqueue.models import Job, JobState
+from tests.processes import WorkerHandle, wait_until
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+_exporter = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def web_side_sdk():
+    """The SDK of this process (set once: OpenTelemetry refuses a second provider)."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(_exporter))
+    yield
+    _exporter.clear()
+
+
+@pytest.fixture
+def traced_worker(tmp_path):
+    spans = tmp_path / "worker-spans.jsonl"
+    handle = WorkerHandle(
+        ["-v", "2", "--reap-interval", "0"],
+        tmp_path / "worker.log",
+        SKIPQUEUE_TEST_SPANS_FILE=str(spans),
+    )
+    yield handle, spans
+    handle.stop()
+
+
+def worker_spans(path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def hex_id(value: int, width: int) -> str:
+    return f"0x{value:0{width}x}"
+
+
+def test_one_trace_links_the_request_to_its_jobs_attempts_across_processes(traced_worker):
+    worker, spans_file = traced_worker
+    _exporter.clear()
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("POST /signup", kind=trace.SpanKind.SERVER) as request:
+        job = tasks.retry_once.enqueue()  # fails its first attempt with Retry, then succeeds
+        plain = tasks.add.enqueue(1, 2)
+    untraced = tasks.add.enqueue(2, 3)  # outside any span: no context stored
+    wait_until(
+        lambda: (
+            Job.objects.filter(id__in=[job.id, plain.id, untraced.id], state=JobState.DONE).count()
+            == 3
+        ),
+        timeout=30,
+    )
+    trace_id = hex_id(request.get_span_context().trace_id, 32)
+    producers = [s for s in _exporter.get_finished_spans() if s.kind == trace.SpanKind.PRODUCER]
+    assert [s.name for s in producers] == [
+        f"skipqueue enqueue {tasks.retry_once.name}",
+        f"skipqueue enqueue {tasks.add.name}",
+    ]
+    assert {hex_id(s.context.trace_id, 32) for s in producers} == {trace_id}
+    assert Job.objects.get(id=untraced.id).trace_context is None
+    stored = Job.objects.get(id=job.id).trace_context
+    assert stored["traceparent"].split("-")[1] == trace_id[2:]
+
+    def consumer_spans() -> list[dict]:
+        return [s for s in worker_spans(spans_file) if s["kind"] == "SpanKind.CONSUMER"]
+
+    wait_until(lambda: len(consumer_spans()) >= 4, timeout=10, message="worker spans missing")
+    runs = [s for s in consumer_spans() if s["attributes"]["messaging.message.id"] == str(job.id)]
+    assert [s["attributes"]["skipqueue.attempt"] for s in runs] == [1, 2]  # one per attempt
+    assert {s["context"]["trace_id"] for s in runs} == {trace_id}  # the request's trace
+    producer = next(s for s in producers if tasks.retry_once.name in s.name)
+    assert {s["parent_id"] for s in runs} == {hex_id(producer.context.span_id, 16)}
+    assert runs[0]["name"] == f"skipqueue run {tasks.retry_once.name}"
+    assert runs[0]["attributes"]["messaging.system"] == "skipqueue"
+    assert runs[0]["attributes"]["messaging.destination.name"] == "default"
+    assert [s["attributes"]["skipqueue.outcome"] for s in runs] == ["released", "succeeded"]
+    other = [
+        s for s in consumer_spans() if s["attributes"]["messaging.message.id"] == str(untraced.id)
+    ]
+    assert other and other[0]["context"]["trace_id"] != trace_id  # a trace of its own
+
+
+def test_a_failed_attempt_records_its_error_on_its_span(traced_worker):
+    worker, spans_file = traced_worker
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        job = tasks.rejects_input.enqueue("bad")
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.FAILED, timeout=30)
+    wait_until(lambda: worker_spans(spans_file), timeout=10)
+    [span] = [s for s in worker_spans(spans_file) if s["kind"] == "SpanKind.CONSUMER"]
+    assert span["status"]["status_code"] == "ERROR"
+    assert span["events"][0]["name"] == "exception"
+    assert span["events"][0]["attributes"]["exception.type"] == "ValueError"
+
+
+def test_a_workflows_jobs_carry_the_context_of_the_span_that_started_it():
+    with trace.get_tracer("tests").start_as_current_span("request") as request:
+        workflow = chain(tasks.add.s(1, 2), tasks.double.s()).enqueue()
+    contexts = [job.trace_context for job in workflow.jobs.order_by("id")]
+    trace_id = f"{request.get_span_context().trace_id:032x}"
+    assert len(contexts) == 2
+    assert all(context["traceparent"].split("-")[1] == trace_id for context in contexts)
