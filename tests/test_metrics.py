@@ -128,3 +128,37 @@ def test_the_web_view_needs_the_permission_or_an_allowed_network(client, admin_c
     settings.SKIPQUEUE = {"METRICS_ALLOWED_NETWORKS": ["127.0.0.0/8"]}
     assert client.get("/skipqueue/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
     assert client.get("/skipqueue/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
+
+
+@pytest.mark.slow
+def test_a_broker_consumer_counts_what_it_ran_on_its_endpoint_and_in_the_minute_rows(
+    relayed, settings, start_worker
+):
+    from django_skipqueue.broker.relay import Relay
+    from django_skipqueue.conf.relay import relay_config
+
+    port = free_port()
+    consumer = start_worker("--broker", "--metrics-port", str(port), settings=settings.SKIPQUEUE)
+    consumer.wait_for_output("broker consumer connected")
+    for _ in range(5):
+        tasks.add.using(queue_name=relayed).enqueue(1, 2)
+    tasks.rejects_input.using(queue_name=relayed).enqueue("x")
+    assert Relay(relay_config(), listen=False).relay_due() == 6
+
+    def counted() -> bool:
+        try:
+            samples = scrape(port)
+        except OSError:
+            return False
+        labels = {"queue": relayed, "task": tasks.add.name, "outcome": "succeeded"}
+        failed = {"queue": relayed, "task": tasks.rejects_input.name, "outcome": "failed"}
+        return (
+            value(samples, "skipqueue_jobs_finished_total", **labels) == 5
+            and value(samples, "skipqueue_jobs_finished_total", **failed) == 1
+        )
+
+    wait_until(counted, timeout=30, message="the consumer's endpoint never counted the jobs")
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    rows = QueueMinute.objects.filter(queue_name=relayed)
+    assert (sum(r.succeeded for r in rows), sum(r.failed for r in rows)) == (5, 1)

@@ -120,3 +120,33 @@ def test_a_workflows_jobs_carry_the_context_of_the_span_that_started_it():
     trace_id = f"{request.get_span_context().trace_id:032x}"
     assert len(contexts) == 2
     assert all(context["traceparent"].split("-")[1] == trace_id for context in contexts)
+
+
+def test_a_relayed_job_carries_its_trace_through_rabbitmq(relayed, settings, tmp_path):
+    """The relay publishes the row's context as the message's traceparent header; the
+    broker consumer (`runworker --broker`) runs the job in a span of the same trace."""
+    from django_skipqueue.broker.relay import Relay
+    from django_skipqueue.conf.relay import relay_config
+
+    spans_file = tmp_path / "consumer-spans.jsonl"
+    consumer = WorkerHandle(
+        ["-v", "2", "--broker"],
+        tmp_path / "consumer.log",
+        SKIPQUEUE_TEST_SPANS_FILE=str(spans_file),
+        SKIPQUEUE_TEST_SETTINGS=json.dumps(settings.SKIPQUEUE),
+    )
+    try:
+        consumer.wait_for_output("broker consumer connected")
+        with trace.get_tracer("tests").start_as_current_span("request") as request:
+            job = tasks.add.using(queue_name=relayed).enqueue(1, 2)
+        assert Relay(relay_config(), listen=False).relay_due() == 1
+        wait_until(
+            lambda: [s for s in worker_spans(spans_file) if s["kind"] == "SpanKind.CONSUMER"],
+            timeout=30,
+            message="the consumer made no span",
+        )
+    finally:
+        consumer.stop()
+    [span] = [s for s in worker_spans(spans_file) if s["kind"] == "SpanKind.CONSUMER"]
+    assert span["attributes"]["messaging.message.id"] == str(job.id)
+    assert span["context"]["trace_id"] == hex_id(request.get_span_context().trace_id, 32)

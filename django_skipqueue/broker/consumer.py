@@ -55,6 +55,7 @@ from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job
 from django_skipqueue.queue.connections import Backoff, discard_connection
 from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, run_brokered
+from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.runtime.runner import retry_delay
 from django_skipqueue.tasks.registry import registry
 
@@ -83,8 +84,12 @@ class Consumer:
         queues: list[str] | None = None,
         concurrency: int = 4,
         database: str | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.config = config
+        #: Per-queue counts for the admin's charts (and Prometheus, if attached).
+        self.meter = meter or Meter()
+        self._flush_due = time.monotonic() + FLUSH_SECONDS
         self.queues = list(queues or config.queues)
         self.concurrency = concurrency
         self.prefetch = config.prefetch or 2 * concurrency
@@ -129,6 +134,7 @@ class Consumer:
                     self.stop.wait(delay)
         finally:
             pool.shutdown(wait=True)
+            self._flush_counts(now=True)
             logger.info("broker consumer stopped")
 
     def _consume(self, pool: ThreadPoolExecutor, backoff: Backoff) -> None:
@@ -183,6 +189,7 @@ class Consumer:
                 self._time_out(generation)
                 self._settle(channel, publisher, generation)
                 self._isolate(channel, publisher, pool, generation)
+                self._flush_counts()
 
             # A finished job wakes this thread at once (the acks free prefetch room).
             self._handoff.connected(lambda: connection.add_callback_threadsafe(turn))
@@ -305,6 +312,7 @@ class Consumer:
             max_attempts=message.max_attempts,
             lease=timedelta(seconds=message.lease_seconds),
             state=JobState.RUNNING,
+            trace_context=message.trace,
         )
         task = registry.get(job.task) if job.task in registry else None
         if task is not None and task.timeout is not None:
@@ -331,6 +339,9 @@ class Consumer:
                 continue  # its channel is gone: RabbitMQ delivers it again
             self._running -= 1
             outcome = done.verdict.outcome
+            self.meter.finished(
+                done.message.queue, done.message.task, outcome, done.verdict.duration
+            )
             if outcome in (Outcome.RETRYING, Outcome.RELEASED):
                 self._publish_retry(publisher, done)
                 self.stats.retried += 1
@@ -359,6 +370,16 @@ class Consumer:
             or time.monotonic() >= self._write_due
         ):
             self._write_back(channel)
+
+    def _flush_counts(self, *, now: bool = False) -> None:
+        """Every FLUSH_SECONDS, the counts since the last flush into the minute rows."""
+        if not now and time.monotonic() < self._flush_due:
+            return
+        self._flush_due = time.monotonic() + FLUSH_SECONDS
+        try:
+            self.meter.flush(self.database)
+        except DatabaseError as error:  # kept for the next flush
+            logger.warning("broker consumer: counts not written: %s", error)
 
     def _publish_retry(self, publisher: Any, done: Done) -> None:
         delay = done.verdict.retry_in or timedelta(seconds=1)

@@ -27,6 +27,9 @@ class Message:
     attempt: int  # the attempt this delivery is, from 1
     max_attempts: int
     lease_seconds: float
+    #: The W3C trace context of the span that enqueued the job (OpenTelemetry), sent
+    #: as the message's `traceparent` and `tracestate` headers; None: untraced.
+    trace: dict[str, str] | None = None
 
     def body(self) -> bytes:
         return json.dumps(
@@ -48,7 +51,7 @@ class Message:
             message_id=str(self.job_id),
             delivery_mode=2,  # persistent
             content_type="application/json",
-            headers={ATTEMPT_HEADER: self.attempt, **headers},
+            headers={ATTEMPT_HEADER: self.attempt, **(self.trace or {}), **headers},
         )
 
     def next_attempt(self, *, released: bool = False) -> Message:
@@ -80,9 +83,19 @@ class Message:
                 attempt=int((headers or {}).get(ATTEMPT_HEADER, 1)),
                 max_attempts=int(data["max_attempts"]),
                 lease_seconds=float(data["lease_seconds"]),
+                trace=_trace_of(headers or {}),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidJobError(f"a broker message is not a job: {error!r}") from None
+
+
+#: The W3C trace context's headers, as OpenTelemetry's propagator names them.
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _trace_of(headers: dict[str, Any]) -> dict[str, str] | None:
+    trace = {name: headers[name] for name in TRACE_HEADERS if isinstance(headers.get(name), str)}
+    return trace if "traceparent" in trace else None
 
 
 def _json_kind(value: object) -> str:

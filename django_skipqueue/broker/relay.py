@@ -208,4 +208,5 @@ def message_of(job: Job) -> Message:
         attempt=job.attempts + 1,
         max_attempts=job.max_attempts,
         lease_seconds=job.lease.total_seconds(),
+        trace=job.trace_context if isinstance(job.trace_context, dict) else None,
     )

@@ -15,10 +15,7 @@ nothing. Without opentelemetry-api installed, each function returns at its first
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from django_skipqueue.models import Job
+from typing import Any
 
 #: The `messaging.system` attribute of our spans.
 SYSTEM = "skipqueue"
@@ -69,9 +66,9 @@ def enqueue_context(task: str, queue: str, count: int = 1) -> dict[str, str] | N
         span.end()
 
 
-def start_run(job: Job) -> Any:
-    """Before an attempt runs: its CONSUMER span, made current (None without
-    OpenTelemetry). Hand the result to `end_run`."""
+def start_run(job: Any) -> Any:
+    """Before an attempt of `job` (a Job) runs: its CONSUMER span, made current (None
+    without OpenTelemetry). Hand the result to `end_run`."""
     api = _otel()
     if not api:
         return None

@@ -309,9 +309,12 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
     database = database or get_settings().DATABASE_ALIAS
     attempt = job.attempts
     # The result is not size-checked here: it is never stored unless RESULTS is on.
+    span = tracing.start_run(job)  # None without OpenTelemetry
     decision = run_and_decide(
         job, database=database, cancel=CancelFlag(), brokered=True, check_size=False
     )
+    if span is not None:
+        tracing.end_run(span, decision.outcome.value, decision.raised if decision.failed else None)
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         signals.job_released.send(sender=Job, job=job, delay=decision.retry_in)

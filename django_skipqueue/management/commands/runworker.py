@@ -293,9 +293,19 @@ class Command(BaseCommand):
                 f"--broker runs relayed queues only; not relayed: {', '.join(strangers)} "
                 f"(SKIPQUEUE['RELAY']['QUEUES'] is {list(config.queues)})"
             )
-        consumer = Consumer(config, queues=queues, concurrency=options["concurrency"])
-        with StopSignals(lambda signum: consumer.stop.set()).handling():
-            consumer.run()
+        meter = None
+        if options["metrics_port"] is not None:
+            from django_skipqueue.runtime.prometheus import worker_series
+
+            meter = Meter(prometheus=worker_series())
+        consumer = Consumer(config, queues=queues, concurrency=options["concurrency"], meter=meter)
+        server = self.serve_metrics(options, consumer.database)
+        try:
+            with StopSignals(lambda signum: consumer.stop.set()).handling():
+                consumer.run()
+        finally:
+            if server is not None:
+                server.shutdown()
         stats = consumer.stats
         self.stdout.write(
             f"broker consumer stopped: {stats.succeeded} succeeded, {stats.retried} retried, "
