@@ -103,3 +103,16 @@ def test_the_minute_rows_are_pruned_after_a_day():
     add_minutes_ago(0, succeeded=1)
     assert QueueMinute.objects.prune(timedelta(hours=25)) == 1
     assert QueueMinute.objects.count() == 1
+
+
+def test_the_oldest_due_age_is_sampled_once_a_minute_by_whichever_reaper_comes_first():
+    from django_skipqueue.maintenance.reaper import Reaper
+    from django_skipqueue.models import Job
+
+    Job.objects.create(task="t", queue_name="mail", lease="00:05:00", max_attempts=1)
+    Reaper().reap()
+    [row] = QueueMinute.objects.filter(queue_name="mail")
+    assert row.oldest_due_seconds is not None and row.oldest_due_seconds >= 0
+    QueueMinute.objects.filter(id=row.id).update(oldest_due_seconds=-1.0)  # a marker
+    Reaper().reap()  # the same minute: nothing read again
+    assert QueueMinute.objects.get(id=row.id).oldest_due_seconds == -1.0

@@ -101,9 +101,13 @@ class Reaper:
 
     def _sample_oldest_due(self, jobs: Any) -> None:
         """The age of each queue's oldest due job, into the current minute's rows (the
-        overview's chart): by the one housekeeper holding the lock, once a pass."""
+        overview's chart): by the housekeeper holding the lock, once a minute across
+        every worker (a pass that finds this minute sampled reads nothing more)."""
+        minutes = QueueMinute.objects.db_manager(self.database)
+        if minutes.sampled_this_minute():
+            return
         gauges = jobs.queue_gauges()
-        QueueMinute.objects.db_manager(self.database).add(
+        minutes.add(
             {name: {"oldest_due_seconds": g["oldest_due_seconds"]} for name, g in gauges.items()}
         )
 

@@ -1824,6 +1824,12 @@ class QueueMinuteManager(models.Manager["QueueMinute"]):
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql.ADD_MINUTE, [json.dumps(records)])
 
+    def sampled_this_minute(self) -> bool:
+        """Whether a reaper has written the oldest due jobs' ages this minute."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.MINUTE_SAMPLED)
+            return bool(cursor.fetchone()[0])
+
     def prune(self, older_than: timedelta) -> int:
         """Delete the minutes older than `older_than` (the minute index serves it)."""
         return self.filter(minute__lt=Now() - older_than).delete()[0]

@@ -486,3 +486,9 @@ ON CONFLICT (queue_name, minute) DO UPDATE SET
     run_seconds = q.run_seconds + EXCLUDED.run_seconds,
     oldest_due_seconds = GREATEST(q.oldest_due_seconds, EXCLUDED.oldest_due_seconds)
 """
+
+# Whether this minute's oldest-due ages are in (QueueMinuteManager.sampled_this_minute).
+MINUTE_SAMPLED = """
+SELECT EXISTS (SELECT 1 FROM skipqueue_queueminute
+    WHERE minute = date_trunc('minute', now()) AND oldest_due_seconds IS NOT NULL)
+"""
