@@ -275,6 +275,17 @@ def attempts_text(job: Job) -> str:
     return text
 
 
+def short_error(text: str) -> str:
+    """The first line of an error summary with the class named without its module:
+    'builtins.ValueError: bad input' reads 'ValueError: bad input'. Text that does not
+    start with a dotted class path is left as it is."""
+    first = (text.splitlines() or [""])[0]
+    kind, sep, message = first.partition(": ")
+    if kind and " " not in kind and "." in kind.strip("."):
+        kind = kind.rstrip(".").rpartition(".")[2]
+    return f"{kind}{sep}{message}"
+
+
 def _expired_for(job: Job) -> timedelta | None:
     """How long ago a running job's lease ran out, on the database clock; None if live."""
     now = getattr(job, "db_now", None)

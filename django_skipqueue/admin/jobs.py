@@ -26,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.core.redaction import redact, redact_key, redact_text
-from django_skipqueue.core.states import EXPIRED
+from django_skipqueue.core.states import EXPIRED, UNNEEDED, UPSTREAM
 from django_skipqueue.models import (
     Job,
     JobState,
@@ -55,6 +55,7 @@ from django_skipqueue.admin.common import (
     arguments_html,
     as_id,
     attempts_text,
+    short_error,
 )
 from django_skipqueue.admin.queues import QueueOverviewViews
 
@@ -173,6 +174,18 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
 
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        """A failed job's errors come first, right under its banner: why it failed is
+        what its page is opened for, not something to scroll 2,000 px down to."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or obj.state != JobState.FAILED:
+            return fieldsets
+        rest = [
+            (name, {**options, "fields": [f for f in options["fields"] if f != "error_history"]})
+            for name, options in fieldsets
+        ]
+        return [(_("Errors, newest first"), {"fields": ["error_history"]}), *rest]
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
@@ -206,7 +219,7 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
             error = format_html(
                 '<br><small class="skipqueue-error skipqueue-cut" title="{}">{}</small>',
                 last_error,
-                (last_error.splitlines() or [""])[0][:300],
+                short_error(last_error)[:300],
             )
         origin = ""
         if job.schedule:
@@ -540,6 +553,10 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                     "Stuck: its lease expired %(age)s ago and no worker holds it. The reaper "
                     "takes it back on its next pass; Requeue does it now."
                 ) % {"age": _age(expired)}
+            if job.state == JobState.FAILED:
+                extra["skipqueue_failed"] = failed_headline(job)
+            if job.state == JobState.CANCELLED:
+                extra["skipqueue_cancelled"] = cancelled_headline(job)
             if job.cancel_requested_at is not None and job.state == JobState.RUNNING:
                 extra["skipqueue_stuck"] = _(
                     "Cancel requested %(when)s by %(who)s: the task is told at the worker's "
@@ -558,6 +575,10 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                 and (verb != "cancel" or job.cancel_requested_at is None)
                 and getattr(self, f"has_{permission}_permission")(request)
             ]
+            # The banner of a failed or cancelled job carries its Retry button.
+            extra["skipqueue_banner_action"] = next(
+                (a for a in extra["skipqueue_actions"] if a["verb"] == "retry"), None
+            )
         return super().change_view(request, object_id, form_url, extra)
 
     def job_action_view(self, request: HttpRequest, object_id: int, verb: str) -> HttpResponse:
@@ -598,3 +619,54 @@ def progress_html(job: Job) -> str:
         else ""
     )
     return format_html('<div class="skipqueue-progress">{}{}</div>', bar, text)
+
+
+def failed_headline(job: Job) -> str:
+    """'Failed after 3 attempts: ValueError: bad input': a failed job's banner (the
+    attempts spent, as the list counts them; the class without its module path)."""
+    spent = job.attempts - (job.releases or 0)
+    error = short_error(redact_text(job.last_error[:2000])) if job.last_error else ""
+    if not error:
+        entries = _entries(job.errors)
+        if entries:
+            last = entries[-1]
+            error = short_error(f"{last.get('type')}: {redact(last.get('message'))}")
+    if len(error) > 500:
+        error = error[:500] + "…"
+    if spent == 1:
+        text = _("Failed after 1 attempt")
+    else:
+        text = _("Failed after %(n)d attempts") % {"n": spent}
+    return f"{text}: {error}" if error else str(text)
+
+
+def cancelled_headline(job: Job) -> str:
+    """Who cancelled the job and when, in words (the reserved names of our own ends
+    said as what happened)."""
+    when = _when(job.finished_at)
+    if job.cancelled_by == EXPIRED:
+        return _(
+            "Expired before it started: it was not started by its expiry time (%(expires)s), "
+            "so it never ran; the reaper ended it at %(when)s."
+        ) % {"expires": _when(job.expires_at), "when": when}
+    if job.cancelled_by == UPSTREAM:
+        return _(
+            "Cancelled at %(when)s by its workflow: a job it waits on failed or was "
+            "cancelled. Retrying that job runs this one again."
+        ) % {"when": when}
+    if job.cancelled_by == UNNEEDED:
+        return _(
+            "Cancelled at %(when)s by its workflow: it runs only when the workflow fails, "
+            "and the workflow succeeded."
+        ) % {"when": when}
+    if job.cancelled_by:
+        text = _("Cancelled by %(who)s at %(when)s.") % {"who": job.cancelled_by, "when": when}
+    else:
+        text = _("Cancelled at %(when)s, from code that named no one (cancel() without by=).") % {
+            "when": when
+        }
+    if job.cancel_requested_at is not None:
+        text += " " + _("It was running and was asked to stop at %(asked)s.") % {
+            "asked": _when(job.cancel_requested_at)
+        }
+    return str(text)
