@@ -176,23 +176,6 @@ class WorkflowFilter(admin.SimpleListFilter):
         return queryset.filter(workflow_id=int(value)) if value.isdigit() else queryset.none()
 
 
-class AliveFilter(admin.SimpleListFilter):
-    title = _("status")
-    parameter_name = "status"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: Any
-    ) -> list[tuple[str, str | _StrPromise]]:
-        return [("alive", _("alive")), ("dead", _("dead (stopped or lost)"))]
-
-    def queryset(
-        self, request: HttpRequest, queryset: QuerySet[WorkerProcess]
-    ) -> QuerySet[WorkerProcess]:
-        if self.value() in ("alive", "dead"):
-            return queryset.filter(alive=self.value() == "alive")  # type: ignore[misc]  # annotated
-        return queryset
-
-
 class OwnLookupsOnly:
     """Only the lookups this admin's own filters use reach the ORM from a query string.
 

@@ -24,6 +24,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from django_skipqueue.core.redaction import redact, redact_key, redact_text
 from django_skipqueue.core.states import EXPIRED, UNNEEDED, UPSTREAM
@@ -58,6 +59,7 @@ from django_skipqueue.admin.common import (
     short_error,
 )
 from django_skipqueue.admin.queues import QueueOverviewViews
+from django_skipqueue.admin.workers import with_status
 
 
 @admin.register(Job)
@@ -352,11 +354,12 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
 
     @admin.display(description=_("worker"))
     def worker_status(self, job: Job) -> str:
-        worker = WorkerProcess.objects.filter(id=job.worker_id).first() if job.worker_id else None
+        workers = with_status(WorkerProcess.objects.filter(id=job.worker_id))
+        worker = workers.first() if job.worker_id else None
         if worker is None:
             return str(job.worker_id or "-")
-        alive = worker.id in set(self._alive_worker_ids())
-        return format_html("{} ({})", worker, _("alive") if alive else _("dead"))
+        url = reverse("admin:skipqueue_workerprocess_change", args=[worker.id])
+        return format_html('<a href="{}">{}</a> ({})', url, worker, worker.status)  # type: ignore[attr-defined]
 
     @admin.display(description=_("timeline"))
     def timeline(self, job: Job) -> str:
@@ -401,9 +404,6 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                 for e in reversed(_entries(job.errors))
             ),
         )
-
-    def _alive_worker_ids(self) -> list[Any]:
-        return list(WorkerProcess.objects.alive().values_list("id", flat=True))
 
     # -- actions -----------------------------------------------------------------------
 
@@ -633,11 +633,10 @@ def failed_headline(job: Job) -> str:
             error = short_error(f"{last.get('type')}: {redact(last.get('message'))}")
     if len(error) > 500:
         error = error[:500] + "…"
-    if spent == 1:
-        text = _("Failed after 1 attempt")
-    else:
-        text = _("Failed after %(n)d attempts") % {"n": spent}
-    return f"{text}: {error}" if error else str(text)
+    text = ngettext("Failed after %(n)d attempt", "Failed after %(n)d attempts", spent) % {
+        "n": spent
+    }
+    return f"{text}: {error}" if error else text
 
 
 def cancelled_headline(job: Job) -> str:
