@@ -52,10 +52,12 @@ from django_skipqueue.core.compat import pika_channel_impl
 from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import InvalidJobError
-from django_skipqueue.models import Job
+from django_skipqueue.models import Job, WorkerKind
 from django_skipqueue.queue.connections import Backoff, discard_connection
 from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, run_brokered
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
+
+from django_skipqueue.runtime.presence import Presence
 from django_skipqueue.runtime.runner import retry_delay
 from django_skipqueue.tasks.registry import registry
 
@@ -107,10 +109,19 @@ class Consumer:
         #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
         self._suspects: list[tuple[int, Message, int]] = []
         self._isolating = False
+        #: Its row in the worker registry (kind consumer): written at start, beaten from
+        #: the consuming loop, marked stopped at a clean stop.
+        self.presence = Presence(
+            kind=WorkerKind.CONSUMER,
+            queues=self.queues,
+            concurrency=concurrency,
+            database=self.database,
+        )
 
     # -- the loop ------------------------------------------------------------------
 
     def run(self) -> None:
+        self.presence.register(self.stop)
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="skipqueue-broker")
         backoff = Backoff()
         logger.info(
@@ -131,10 +142,14 @@ class Consumer:
                     self._running, self._isolating = 0, False
                     delay = backoff.next()
                     logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
+                    self.presence.beat()  # alive, if not connected: not "lost"
                     self.stop.wait(delay)
         finally:
             pool.shutdown(wait=True)
             self._flush_counts(now=True)
+
+            self.presence.stopped()
+            connections[self.database].close()
             logger.info("broker consumer stopped")
 
     def _consume(self, pool: ThreadPoolExecutor, backoff: Backoff) -> None:
@@ -200,6 +215,7 @@ class Consumer:
             while not self.stop.is_set():
                 connection.process_data_events(time_limit=0.2)
                 turn()
+                self.presence.beat()
             # Stopping: no new deliveries. Jobs not started yet stay unacked (RabbitMQ
             # delivers them again once this connection closes); those running finish
             # and are settled.

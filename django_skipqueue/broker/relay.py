@@ -34,9 +34,10 @@ from django_skipqueue.broker.publisher import BatchPublisher
 from django_skipqueue.broker.topology import broker_queue, connect, declare
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import RelayConfig
-from django_skipqueue.models import Job
+from django_skipqueue.models import Job, WorkerKind
 from django_skipqueue.queue.connections import Backoff, bounded, discard_connection
 from django_skipqueue.runtime.notifier import Notifier
+from django_skipqueue.runtime.presence import Presence
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,11 @@ class Relay:
         self.thread: threading.Thread | None = None  # when run in a thread of a worker
         self._connection: Any = None
         self._publishing: BatchPublisher | None = None
+        #: Its row in the worker registry (kind relay, the relayed queues) while `run()`
+        #: runs: beaten from its loop, marked stopped at a clean stop.
+        self.presence = Presence(
+            kind=WorkerKind.RELAY, queues=config.queues, concurrency=1, database=self.database
+        )
 
     # -- the broker ------------------------------------------------------------------
 
@@ -134,6 +140,7 @@ class Relay:
     def run(self) -> None:
         """Relay until `stop` is set: wake on NOTIFY, poll otherwise, retry failures."""
         settings = get_settings()
+        self.presence.register(self.stop)
         listener = None
         if self.listen and settings.LISTEN:
             notifier = Notifier(
@@ -154,6 +161,7 @@ class Relay:
         try:
             while not self.stop.is_set():
                 self.wake.clear()
+                self.presence.beat()
                 try:
                     published = self.relay_once()
                     if published < self.config.batch_size and self._connection is not None:
@@ -177,6 +185,7 @@ class Relay:
             self.close()
             if listener is not None:
                 listener.join(timeout=5)
+            self.presence.stopped()
             connections[self.database].close()
             logger.info("relay stopped published=%d", self.stats.published)
 
