@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime, tzinfo
 from urllib.parse import quote
 
+from django.conf import settings
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.db.models.functions import Now
@@ -12,6 +14,7 @@ from django.http import (
 )
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.admin.common import (
@@ -22,7 +25,7 @@ from django_skipqueue.admin.common import (
     _when,
     arguments_html,
 )
-from django_skipqueue.core.cron import Cron
+from django_skipqueue.core.cron import Cron, zone_of
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.maintenance.scheduler import defined_schedules
 from django_skipqueue.models import (
@@ -40,7 +43,10 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
-    list_display = ["name", "task", "expression", "timezone", "status", "last_run", "next_run"]
+    # Within 1280 px with the admin's sidebars open (tests/test_admin_browser.py): the
+    # task path is cut (whole on hover), the zone sits under its expression, and each
+    # next run has its own line.
+    list_display = ["name", "shown_task", "cron_and_zone", "status", "last_run", "next_runs"]
     list_filter = [("paused_at", admin.EmptyFieldListFilter)]
     allowed_lookups = frozenset({"paused_at__isempty"})
     search_fields = ["name", "task"]
@@ -58,7 +64,7 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "grace",
         "status",
         "last_run",
-        "next_run",
+        "next_runs",
         "recent_jobs",
         "created_at",
         "synced_at",
@@ -86,23 +92,57 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
             return format_html('<span class="skipqueue-error">{}</span>', _("not in this code"))
         return str(_("active"))
 
-    @admin.display(description=_("last occurrence"), ordering="last_occurrence_at")
-    def last_run(self, schedule: Schedule) -> str:
-        return _when(schedule.last_occurrence_at)
+    @admin.display(description=_("task"), ordering="task")
+    def shown_task(self, schedule: Schedule) -> str:
+        module, _dot, name = schedule.task.rpartition(".")
+        return format_html(
+            '<span class="skipqueue-cut" title="{}"><b>{}</b><br><small>{}</small></span>',
+            schedule.task,
+            name,
+            module,
+        )
 
-    @admin.display(description=_("next occurrence"))
-    def next_run(self, schedule: Schedule) -> str:
+    @admin.display(description=_("expression and time zone"), ordering="expression")
+    def cron_and_zone(self, schedule: Schedule) -> str:
+        return format_html(
+            '<code>{}</code><br><small class="skipqueue-zone">{}</small>',
+            schedule.expression,
+            schedule.timezone,
+        )
+
+    @admin.display(
+        description=_("last occurrence (in the schedule's time zone)"),
+        ordering="last_occurrence_at",
+    )
+    def last_run(self, schedule: Schedule) -> str:
+        if schedule.last_occurrence_at is None:
+            return "-"
+        zone = _zone(schedule)
+        if zone is None:
+            return _when(schedule.last_occurrence_at)
+        return _in_zone(schedule.last_occurrence_at, zone)
+
+    @admin.display(description=_("next runs (in the schedule's time zone)"))
+    def next_runs(self, schedule: Schedule) -> str:
+        """The next three runs in the schedule's own zone (the one its expression is read
+        in), one a line, then the zone and the cadence in words (Cron.upcoming_words,
+        the parts of the sentence `manage.py schedules` prints)."""
         if schedule.is_paused:
             return "-"
         try:
             cron = Cron(expression=schedule.expression, timezone=schedule.timezone)
+            zone = cron.zone(settings.TIME_ZONE)
         except ConfigurationError:
             return "-"
         now = schedule.db_now  # type: ignore[attr-defined]  # annotated above
-        zone = cron.zone(schedule.timezone)
-        upcoming = cron.next_after(now, zone)
+        shown, cadence = cron.upcoming_words(now, zone)
+        if not shown:
+            return str(_("no run within ten years"))
         return format_html(
-            '{}<br><span class="help">{}</span>', _when(upcoming), cron.describe_upcoming(now, zone)
+            '<span class="skipqueue-runs" title="{}">{}</span><br><small>{}</small>',
+            cron.describe_upcoming(now, zone),
+            format_html_join(mark_safe("<br>"), "{}", ((when,) for when in shown)),
+            " · ".join(part for part in (str(zone), cadence) if part),
         )
 
     @admin.display(description=_("arguments"))
@@ -139,6 +179,18 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         names = list(queryset.values_list("name", flat=True))
         changed = Schedule.objects.resume(names)
         _report(self, request, "resumed", changed, len(names), "not paused", "schedule(s)")
+
+
+def _zone(schedule: Schedule) -> tzinfo | None:
+    try:
+        return zone_of(schedule.timezone or settings.TIME_ZONE)
+    except ConfigurationError:
+        return None
+
+
+def _in_zone(moment: datetime, zone: tzinfo) -> str:
+    """A time as the next runs are shown: in the schedule's zone, to the second."""
+    return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _defined_names() -> set[str]:

@@ -214,9 +214,19 @@ class Cron:
         10:00:30 (Europe/Paris), every 10 seconds`. Shown wherever a schedule is (the
         schedules command, the admin, the checks), so that an expression that does not
         mean what was meant is seen at once."""
-        instants = self.upcoming(moment, zone, count)
-        if not instants:
+        shown, cadence = self.upcoming_words(moment, zone, count)
+        if not shown:
             return "no run within ten years"
+        every = f", {cadence}" if cadence else ""
+        return f"next runs {', '.join(shown)} ({zone}){every}"
+
+    def upcoming_words(
+        self, moment: datetime, zone: tzinfo, count: int = 3
+    ) -> tuple[list[str], str]:
+        """The parts of `describe_upcoming`: each next run's time in `zone` (with its day
+        when the day changes), and the cadence (`every 10 seconds`, or "" when the gaps
+        differ). No runs within ten years: ([], "")."""
+        instants = self.upcoming(moment, zone, count)
         local = [instant.astimezone(zone) for instant in instants]
         shown, previous_day = [], None
         for when in local:
@@ -228,10 +238,10 @@ class Cron:
             )
             previous_day = day
         gaps = {b - a for a, b in itertools.pairwise(instants)}
-        cadence = f", every {duration_in_words(gaps.pop())}" if len(gaps) == 1 else ""
+        cadence = f"every {duration_in_words(gaps.pop())}" if len(gaps) == 1 else ""
         if self.interval is not None:
-            cadence = f", every {duration_in_words(self.interval)}"
-        return f"next runs {', '.join(shown)} ({zone}){cadence}"
+            cadence = f"every {duration_in_words(self.interval)}"
+        return shown, cadence
 
     @property
     def fires_in_bursts(self) -> bool:
