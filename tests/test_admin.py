@@ -158,7 +158,7 @@ def test_a_queue_is_paused_from_the_overview_under_its_own_permission(client):
     user.user_permissions.add(Permission.objects.get(codename="pause_queue"))
     client.force_login(user)
     assert client.get(pause).status_code == 405  # POST only
-    client.post(pause, {"queue": "default"})
+    client.post(pause, {"queue": "default", "confirm": "yes"})
     assert Queue.objects.get(name="default").paused_by == "staff"
     page = client.get(overview).content.decode()
     assert ">paused<" in page and 'value="Resume"' in page

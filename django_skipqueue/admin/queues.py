@@ -8,6 +8,8 @@ from urllib.parse import unquote
 import django
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import DurationField, ExpressionWrapper, F
+from django.db.models.functions import Now
 from django.http import (
     Http404,
     HttpRequest,
@@ -25,6 +27,8 @@ from django_skipqueue.admin import charts
 from django_skipqueue.admin.common import (
     OwnLookupsOnly,
     ReadOnly,
+    _age,
+    _when,
 )
 from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
@@ -73,6 +77,8 @@ class QueueOverviewViews(_ModelAdmin):
                     messages.ERROR,
                 )
                 return redirect("admin:skipqueue_overview")
+            if request.POST.get("confirm") != "yes":
+                return self.pause_confirmation(request, queue)
             changed = Queue.objects.pause([queue], by=request.user.get_username())
         else:
             changed = Queue.objects.resume([queue])
@@ -87,6 +93,21 @@ class QueueOverviewViews(_ModelAdmin):
             )
         return redirect("admin:skipqueue_overview")
 
+    def pause_confirmation(self, request: HttpRequest, queue: str) -> HttpResponse:
+        """The page between the overview's Pause and the pause, as Django's delete
+        confirmation is: what pausing does to this queue now, and Yes or No."""
+        jobs = Job.objects.filter(queue_name=queue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Pause queue %(q)s?") % {"q": queue},
+            "queue": queue,
+            "due": jobs.due().count(),
+            "running": jobs.running().count(),
+            "opts": self.model._meta,
+            "breadcrumbs_as_list": django.VERSION >= (6, 1),
+        }
+        return TemplateResponse(request, "admin/skipqueue/pause_confirmation.html", context)
+
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -100,12 +121,14 @@ class QueueOverviewViews(_ModelAdmin):
             series = hour.get(row.queue, [])
             row.done_5m = series[-1].succeeded if series else 0
             row.done_1h = sum(bucket.succeeded for bucket in series)
+        paused = paused_by_queue()
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
             "queues": [
                 {
                     **row.as_dict(),
+                    **paused.get(row.queue, {}),
                     # A relayed queue's due rows wait for the relay, which has no
                     # worker row: it is not "unattended" for that.
                     "unattended": row.pending_due > 0 and not row.live_workers and not row.relayed,
@@ -122,6 +145,21 @@ class QueueOverviewViews(_ModelAdmin):
             "breadcrumbs_as_list": django.VERSION >= (6, 1),  # Django 6.1's admin markup
         }
         return TemplateResponse(request, "admin/skipqueue/overview.html", context)
+
+
+def paused_by_queue() -> dict[str, dict[str, str]]:
+    """Who paused each paused queue, when, and how long ago on the database's clock."""
+    rows = Queue.objects.paused().annotate(
+        age=ExpressionWrapper(Now() - F("paused_at"), output_field=DurationField())
+    )
+    return {
+        queue.name: {
+            "paused_by": queue.paused_by or str(_("someone unnamed")),
+            "paused_when": _when(queue.paused_at),
+            "paused_ago": _age(queue.age),
+        }
+        for queue in rows
+    }
 
 
 def trend_charts(series: list[Bucket], window: str) -> list[SafeString]:
