@@ -18,7 +18,11 @@ Topology, per relayed queue Q (all durable, declared idempotently by both sides)
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +130,11 @@ def broker_depths(config: RelayConfig, timeout: float = 2.0) -> dict[str, tuple[
     parameters = pika.URLParameters(config.url)
     parameters.socket_timeout = parameters.blocked_connection_timeout = timeout
     parameters.connection_attempts = 1
+    with quiet_pika():
+        return _probe(pika, parameters, config)
+
+
+def _probe(pika: Any, parameters: Any, config: RelayConfig) -> dict[str, tuple[int, int]]:
     depths: dict[str, tuple[int, int]] = {}
     try:
         connection = pika.BlockingConnection(parameters)
@@ -148,3 +157,40 @@ def broker_depths(config: RelayConfig, timeout: float = 2.0) -> dict[str, tuple[
         if connection.is_open:
             connection.close()
     return depths
+
+
+class _ThisThread(logging.Filter):
+    """Drops the records of one thread: the probe's, and no other's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+@contextmanager
+def quiet_pika() -> Iterator[None]:
+    """Silence pika's own loggers for what this thread does inside the block.
+
+    A passive declare of a queue not declared yet is how the probe learns it is empty,
+    and pika logs that channel close ("404 NOT_FOUND - no queue ...") and its
+    connection steps at INFO and WARNING, which under a root logger at INFO reads like
+    an error in `queuestats`. A filter on each of pika's loggers drops this thread's
+    records and is removed afterwards: no level is changed, and pika's logging from
+    other threads, before and after, goes where the project sends it.
+    """
+    quiet = _ThisThread()
+    manager = logging.Logger.manager
+    names = [
+        name for name in list(manager.loggerDict) if name == "pika" or name.startswith("pika.")
+    ]
+    loggers = [logging.getLogger(name) for name in names]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
