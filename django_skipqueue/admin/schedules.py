@@ -44,9 +44,9 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         css = {"all": (STYLESHEET,)}
 
     # Within 1280 px with the admin's sidebars open (tests/test_admin_browser.py): the
-    # task path is cut (whole on hover), the zone sits under its expression, and each
-    # next run has its own line.
-    list_display = ["name", "shown_task", "cron_and_zone", "status", "last_run", "next_runs"]
+    # task path is cut (whole on hover), and one column holds the last run and the next
+    # three, one a line, with the zone they are shown in.
+    list_display = ["name", "shown_task", "shown_expression", "status", "next_runs"]
     list_filter = [("paused_at", admin.EmptyFieldListFilter)]
     allowed_lookups = frozenset({"paused_at__isempty"})
     search_fields = ["name", "task"]
@@ -102,13 +102,9 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
             module,
         )
 
-    @admin.display(description=_("expression and time zone"), ordering="expression")
-    def cron_and_zone(self, schedule: Schedule) -> str:
-        return format_html(
-            '<code>{}</code><br><small class="skipqueue-zone">{}</small>',
-            schedule.expression,
-            schedule.timezone,
-        )
+    @admin.display(description=_("expression"), ordering="expression")
+    def shown_expression(self, schedule: Schedule) -> str:
+        return format_html('<code class="skipqueue-nowrap">{}</code>', schedule.expression)
 
     @admin.display(
         description=_("last occurrence (in the schedule's time zone)"),
@@ -122,24 +118,33 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
             return _when(schedule.last_occurrence_at)
         return _in_zone(schedule.last_occurrence_at, zone)
 
-    @admin.display(description=_("next runs (in the schedule's time zone)"))
+    @admin.display(
+        description=_("last and next runs (in the schedule's time zone)"),
+        ordering="last_occurrence_at",
+    )
     def next_runs(self, schedule: Schedule) -> str:
-        """The next three runs in the schedule's own zone (the one its expression is read
-        in), one a line, then the zone and the cadence in words (Cron.upcoming_words,
-        the parts of the sentence `manage.py schedules` prints)."""
+        """The last run and the next three in the schedule's own zone (the one its
+        expression is read in), one a line, then the zone and the cadence in words
+        (Cron.upcoming_words: the parts of the sentence `manage.py schedules` prints)."""
+        last = format_html(
+            '<small class="skipqueue-runs-label">{}</small> {}', _("last"), self.last_run(schedule)
+        )
         if schedule.is_paused:
-            return "-"
+            return format_html("{}<br>{}", last, _("paused: no next run"))
         try:
             cron = Cron(expression=schedule.expression, timezone=schedule.timezone)
             zone = cron.zone(settings.TIME_ZONE)
         except ConfigurationError:
-            return "-"
+            return last
         now = schedule.db_now  # type: ignore[attr-defined]  # annotated above
         shown, cadence = cron.upcoming_words(now, zone)
         if not shown:
-            return str(_("no run within ten years"))
+            return format_html("{}<br>{}", last, _("no run within ten years"))
         return format_html(
+            '{}<br><small class="skipqueue-runs-label">{}</small> '
             '<span class="skipqueue-runs" title="{}">{}</span><br><small>{}</small>',
+            last,
+            _("next"),
             cron.describe_upcoming(now, zone),
             format_html_join(mark_safe("<br>"), "{}", ((when,) for when in shown)),
             " · ".join(part for part in (str(zone), cadence) if part),
