@@ -180,3 +180,150 @@ def test_an_operator_requeues_a_stuck_job_from_its_page_and_reaches_the_overview
     assert page.locator(".breadcrumbs a").first.inner_text() == "Home"
     page.screenshot(path=str(ARTIFACTS / "admin-queue-overview-1280.png"), full_page=True)
     assert Job.objects.filter(state=JobState.DONE).count() == 3
+
+
+# -- issue 28: the pages an operator opens at 3 a.m., at two widths ----------------------
+
+SIZES = [(1280, 800), (1920, 1080)]
+
+
+def shoot(page, tmp_path: Path, name: str) -> None:
+    """Screenshots of the page at each size, into the test's tmp dir (paths printed)."""
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        path = tmp_path / f"{name}-{width}.png"
+        page.screenshot(path=str(path))
+        print(f"screenshot: {path}")  # noqa: T201  (to look at: pytest -s)
+    page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+
+
+def table_fits(page) -> bool:
+    """The list's right edge within the window and within its container, which would
+    scroll (and so hide) what overflows it."""
+    table = page.locator("#result_list").bounding_box()
+    shown = page.locator("#changelist .results").bounding_box()
+    assert table is not None and shown is not None
+    return table["x"] + table["width"] <= min(WIDTH, shown["x"] + shown["width"])
+
+
+def test_a_failed_jobs_page_opens_with_its_error_and_retry(server_url, page, tmp_path):
+    from django_skipqueue.runtime.worker import Worker
+    from tests.testapp.tasks import always_fails
+
+    job = always_fails.using(max_attempts=1).enqueue("bad input for invoice 42")
+    Worker(concurrency=1, burst=True, listen=False, reap_interval=0).run()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/")
+    cell = page.locator(f"#result_list tbody tr:has(input[value='{job.id}']) .skipqueue-error")
+    assert cell.inner_text() == "RuntimeError: bad input for invoice 42"
+    page.goto(f"{server_url}/admin/skipqueue/job/{job.id}/change/")
+    banner = page.locator(".skipqueue-failed-banner")
+    assert "Failed after 1 attempt: RuntimeError: bad input for invoice 42" in banner.inner_text()
+    assert in_view(banner) and in_view(banner.locator("button"))
+    errors = page.locator(".field-error_history")
+    assert errors.bounding_box()["y"] < HEIGHT  # right under the banner, not far below
+    assert "bad input for invoice 42" in errors.inner_text()
+    shoot(page, tmp_path, "failed-job")
+    banner.locator("button").click()
+    assert f"Job {job.id} retried." in page.locator("ul.messagelist").inner_text()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+
+
+def test_a_cancelled_jobs_page_says_who_and_when(server_url, page, tmp_path):
+    job = JobFactory(task="shop.tasks.send_welcome_email")
+    Job.objects.cancel([job.id], by="alice")
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/{job.id}/change/")
+    banner = page.locator(".skipqueue-cancelled-banner")
+    assert banner.inner_text().startswith("Cancelled by alice at ")
+    assert in_view(banner)
+    shoot(page, tmp_path, "cancelled-job")
+
+
+def test_the_worker_list_shows_alive_stopped_and_lost(server_url, page, tmp_path):
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+
+    from django_skipqueue.models import WorkerKind, WorkerProcess
+
+    def row(pid: int, kind: str, queues: list[str]) -> WorkerProcess:
+        worker = WorkerProcess.objects.register(queues=queues, concurrency=4, kind=kind)
+        WorkerProcess.objects.filter(id=worker.id).update(pid=pid, hostname="web-3.example.com")
+        return worker
+
+    row(101, WorkerKind.WORKER, ["default", "mail"])
+    WorkerProcess.objects.mark_stopped(row(102, WorkerKind.WORKER, ["default"]).id)
+    lost = row(103, WorkerKind.CONSUMER, ["webhooks"])
+    WorkerProcess.objects.filter(id=lost.id).update(heartbeat_at=Now() - timedelta(minutes=7))
+    row(104, WorkerKind.RELAY, ["webhooks"])
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/workerprocess/")
+    statuses = page.locator("#result_list tbody td.field-shown_status").all_inner_texts()
+    assert statuses == ["alive", "alive", "lost", "stopped"]
+    shoot(page, tmp_path, "worker-list")
+    lost_row = page.locator("#result_list tbody tr", has_text="lost")
+    assert in_view(lost_row.locator("td.field-heartbeat"))
+    assert lost_row.locator("td.field-heartbeat").inner_text() == "7 min ago"
+    assert table_fits(page)
+
+
+def test_the_schedules_list_fits_1280_px_with_the_next_runs_in_their_zone(
+    server_url, page, tmp_path
+):
+    from django.db.models.functions import Now
+
+    from django_skipqueue.maintenance.scheduler import defined_schedules, sync
+    from tests.testapp.tasks import add
+
+    schedules = {
+        "SCHEDULES": {
+            "nightly-invoice-reconciliation-for-accounting": {
+                "task": add.name,
+                "cron": "30 2 * * 1-5",
+                "args": [1, 2],
+                "timezone": "America/Los_Angeles",
+            },
+            "every-ten-seconds": {"task": add.name, "cron": "@every 10s", "args": [3, 4]},
+        }
+    }
+    from django.test import override_settings
+
+    with override_settings(SKIPQUEUE=schedules):
+        sync(defined_schedules(), database="default")
+    from django_skipqueue.models import Schedule
+
+    Schedule.objects.update(last_occurrence_at=Now())
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/schedule/")
+    shoot(page, tmp_path, "schedule-list")  # before the assertions: seen when they fail
+    header = page.locator("#result_list thead th.column-next_runs")
+    assert "schedule's time zone" in header.inner_text().lower()
+    assert table_fits(page)
+    assert in_view(header)
+    cell = page.locator("#result_list tbody tr", has_text="nightly").locator("td.field-next_runs")
+    assert cell.inner_text().count("02:30:00") == 3
+    assert "America/Los_Angeles" in cell.inner_text()
+
+
+def test_pausing_a_queue_asks_first_then_the_overview_says_who(server_url, page, tmp_path):
+    from django_skipqueue.models import Queue
+
+    JobFactory.create_batch(3, queue_name="mail")
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+    page.locator("#queue-overview tr", has_text="mail").locator("input[value=Pause]").click()
+    confirm = page.locator("input[value='Yes, pause mail']")
+    confirm.wait_for(state="visible", timeout=10_000)
+    assert "3 jobs are due now and will wait." in page.locator("#content-main").inner_text()
+    assert not Queue.objects.paused().exists()
+    assert in_view(confirm)
+    shoot(page, tmp_path, "pause-confirmation")
+    confirm.click()
+    page.locator("#queue-overview").wait_for(state="visible", timeout=10_000)
+    assert Queue.objects.get(name="mail").paused_by == "ops"
+    flow = page.locator("#queue-overview tr", has_text="mail").locator(".skipqueue-paused-by")
+    assert flow.inner_text().startswith("by ops, ")
