@@ -10,6 +10,7 @@ import pytest
 
 from django_skipqueue import signals
 from django_skipqueue.conf import SkipQueueSettings
+from django_skipqueue.stats import QueueStats
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
 
@@ -100,3 +101,20 @@ def test_every_numbered_case_cited_is_defined_in_the_failure_model():
         if path != FAILURE_MODEL:
             cited |= set(re.findall(r"\b([TS](?:[1-9]\d?)|C[1-7])\b", text))
     assert cited - defined == set()
+
+
+HOWTO = REFERENCE.parent / "howto"
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(QueueStats)])
+def test_every_queuestats_field_is_explained_in_the_monitoring_howto(field):
+    table = (HOWTO / "monitoring.md").read_text()
+    assert re.search(rf"^\| `{field}` \| [^|]+ \| \w", table, re.M), field
+
+
+@pytest.mark.parametrize("status", ["alive", "stopped", "lost"])
+def test_every_worker_status_is_explained_in_the_monitoring_howto(status):
+    from django_skipqueue.admin.workers import STATUS_HELP
+
+    assert status in STATUS_HELP
+    assert re.search(rf"^\| {status} \| \w", (HOWTO / "monitoring.md").read_text(), re.M)
