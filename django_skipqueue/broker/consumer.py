@@ -56,7 +56,6 @@ from django_skipqueue.models import Job, WorkerKind
 from django_skipqueue.queue.connections import Backoff, discard_connection
 from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, run_brokered
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
-
 from django_skipqueue.runtime.presence import Presence
 from django_skipqueue.runtime.runner import retry_delay
 from django_skipqueue.tasks.registry import registry
