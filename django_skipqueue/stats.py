@@ -21,7 +21,14 @@ from django_skipqueue.conf.limits import QueueLimit, queue_limits
 from django_skipqueue.conf.relay import RelayConfig, relay_config
 from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.models import PICKUP_BUCKETS, Job, Queue, WorkerProcess, queue_names_of
+from django_skipqueue.models import (
+    PICKUP_BUCKETS,
+    Job,
+    Queue,
+    WorkerKind,
+    WorkerProcess,
+    queue_names_of,
+)
 
 
 @dataclass
@@ -38,6 +45,9 @@ class QueueStats:
     done_5m: int = 0
     done_1h: int = 0
     live_workers: int = 0
+    #: Of those, relays (`relayjobs`, `runworker --relay`): a relayed queue's due rows
+    #: wait for one.
+    live_relays: int = 0
     paused: bool = False  # an operator paused it: no worker claims from it
     limits: str = ""  # its SKIPQUEUE['QUEUE_LIMITS'], as words
     #: Relayed to RabbitMQ (SKIPQUEUE['RELAY']): pending_due is then the relay's backlog
@@ -89,9 +99,11 @@ def queue_stats(
         entry.done_1h, entry.done_5m = item["done_1h"], item["done_5m"]
     for item in jobs.filter(state=JobState.FAILED).values("queue_name").annotate(n=Count("id")):
         row(item["queue_name"]).failed = item["n"]
-    for queues in WorkerProcess.objects.using(alias).alive().values_list("queues", flat=True):
+    live = WorkerProcess.objects.using(alias).alive().values_list("queues", "kind")
+    for queues, kind in live:
         for name in set(queue_names_of(queues)):  # another client's row may hold anything
             row(name).live_workers += 1
+            row(name).live_relays += kind == WorkerKind.RELAY
     for name in Queue.objects.using(alias).paused().values_list("name", flat=True):
         row(name).paused = True
     try:

@@ -28,7 +28,7 @@ from django_skipqueue.broker import (
 )
 from django_skipqueue.broker.relay import Relay
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.models import Job, JobState
+from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.runtime.worker import Worker
 from tests.processes import wait_until
 from tests.rabbitmq import AMQP_URL, depth, drain, relay_settings
@@ -284,12 +284,20 @@ def test_queuestats_shows_the_relay_backlog_and_the_broker_depths(relayed, setti
     assert line.split()[-2:] == ["?", "?"]  # the broker did not answer
 
 
-def test_the_overview_says_a_queue_is_relayed_and_not_unattended(relayed, admin_client):
+def test_the_overview_flags_a_relayed_queue_whose_due_rows_no_live_relay_publishes(
+    relayed, admin_client
+):
     record.using(queue_name=relayed).enqueue()
+    consumer = WorkerProcess.objects.register(queues=[relayed], concurrency=4, kind="consumer")
     page = admin_client.get(reverse("admin:skipqueue_overview")).content.decode()
     assert "relayed to RabbitMQ" in page
     assert "0 in the broker, 0 dead" in page
     assert "no live worker" not in page
+    assert "1: no live relay" in page  # a consumer runs, but nobody publishes the rows
+    WorkerProcess.objects.register(queues=[relayed], concurrency=1, kind="relay")
+    page = admin_client.get(reverse("admin:skipqueue_overview")).content.decode()
+    assert "no live relay" not in page
+    consumer.delete()
 
 
 def test_a_retry_request_goes_back_through_the_broker_without_spending_an_attempt(

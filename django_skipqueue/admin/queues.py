@@ -129,9 +129,10 @@ class QueueOverviewViews(_ModelAdmin):
                 {
                     **row.as_dict(),
                     **paused.get(row.queue, {}),
-                    # A relayed queue's due rows wait for the relay, which has no
-                    # worker row: it is not "unattended" for that.
-                    "unattended": row.pending_due > 0 and not row.live_workers and not row.relayed,
+                    # A relayed queue's due rows wait for a relay, a plain queue's for
+                    # a worker: none alive, nobody takes them.
+                    "unattended": row.pending_due > 0
+                    and not (row.live_relays if row.relayed else row.live_workers),
                 }
                 for row in rows
             ],

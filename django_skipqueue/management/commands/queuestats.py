@@ -23,6 +23,7 @@ COLUMNS = [
     "done_5m",
     "done_1h",
     "live_workers",
+    "live_relays",
     "paused",
     "limits",
     "broker_ready",
