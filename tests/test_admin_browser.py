@@ -327,3 +327,60 @@ def test_pausing_a_queue_asks_first_then_the_overview_says_who(server_url, page,
     assert Queue.objects.get(name="mail").paused_by == "ops"
     flow = page.locator("#queue-overview tr", has_text="mail").locator(".skipqueue-paused-by")
     assert flow.inner_text().startswith("by ops, ")
+
+
+def test_a_running_jobs_progress_and_the_overviews_trends(server_url, page, tmp_path):
+    """Progress while a job runs (a real worker in this process writes it), then the
+    overview's four charts per queue, readable at both widths."""
+    import threading
+
+    from django_skipqueue.runtime.worker import Worker
+    from tests.testapp import tasks
+
+    tasks.progress_release.clear()
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        job = tasks.reports_progress.enqueue(steps=400)
+        wait_until(lambda: (Job.objects.get(id=job.id).progress or {}).get("done") == 400)
+        for name, scale in (("default", 40), ("mail", 7), ("reports", 1)):
+            QueueMinute.objects.add(
+                {
+                    name: {
+                        "succeeded": 12 * scale,
+                        "retried": scale,
+                        "failed": scale // 2,
+                        "pickups": 13 * scale,
+                        "pickup_buckets": [0, 0, 5 * scale, 8 * scale],
+                        "oldest_due_seconds": 3.5 * scale,
+                    }
+                }
+            )
+        log_in(page, server_url)
+        page.goto(f"{server_url}/admin/skipqueue/job/?state__exact=running")
+        row = page.locator(f"#result_list tbody tr:has(input[value='{job.id}'])")
+        assert row.locator("progress").get_attribute("value") == "100"
+        assert "400 of 400 (100%): step 400" in row.inner_text()
+        assert in_view(row.locator(".skipqueue-progress"))
+        shoot(page, tmp_path, "job-list-progress")
+        page.goto(f"{server_url}/admin/skipqueue/job/{job.id}/change/")
+        assert "400 of 400 (100%): step 400" in page.locator(".field-progress_shown").inner_text()
+        page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+        charts = page.locator(".skipqueue-trends .skipqueue-chart")
+        assert charts.count() == 12  # three queues, four charts each
+        for width, height in SIZES:
+            page.set_viewport_size({"width": width, "height": height})
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+        legend = charts.first.locator(".skipqueue-legend")
+        assert [item.inner_text().strip() for item in legend.all()] == [
+            "succeeded",
+            "retried",
+            "failed",
+        ]
+        shoot(page, tmp_path, "overview-trends")
+    finally:
+        tasks.progress_release.set()
+        worker.stop()
+        thread.join(timeout=20)

@@ -116,3 +116,28 @@ def test_the_oldest_due_age_is_sampled_once_a_minute_by_whichever_reaper_comes_f
     QueueMinute.objects.filter(id=row.id).update(oldest_due_seconds=-1.0)  # a marker
     Reaper().reap()  # the same minute: nothing read again
     assert QueueMinute.objects.get(id=row.id).oldest_due_seconds == -1.0
+
+
+def test_a_queue_with_running_jobs_and_none_due_has_no_lag():
+    from django_skipqueue.models import Job
+    from django_skipqueue.stats import queue_stats
+
+    Job.objects.create(
+        task="t",
+        state="running",
+        attempts=1,
+        max_attempts=1,
+        lease="00:05:00",
+        leased_until="2999-01-01T00:00:00Z",
+    )
+    [row] = queue_stats(broker=False)
+    assert (row.running, row.pending_due, row.lag_seconds) == (1, 0, 0.0)
+    gauges = Job.objects.queue_gauges()["default"]
+    assert gauges["oldest_due_seconds"] == 0.0
+
+
+def test_the_overview_lists_a_queue_idle_now_that_ran_jobs_this_hour(admin_client):
+    add_minutes_ago(2, queue="nightly", succeeded=7)
+    page = admin_client.get(reverse("admin:skipqueue_overview")).content.decode()
+    row = re.search(r"nightly</a></td>(.*?)</tr>", page, re.S).group(1)
+    assert re.findall(r"<td>(\d+)</td>", row).count("7") == 2  # done 5 min and done 1 h

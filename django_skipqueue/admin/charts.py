@@ -10,7 +10,7 @@ from django.utils.functional import Promise
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-WIDTH, HEIGHT = 420, 150
+WIDTH, HEIGHT = 340, 150  # four abreast at 1920 px, two at 1280 px
 LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 22  # room for the scale and the time labels
 Label = str | Promise  # a text, translated or not
 Series = tuple[Label, str, Sequence[float | None]]  # label, colour, one value per bar
@@ -157,6 +157,8 @@ def percent(value: float) -> str:
 
 def duration(value: float) -> str:
     """Seconds in the unit a person reads: 850 ms, 4.2 s, 3 min, 2.5 h."""
+    if value == 0:
+        return "0 s"
     if value < 1:
         return f"{value * 1000:.0f} ms"
     if value < 120:

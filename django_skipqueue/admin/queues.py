@@ -33,7 +33,7 @@ from django_skipqueue.admin.common import (
 from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job, Queue, QueueOverview
-from django_skipqueue.stats import WINDOWS, Bucket, queue_stats, queue_trends
+from django_skipqueue.stats import WINDOWS, Bucket, QueueStats, queue_stats, queue_trends
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
@@ -117,6 +117,9 @@ class QueueOverviewViews(_ModelAdmin):
         hour = queue_trends("hour")
         trends = hour if window == "hour" else queue_trends(window)
         rows = queue_stats(finished=False)  # the done columns: from the minute rows below
+        listed = {row.queue for row in rows}
+        rows += [QueueStats(queue=name) for name in sorted(set(hour) - listed)]  # idle now
+        rows.sort(key=lambda row: row.queue)
         for row in rows:  # the columns count what the hour chart's bars count
             series = hour.get(row.queue, [])
             row.done_5m = series[-1].succeeded if series else 0

@@ -425,12 +425,13 @@ def workflow_columns_statement(defaults: tuple[tuple[str, object], ...]) -> str:
 # index, the lease index) whatever the finished rows number. One `state IN (...)` read
 # matched neither: 0.78 s, a sequential scan, with 10 million done rows
 # (benchmarks/observability.py). The age is clamped as the models' timestamps are
-# ('-infinity' written by another client would fail the subtraction). The statement's
+# ('-infinity' written by another client would fail the subtraction); 0 when no job is
+# due (GREATEST ignores a NULL: the clamp alone would give 2,000 years). The statement's
 # time, as the ORM's Now(): inside a transaction, now() is its start.
 QUEUE_GAUGES = """
 SELECT queue_name, sum(due)::int, sum(later)::int, sum(running)::int, sum(stuck)::int,
-    EXTRACT(EPOCH FROM statement_timestamp()
-        - GREATEST(min(oldest), '0001-01-02 00:00:00+00'::timestamptz))
+    CASE WHEN min(oldest) IS NULL THEN 0 ELSE EXTRACT(EPOCH FROM statement_timestamp()
+        - GREATEST(min(oldest), '0001-01-02 00:00:00+00'::timestamptz)) END
 FROM (
     SELECT queue_name, count(*) FILTER (WHERE run_at <= statement_timestamp()) AS due,
         count(*) FILTER (WHERE run_at > statement_timestamp()) AS later,
