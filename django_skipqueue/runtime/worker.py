@@ -492,7 +492,8 @@ class Worker:
                 self.sizing.observe(execution.duration)
                 key = execution.outcome.value
                 self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
-                self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
+        if execution is not None:  # a job given up on past its time limit too, if it ends
+            self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
         self._wake.set()
 
     def _abandon(self, flight: Flight) -> None:
