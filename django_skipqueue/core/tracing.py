@@ -15,7 +15,10 @@ nothing. Without opentelemetry-api installed, each function returns at its first
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 #: The `messaging.system` attribute of our spans.
 SYSTEM = "skipqueue"
@@ -38,11 +41,21 @@ def _otel() -> Any:
 
 def enqueue_context(task: str, queue: str, count: int = 1) -> dict[str, str] | None:
     """At an enqueue: None outside an active span (or without OpenTelemetry); else a
-    PRODUCER span for the enqueue of `count` jobs, and its context to store."""
+    PRODUCER span for the enqueue of `count` jobs, and its context to store. A failure
+    of the SDK is logged and stores nothing: the enqueue goes on."""
     api = _otel()
     if not api:
         return None
-    trace, propagate, context = api
+    try:
+        return _producer_context(task, queue, count, *api)
+    except Exception:  # noqa: BLE001
+        logger.warning("tracing: no span for an enqueue of %s", task, exc_info=True)
+        return None
+
+
+def _producer_context(
+    task: str, queue: str, count: int, trace: Any, propagate: Any, context: Any
+) -> dict[str, str] | None:
     if not trace.get_current_span().get_span_context().is_valid:
         return None
     tracer = trace.get_tracer(_INSTRUMENTATION)
@@ -68,13 +81,28 @@ def enqueue_context(task: str, queue: str, count: int = 1) -> dict[str, str] | N
 
 def start_run(job: Any) -> Any:
     """Before an attempt of `job` (a Job) runs: its CONSUMER span, made current (None
-    without OpenTelemetry). Hand the result to `end_run`."""
+    without OpenTelemetry, or if the SDK fails: logged, the job runs). Hand the result
+    to `end_run`."""
     api = _otel()
     if not api:
         return None
-    trace, propagate, context = api
+    try:
+        return _start_run(job, *api)
+    except Exception:  # noqa: BLE001  (a malformed stored context, a broken SDK)
+        logger.warning("tracing: no span for job id=%s", job.id, exc_info=True)
+        return None
+
+
+def _start_run(job: Any, trace: Any, propagate: Any, context: Any) -> Any:
     stored = job.trace_context
-    parent = propagate.extract(stored) if isinstance(stored, dict) else None
+    # Only text values: a row another client wrote may hold anything (it then starts a
+    # trace of its own).
+    carrier = (
+        {key: value for key, value in stored.items() if isinstance(value, str)}
+        if isinstance(stored, dict)
+        else {}
+    )
+    parent = propagate.extract(carrier) if carrier else None
     span = trace.get_tracer(_INSTRUMENTATION).start_span(
         f"skipqueue run {job.task}",
         context=parent,
@@ -93,8 +121,11 @@ def start_run(job: Any) -> Any:
     return span, token
 
 
-def end_run(started: Any, outcome: str, error: BaseException | None = None) -> None:
-    """After an attempt: its outcome (and error, recorded on the span), span ended."""
+def end_run(started: Any, outcome: str, error: Any = None) -> None:
+    """After an attempt: its outcome, and on a failure its error (`error`, an ErrorInfo:
+    the class, message and traceback as the job's history stores them, secrets
+    redacted) as the span's exception event and an ERROR status. Never raises: a
+    tracing failure must not fail the job (it is logged)."""
     if started is None:
         return
     trace, _propagate, context = _otel()
@@ -102,8 +133,20 @@ def end_run(started: Any, outcome: str, error: BaseException | None = None) -> N
     try:
         span.set_attribute("skipqueue.outcome", outcome)
         if error is not None:
-            span.record_exception(error)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+            span.add_event(
+                "exception",
+                {
+                    "exception.type": error.type,
+                    "exception.message": error.message,
+                    "exception.stacktrace": error.traceback,
+                },
+            )
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error.type.rsplit(".", 1)[-1]))
+    except Exception:  # noqa: BLE001  (an exporter's or SDK's failure is not the job's)
+        logger.warning("tracing: the span of a job could not be completed", exc_info=True)
     finally:
-        context.detach(token)
-        span.end()
+        try:
+            context.detach(token)
+            span.end()
+        except Exception:  # noqa: BLE001
+            logger.warning("tracing: the span of a job could not be ended", exc_info=True)

@@ -116,7 +116,7 @@ def execute(
     span = tracing.start_run(job)  # None without OpenTelemetry
     decision = run_and_decide(job, database=database, cancel=cancel)
     if span is not None:
-        tracing.end_run(span, decision.outcome.value, decision.raised if decision.failed else None)
+        tracing.end_run(span, decision.outcome.value, decision.error if decision.failed else None)
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         delay = decision.retry_in or timedelta(0)
@@ -314,7 +314,7 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
         job, database=database, cancel=CancelFlag(), brokered=True, check_size=False
     )
     if span is not None:
-        tracing.end_run(span, decision.outcome.value, decision.raised if decision.failed else None)
+        tracing.end_run(span, decision.outcome.value, decision.error if decision.failed else None)
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         signals.job_released.send(sender=Job, job=job, delay=decision.retry_in)
