@@ -680,6 +680,8 @@ class QueueMinute(models.Model):
     minute = DateTimeField(help_text=_("The minute's start (database clock)."))
     succeeded = models.PositiveIntegerField(default=0)
     retried = models.PositiveIntegerField(default=0)
+    #: Attempts the task gave back (`Retry`): not failures.
+    released = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
     cancelled = models.PositiveIntegerField(default=0)
     #: Outcomes the fence refused: the attempt had lost the job.

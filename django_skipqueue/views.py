@@ -65,4 +65,6 @@ def _allowed(request: HttpRequest) -> bool:
         client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
     except ValueError:
         return False
+    if isinstance(client, ipaddress.IPv6Address) and client.ipv4_mapped is not None:
+        client = client.ipv4_mapped  # a server bound to [::] sees ::ffff:10.1.2.3
     return any(client in ipaddress.ip_network(net, strict=False) for net in networks)

@@ -366,7 +366,11 @@ def test_a_running_jobs_progress_and_the_overviews_trends(server_url, page, tmp_
         shoot(page, tmp_path, "job-list-progress")
         page.goto(f"{server_url}/admin/skipqueue/job/{job.id}/change/")
         assert "400 of 400 (100%): step 400" in page.locator(".field-progress_shown").inner_text()
+        tasks.add.using(queue_name="nightly-" + "long" * 10).enqueue(1, 2)  # nobody serves it
         page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+        assert page.locator(".skipqueue-unattended").count() == 1
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        assert in_view(page.locator(".skipqueue-unattended .skipqueue-badge"))
         charts = page.locator(".skipqueue-trends .skipqueue-chart")
         assert charts.count() == 12  # three queues, four charts each
         for width, height in SIZES:

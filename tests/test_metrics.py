@@ -128,6 +128,8 @@ def test_the_web_view_needs_the_permission_or_an_allowed_network(client, admin_c
     settings.SKIPQUEUE = {"METRICS_ALLOWED_NETWORKS": ["127.0.0.0/8"]}
     assert client.get("/skipqueue/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
     assert client.get("/skipqueue/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
+    mapped = client.get("/skipqueue/metrics", REMOTE_ADDR="::ffff:127.0.0.1")  # bound to [::]
+    assert mapped.status_code == 200
 
 
 @pytest.mark.slow
@@ -162,3 +164,60 @@ def test_a_broker_consumer_counts_what_it_ran_on_its_endpoint_and_in_the_minute_
     assert consumer.wait(20) == 0
     rows = QueueMinute.objects.filter(queue_name=relayed)
     assert (sum(r.succeeded for r in rows), sum(r.failed for r in rows)) == (5, 1)
+
+
+@pytest.mark.slow
+def test_a_pool_refuses_a_metrics_port_in_use_at_once(start_worker):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = start_worker("--processes", "2", "--metrics-port", str(port))
+        assert worker.wait(timeout=20) != 0
+    assert "cannot listen on 127.0.0.1" in worker.output()
+
+
+@pytest.mark.slow
+def test_a_pools_endpoint_serves_until_its_children_have_drained(start_worker):
+    tasks.record.enqueue_many([((), {"sleep": 2.0})] * 2)
+    port = free_port()
+    worker = start_worker("--processes", "2", "--metrics-port", str(port), "--grace", "20")
+    wait_until(lambda: Job.objects.filter(state=JobState.RUNNING).count() == 2, timeout=30)
+    wait_until(lambda: _answers(port), timeout=10)
+    worker.signal(signal.SIGTERM)
+    scraped_while_draining = 0
+    while Job.objects.filter(state=JobState.RUNNING).exists():
+        scraped_while_draining += _answers(port)
+    assert scraped_while_draining > 0  # the endpoint outlived the first signal
+    assert worker.wait(timeout=30) == 0
+    samples = scrape_or_none(port)
+    assert samples is None  # and it stopped with the pool
+
+
+def _answers(port: int) -> int:
+    return 1 if scrape_or_none(port) is not None else 0
+
+
+def scrape_or_none(port: int):
+    try:
+        return scrape(port)
+    except OSError:
+        return None
+
+
+def test_every_known_queue_has_every_gauge_even_at_zero():
+    from django_skipqueue.models import WorkerProcess
+
+    tasks.add.using(queue_name="reports").enqueue(1, 2)  # due, and nobody serves it
+    WorkerProcess.objects.register(queues=["default"], concurrency=1)  # serves no job
+    gauges = QueueGauges(interval=0)
+    gauges.refresh_if_stale()
+    families = {family.name: family for family in gauges.collect()}
+    workers = {s.labels["queue"]: s.value for s in families["skipqueue_queue_workers"].samples}
+    assert workers == {"default": 1, "reports": 0}  # `== 0` can fire for reports
+    oldest = {
+        s.labels["queue"]: s.value for s in families["skipqueue_queue_oldest_due_seconds"].samples
+    }
+    assert oldest["default"] == 0 and oldest["reports"] >= 0
+    paused = {s.labels["queue"]: s.value for s in families["skipqueue_queue_paused"].samples}
+    assert paused == {"default": 0, "reports": 0}

@@ -150,3 +150,49 @@ def test_a_sigterm_before_the_child_installed_its_handlers_waits_for_them():
         if pool.poll() is None:
             pool.kill()
         pool.communicate()
+
+
+def test_a_sigterm_to_the_whole_process_group_drains_each_child_once(tmp_path):
+    """`timeout`, a terminal's Ctrl-C and `kill -- -PGID` signal the whole group: each
+    child (a process group of its own) hears it once, from the parent, and drains; in
+    the parent's group it heard it twice and exited at once, leaving its jobs running."""
+    import subprocess
+    import sys
+
+    from tests.processes import REPO_ROOT, child_env
+
+    jobs = tasks.record.enqueue_many([((), {"sleep": 1.5})] * 4)
+    log = tmp_path / "pool.log"
+    with open(log, "w") as out:
+        pool = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "runworker",
+                "--processes",
+                "2",
+                "--concurrency",
+                "2",
+                "--grace",
+                "20",
+                "-v",
+                "2",
+            ],
+            env=child_env(),
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group, as a shell gives a job
+        )
+        try:
+            wait_until(lambda: Run.objects.count() == 4, timeout=30)
+            os.killpg(pool.pid, signal.SIGTERM)
+            assert pool.wait(timeout=30) == 0
+        finally:
+            if pool.poll() is None:
+                os.killpg(pool.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "second signal" not in text, text[-2000:]
+    states = set(Job.objects.filter(id__in=[j.id for j in jobs]).values_list("state", flat=True))
+    assert states == {JobState.DONE}  # drained, not left to the reaper

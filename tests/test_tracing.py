@@ -178,3 +178,21 @@ def test_tracing_never_fails_a_job_an_unprintable_error_or_a_garbage_context():
         "<str() of the exception raised RuntimeError>"
     )
     assert str(garbage.id) in spans  # a trace of its own
+
+
+def test_the_last_attempts_span_says_failed_and_a_retry_request_says_released():
+    from django_skipqueue.testing import run_jobs
+
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        last = tasks.always_fails.using(max_attempts=1).enqueue("no luck")
+        released = tasks.retry_once.enqueue()
+    _exporter.clear()
+    run_jobs()
+    outcomes: dict[str, list[str]] = {}
+    for span in _exporter.get_finished_spans():
+        if span.kind == trace.SpanKind.CONSUMER:
+            key = span.attributes["messaging.message.id"]
+            outcomes.setdefault(key, []).append(span.attributes["skipqueue.outcome"])
+    assert outcomes[str(last.id)] == ["failed"]  # not "retried": no attempt was left
+    assert outcomes[str(released.id)][0] == "released"  # Retry: given back, not a failure
+    assert Job.objects.get(id=last.id).state == JobState.FAILED

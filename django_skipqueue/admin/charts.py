@@ -4,6 +4,7 @@ at both ends and the middle, a legend, and each value in a tooltip."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from django.utils.functional import Promise
@@ -11,13 +12,15 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 WIDTH, HEIGHT = 340, 150  # four abreast at 1920 px, two at 1280 px
-LEFT, RIGHT, TOP, BOTTOM = 52, 8, 10, 22  # room for the scale and the time labels
+LEFT, RIGHT, TOP, BOTTOM = 60, 8, 10, 22  # room for the scale and the time labels
 Label = str | Promise  # a text, translated or not
 Series = tuple[Label, str, Sequence[float | None]]  # label, colour, one value per bar
 
 
 def _scale(peak: float, unit: Callable[[float], str]) -> tuple[float, SafeString]:
     top = peak if peak > 0 else 1.0
+    if unit is count:  # whole numbers at 0, half and the top: an even top, at least 2
+        top = float(max(2, math.ceil(top / 2) * 2))
     plot = HEIGHT - TOP - BOTTOM
     ticks = format_html_join(
         "",
@@ -148,6 +151,11 @@ def line_chart(
 
 
 def count(value: float) -> str:
+    """A count that fits the scale's margin: 950, 12.5k, 3.2M."""
+    if value >= 1_000_000:
+        return f"{value / 1_000_000:.1f}M"
+    if value >= 10_000:
+        return f"{value / 1000:.1f}k"
     return f"{value:,.0f}"
 
 

@@ -132,6 +132,7 @@ class QueueOverviewViews(_ModelAdmin):
                 {
                     **row.as_dict(),
                     **paused.get(row.queue, {}),
+                    "lag_text": charts.duration(row.lag_seconds),
                     # A relayed queue's due rows wait for a relay, a plain queue's for
                     # a worker: none alive, nobody takes them.
                     "unattended": row.pending_due > 0

@@ -48,6 +48,7 @@ class Migration(migrations.Migration):
                 ('minute', models.DateTimeField(help_text="The minute's start (database clock).")),
                 ('succeeded', models.PositiveIntegerField(default=0)),
                 ('retried', models.PositiveIntegerField(default=0)),
+                ('released', models.PositiveIntegerField(default=0)),
                 ('failed', models.PositiveIntegerField(default=0)),
                 ('cancelled', models.PositiveIntegerField(default=0)),
                 ('lost', models.PositiveIntegerField(default=0)),

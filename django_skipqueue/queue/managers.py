@@ -1792,6 +1792,7 @@ GAUGE_NAMES = ("pending_due", "scheduled", "waiting", "running", "stuck", "oldes
 MINUTE_COUNTS = (
     "succeeded",
     "retried",
+    "released",
     "failed",
     "cancelled",
     "lost",

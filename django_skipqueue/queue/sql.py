@@ -456,18 +456,21 @@ SELECT queue_name, count(*) FROM skipqueue_job WHERE state = 'waiting' GROUP BY 
 # largest (GREATEST ignores NULL).
 ADD_MINUTE = """
 INSERT INTO skipqueue_queueminute AS q (
-    queue_name, minute, succeeded, retried, failed, cancelled, lost, unknown,
+    queue_name, minute, succeeded, retried, released, failed, cancelled, lost, unknown,
     pickups, pickup_seconds, pickup_buckets, runs, run_seconds, oldest_due_seconds)
-SELECT v.queue_name, date_trunc('minute', now()), v.succeeded, v.retried, v.failed,
+SELECT v.queue_name, date_trunc('minute', now()), v.succeeded, v.retried, v.released,
+    v.failed,
     v.cancelled, v.lost, v.unknown, v.pickups, v.pickup_seconds, v.pickup_buckets,
     v.runs, v.run_seconds, v.oldest_due_seconds
 FROM jsonb_to_recordset(%s::jsonb) AS v(
-    queue_name text, succeeded int, retried int, failed int, cancelled int, lost int,
+    queue_name text, succeeded int, retried int, released int, failed int, cancelled int,
+    lost int,
     unknown int, pickups int, pickup_seconds float8, pickup_buckets jsonb, runs int,
     run_seconds float8, oldest_due_seconds float8)
 ON CONFLICT (queue_name, minute) DO UPDATE SET
     succeeded = q.succeeded + EXCLUDED.succeeded,
     retried = q.retried + EXCLUDED.retried,
+    released = q.released + EXCLUDED.released,
     failed = q.failed + EXCLUDED.failed,
     cancelled = q.cancelled + EXCLUDED.cancelled,
     lost = q.lost + EXCLUDED.lost,

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from django_skipqueue.queue.managers import JobManager
 
 from django_skipqueue.runtime.runner import (  # noqa: F401  (this module's face too)
+    OUTCOME_LABELS,
     Decision,
     Outcome,
     decide_failure,
@@ -113,10 +114,16 @@ def execute(
     database = database or get_settings().DATABASE_ALIAS
     jobs = Job.objects.db_manager(database)
     attempt = job.attempts
+    if cancel is None:  # outside a worker: the flag still carries the task's progress
+        cancel = CancelFlag()
     span = tracing.start_run(job)  # None without OpenTelemetry
     decision = run_and_decide(job, database=database, cancel=cancel)
     if span is not None:
-        tracing.end_run(span, decision.outcome.value, decision.error if decision.failed else None)
+        tracing.end_run(
+            span, _span_outcome(job, decision), decision.error if decision.failed else None
+        )
+    if cancel.progress is not None:  # the last report, not yet written: before the outcome
+        _write_progress(jobs, job, attempt, cancel)
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         delay = decision.retry_in or timedelta(0)
@@ -166,6 +173,28 @@ def execute(
     return record_success(
         job, attempt, result, duration, acked=None if acked.unknown else bool(acked.value)
     )
+
+
+def _span_outcome(job: Job, decision: Decision) -> str:
+    """The attempt's outcome as its span says it (the metrics' labels): a failure with
+    no attempt left is `failed`, whatever the retry policy offered."""
+    outcome = decision.outcome
+    if outcome is Outcome.RETRYING and job.attempts >= job.max_attempts:
+        outcome = Outcome.FAILED
+    return OUTCOME_LABELS[outcome]
+
+
+def _write_progress(jobs: JobManager, job: Job, attempt: int, cancel: CancelFlag) -> None:
+    """The task's last progress report, written when its attempt ends (through the
+    fence: nothing if the attempt lost the job). A failed write is logged: progress
+    never decides an outcome."""
+    report, cancel.progress = cancel.progress, None
+    if report is None:
+        return
+    try:
+        jobs.report_progress(job.id, attempt, report)
+    except DatabaseError as error:
+        logger.warning("job progress not written id=%s: %s", job.id, error)
 
 
 def acknowledge(successes: Sequence[Success], database: str) -> list[Execution | None]:
@@ -314,7 +343,9 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
         job, database=database, cancel=CancelFlag(), brokered=True, check_size=False
     )
     if span is not None:
-        tracing.end_run(span, decision.outcome.value, decision.error if decision.failed else None)
+        tracing.end_run(
+            span, _span_outcome(job, decision), decision.error if decision.failed else None
+        )
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         signals.job_released.send(sender=Job, job=job, delay=decision.retry_in)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from django.db import DatabaseError
 
 from django_skipqueue.models import PICKUP_BUCKETS, QueueMinute
-from django_skipqueue.runtime.runner import Outcome
+from django_skipqueue.runtime.runner import OUTCOME_LABELS, Outcome
 
 
 class Series(Protocol):
@@ -36,16 +36,6 @@ logger = logging.getLogger(__name__)
 #: How often a worker adds its counts to the QueueMinute rows (seconds).
 FLUSH_SECONDS = 5.0
 
-#: An attempt's outcome as the metrics name it (the `outcome` label).
-OUTCOME_LABELS: Mapping[Outcome, str] = {
-    Outcome.SUCCEEDED: "succeeded",
-    Outcome.RETRYING: "retried",
-    Outcome.RELEASED: "retried",  # given back by the task (Retry): it runs again
-    Outcome.FAILED: "failed",
-    Outcome.CANCELLED: "cancelled",
-    Outcome.LOST: "refused",  # the fence refused the outcome: the attempt had lost the job
-    Outcome.UNKNOWN: "unknown",
-}
 #: The QueueMinute column that counts each label.
 _COLUMNS = {"refused": "lost"}
 

@@ -81,6 +81,7 @@ class WorkerPool:
         #: replaced if it exits, stopped when the last worker child has exited.
         self.helper = helper
         self.helper_pid: int | None = None
+        self._helper_delay = QUICK_EXIT_SECONDS
 
     def run(self) -> int:
         """Start the children and supervise them; 0 when every child stopped cleanly."""
@@ -103,11 +104,7 @@ class WorkerPool:
             except ChildProcessError:
                 break
             if pid == self.helper_pid:
-                self.helper_pid = None
-                if not self.stopping and self.helper is not None:
-                    logger.warning("pool helper pid=%d exited; replacing it", pid)
-                    time.sleep(QUICK_EXIT_SECONDS)
-                    self.helper_pid = self._fork(self.helper)
+                self._replace_helper(pid, os.waitstatus_to_exitcode(status))
                 continue
             started = self.children.pop(pid, None)
             if started is None:
@@ -145,6 +142,23 @@ class WorkerPool:
         self.replaced += 1
         self._spawn()
 
+    def _replace_helper(self, pid: int, code: int) -> None:
+        """The helper exited while the pool runs: started again after a delay that
+        doubles (1 s to MAX_RESTART_DELAY) while it keeps exiting, as a failing child's."""
+        self.helper_pid = None
+        if self.stopping or self.helper is None:
+            return
+        delay = self._helper_delay
+        self._helper_delay = min(self._helper_delay * 2, MAX_RESTART_DELAY)
+        logger.warning(
+            "pool helper pid=%d exited with %d; starting it again in %.0fs", pid, code, delay
+        )
+        deadline = time.monotonic() + delay
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, deadline - time.monotonic()))
+        if not self.stopping:
+            self.helper_pid = self._fork(self.helper)
+
     def _stop_helper(self) -> None:
         pid, self.helper_pid = self.helper_pid, None
         if pid is None:
@@ -172,6 +186,11 @@ class WorkerPool:
             try:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(signum, signal.SIG_DFL)  # the worker installs its own
+                # A process group of its own: a signal sent to the parent's group (a
+                # terminal's Ctrl-C, `timeout`, `kill -- -PGID`) reaches the parent
+                # only, which passes it on once. In the parent's group, a child got it
+                # twice, took the second for "exit now", and left its jobs to the reaper.
+                os.setpgid(0, 0)
                 _stop_with_parent()
                 if run is not self.run_child:  # a helper installs no handlers: default
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -187,8 +206,9 @@ class WorkerPool:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
-        helper = [self.helper_pid] if self.helper_pid is not None else []
-        for pid in [*self.children, *helper]:
+        # Not the helper: the metrics go on being served while the children drain; it
+        # is stopped once the last of them has exited.
+        for pid in list(self.children):
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:

@@ -64,8 +64,9 @@ class PrometheusSeries:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.finished_total = Counter(
             "skipqueue_jobs_finished",
-            "Attempts ended, by outcome: succeeded, retried, failed, cancelled, refused "
-            "(the fence refused the outcome: the attempt had lost the job), unknown.",
+            "Attempts ended, by outcome: succeeded, retried, released (Retry), failed, "
+            "cancelled, refused (the fence refused the outcome: the attempt had lost the "
+            "job), unknown.",
             ["queue", "task", "outcome"],
             registry=registry,
         )
@@ -133,7 +134,14 @@ def read_queue_sample(database: str) -> QueueSample:
 
 
 def gauge_families(sample: QueueSample) -> Iterator[Metric]:
-    """The gauges of a sample, as Prometheus metric families."""
+    """The gauges of a sample, as Prometheus metric families. Every queue the sample
+    knows (jobs, live processes, a pause, a limit, a relay) has every per-queue series,
+    0 where nothing is counted: a queue whose workers all died reads 0 workers, not no
+    series (an alert on `== 0` must be able to fire)."""
+    names = sorted(
+        set(sample.gauges) | set(sample.workers) | sample.paused | set(sample.saturation)
+        | sample.relayed
+    )  # fmt: skip
     jobs = GaugeMetricFamily(
         "skipqueue_queue_jobs",
         "Unfinished jobs per queue: pending_due (due, waiting for a worker), scheduled "
@@ -150,32 +158,30 @@ def gauge_families(sample: QueueSample) -> Iterator[Metric]:
         "A relayed queue's due jobs the relay has not yet published to RabbitMQ.",
         labels=["queue"],
     )
-    for name in sorted(sample.gauges):
-        numbers = sample.gauges[name]
-        for state in JOB_STATES:
-            jobs.add_metric([name, state], numbers.get(state, 0))
-        oldest.add_metric([name], numbers.get("oldest_due_seconds", 0.0))
-        if name in sample.relayed:
-            backlog.add_metric([name], numbers.get("pending_due", 0))
     workers = GaugeMetricFamily(
         "skipqueue_queue_workers",
         "Live processes serving each queue: workers, broker consumers and relays.",
         labels=["queue"],
     )
-    for name in sorted(sample.workers):
-        workers.add_metric([name], sample.workers[name])
     paused = GaugeMetricFamily(
         "skipqueue_queue_paused", "1 while an operator has paused the queue.", labels=["queue"]
     )
-    for name in sorted(sample.paused):
-        paused.add_metric([name], 1)
     saturation = GaugeMetricFamily(
         "skipqueue_queue_limit_saturation",
         "Running jobs over the queue's concurrency limit (SKIPQUEUE['QUEUE_LIMITS']).",
         labels=["queue"],
     )
-    for name in sorted(sample.saturation):
-        saturation.add_metric([name], sample.saturation[name])
+    for name in names:
+        numbers = sample.gauges.get(name, {})
+        for state in JOB_STATES:
+            jobs.add_metric([name, state], numbers.get(state, 0))
+        oldest.add_metric([name], numbers.get("oldest_due_seconds", 0.0))
+        workers.add_metric([name], sample.workers.get(name, 0))
+        paused.add_metric([name], 1 if name in sample.paused else 0)
+        if name in sample.relayed:
+            backlog.add_metric([name], numbers.get("pending_due", 0))
+        if name in sample.saturation:
+            saturation.add_metric([name], sample.saturation[name])
     yield from (jobs, oldest, backlog, workers, paused, saturation)
 
 

@@ -19,6 +19,7 @@ import logging
 import re
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,18 @@ class Outcome(str, enum.Enum):
     LOST = "lost"  # the fence refused the write: this attempt had lost the job
     UNKNOWN = "unknown"  # no answer from the database within a lease: the reaper owns it
     CANCELLED = "cancelled"  # stopped on an operator's cancel request: ended cancelled
+
+
+#: An attempt's outcome as the metrics name it (the `outcome` label).
+OUTCOME_LABELS: Mapping[Outcome, str] = {
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.RETRYING: "retried",
+    Outcome.RELEASED: "released",  # given back by the task (Retry): not a failure
+    Outcome.FAILED: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.LOST: "refused",  # the fence refused the outcome: the attempt had lost the job
+    Outcome.UNKNOWN: "unknown",
+}
 
 
 @dataclass(frozen=True)

@@ -207,11 +207,6 @@ class TaskContext:
     #: The process clock (time.monotonic) at the task's soft and hard time limits.
     soft_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
     hard_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
-    #: Outside a worker: when set_progress last wrote (process clock), in a list to
-    #: stay mutable in this frozen class.
-    _progress_written: list[float] = dataclasses.field(
-        default_factory=lambda: [-math.inf], repr=False, compare=False
-    )
 
     @property
     def time_left(self) -> float | None:
@@ -265,26 +260,18 @@ class TaskContext:
         """Report how far this attempt has come: `done` of `total` (None: unknown),
         and a short `note` ("page 3 of 40").
 
-        Cheap to call in a tight loop: in a worker it only hands the latest report over,
-        and the worker writes it at most once a second per job, through the fence (only
-        the attempt that holds the lease can write it). It shows in the admin, in
-        `queuestats --json` and in `job.progress` after `refresh_from_db()`. Outside a
-        worker it is written at once, at most once a second. A relayed queue's job has
-        no lease in the table: its progress is not recorded.
+        Cheap to call in a tight loop, from sync or async code: it only hands the latest
+        report over. A worker writes it at most once a second per job, from its
+        housekeeping thread, through the fence (only the attempt that holds the lease
+        can write it), and the last one when the attempt ends; outside a worker
+        (`testing.run_jobs`) the last one is written when the attempt ends. It shows in
+        the admin, in `queuestats --json` and in `job.progress`. A relayed queue's job
+        has no lease in the table: its progress is not recorded.
         """
         report = progress_report(done, total, note)
-        if self.brokered:
+        if self.brokered or self.cancel_event is None:
             return
-        if self.cancel_event is not None:  # in a worker: its housekeeper writes it
-            self.cancel_event.progress = report
-            return
-        now = time.monotonic()
-        if now - self._progress_written[0] < PROGRESS_WRITE_SECONDS:
-            return
-        from django_skipqueue.models import Job
-
-        self._progress_written[0] = now
-        Job.objects.db_manager(self.database).report_progress(self.job_id, self.attempt, report)
+        self.cancel_event.progress = report
 
     @property
     def cancel_requested(self) -> bool:

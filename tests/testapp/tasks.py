@@ -539,3 +539,11 @@ def reports_progress(context: TaskContext, steps: int = 5000) -> int:
     progress_release.wait(timeout=20)
     context.set_progress(steps, steps, note="finished")
     return steps
+
+
+@task(takes_context=True)
+async def async_progress(context: TaskContext, steps: int) -> int:
+    for done in range(steps):
+        await asyncio.sleep(0)
+        context.set_progress(done + 1, steps)
+    return steps

@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -272,10 +273,17 @@ class Command(BaseCommand):
             return
         from django_skipqueue.runtime.prometheus import prepare_multiprocess, serve_pool
 
+        port, address = options["metrics_port"], options["metrics_address"]
+        try:  # here, so that a port in use stops the pool now, not its helper forever
+            with socket.create_server((address, port)):
+                pass
+        except OSError as error:
+            raise CommandError(
+                f"--metrics-port {port}: cannot listen on {address}: {error}"
+            ) from error
         directory = tempfile.mkdtemp(prefix="skipqueue-metrics-")
         try:
             prepare_multiprocess(directory)
-            port, address = options["metrics_port"], options["metrics_address"]
             yield lambda: serve_pool(port, address, database, directory)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
