@@ -221,3 +221,22 @@ def test_every_known_queue_has_every_gauge_even_at_zero():
     assert oldest["default"] == 0 and oldest["reports"] >= 0
     paused = {s.labels["queue"]: s.value for s in families["skipqueue_queue_paused"].samples}
     assert paused == {"default": 0, "reports": 0}
+
+
+@pytest.mark.slow
+def test_attempts_ended_by_a_time_limit_are_counted():
+    import threading
+
+    from django_skipqueue.runtime.worker import Worker
+
+    job = tasks.loops_forever.enqueue()  # time_limit 0.5 s, 2 attempts
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: Job.objects.get(id=job.id).state == JobState.FAILED, timeout=20)
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    rows = QueueMinute.objects.filter(queue_name="default")
+    assert (sum(r.retried for r in rows), sum(r.failed for r in rows)) == (1, 1)
