@@ -256,7 +256,10 @@ def test_an_interval_schedule_enqueues_each_multiple_once() -> None:
     first = tick(defined, database="default")
     again = tick(defined, database="default")
     times = sorted(Job.objects.filter(schedule="every-2s").values_list("scheduled_for", flat=True))
-    assert first.enqueued >= 4 and again.enqueued == 0
+    # Once each: the second tick enqueues nothing, unless the next multiple came between
+    # the two ticks (the first said how soon: a few ms, now and then).
+    assert first.enqueued >= 4
+    assert again.enqueued == 0 or (again.enqueued == 1 and first.next_in < 0.5)
     assert all(moment.timestamp() % 2 == 0 for moment in times)  # multiples since the epoch
     assert all(b - a == timedelta(seconds=2) for a, b in zip(times, times[1:], strict=False))
 
