@@ -42,7 +42,8 @@ def fetch_jobs(
     *,
     unloadable: list[tuple[int, str]] | None = None,
 ) -> list[M]:
-    """Every row of `cursor` (all of the model's columns) as a `model` instance.
+    """Every row of `cursor` (the model's columns, or all but some: those left out are
+    deferred on the instances, loaded by a query on first access) as a `model` instance.
 
     Each value goes through the converters Django's compiler would apply to that
     column (JSON decoding, for one), so the instances equal what the ORM loads.
@@ -53,8 +54,9 @@ def fetch_jobs(
     raised.
     """
     names = [column.name for column in cursor.description]
-    if len(names) != len(model._meta.concrete_fields):
-        raise ValueError(f"fetch_jobs needs every column of {model._meta.db_table}, got {names}")
+    known = {field.column for field in model._meta.concrete_fields}
+    if not set(names) <= known or model._meta.pk.column not in names:
+        raise ValueError(f"fetch_jobs needs columns of {model._meta.db_table}, got {names}")
     converters = _converters(model, alias, tuple(names))
     connection = connections[alias]
 
