@@ -15,7 +15,6 @@ nothing. Without opentelemetry-api installed, each function returns at its first
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Any
 
@@ -38,11 +37,6 @@ def _otel() -> Any:
         else:
             _api = (trace, propagate, context)
     return _api
-
-
-def installed() -> bool:
-    """Whether opentelemetry-api can be imported (found, not imported)."""
-    return importlib.util.find_spec("opentelemetry") is not None
 
 
 def enqueue_context(task: str, queue: str, count: int = 1) -> dict[str, str] | None:

@@ -42,8 +42,10 @@ def fetch_jobs(
     *,
     unloadable: list[tuple[int, str]] | None = None,
 ) -> list[M]:
-    """Every row of `cursor` (the model's columns, or all but some: those left out are
-    deferred on the instances, loaded by a query on first access) as a `model` instance.
+    """Every row of `cursor` (all of the model's columns) as a `model` instance.
+
+    All of them: a deferred field sends Django's `from_db` down its slow path, 14 us a
+    row against 5 (measured with 38 of 40 columns), more than loading two NULLs costs.
 
     Each value goes through the converters Django's compiler would apply to that
     column (JSON decoding, for one), so the instances equal what the ORM loads.
@@ -54,9 +56,8 @@ def fetch_jobs(
     raised.
     """
     names = [column.name for column in cursor.description]
-    known = {field.column for field in model._meta.concrete_fields}
-    if not set(names) <= known or model._meta.pk.column not in names:
-        raise ValueError(f"fetch_jobs needs columns of {model._meta.db_table}, got {names}")
+    if len(names) != len(model._meta.concrete_fields):
+        raise ValueError(f"fetch_jobs needs every column of {model._meta.db_table}, got {names}")
     converters = _converters(model, alias, tuple(names))
     connection = connections[alias]
 
