@@ -221,6 +221,42 @@ def test_enqueue_many_returns_jobs_exactly_as_the_orm_loads_them(receiver):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"priority": -4, "max_attempts": 2, "lease": 12},
+        {"run_after": timedelta(minutes=5)},
+        {"run_after": "in 30 days"},
+        {"expires": timedelta(hours=1)},
+        {"expires": "in 30 days"},
+    ],
+    ids=["plain", "options", "delay", "at", "expires in", "expires at"],
+)
+def test_enqueue_returns_the_job_exactly_as_the_orm_loads_it(options):
+    """One enqueue takes its own statement (sql.ENQUEUE_ONE), not enqueue_many's: what
+    it hands back must still be the row as stored, every column."""
+    later = timezone.now() + timedelta(days=30)
+    options = {name: later if value == "in 30 days" else value for name, value in options.items()}
+    job = tasks.add.using(**options).enqueue(1, b="é")
+    loaded = Job.objects.get(id=job.id)
+    assert fields_of(job) == fields_of(loaded)
+    assert not job._state.adding and job._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_an_enqueue_follows_the_settings_of_the_moment(settings):
+    """A task keeps its resolved options beside the settings they came from: a change
+    of SKIPQUEUE (override_settings, a test's `settings`) is seen by the next enqueue."""
+    first = tasks.add.enqueue(1, 2)
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_ATTEMPTS": 9, "LEASE_SECONDS": 77}
+    second = tasks.add.enqueue(1, 2)
+    assert first.max_attempts != 9
+    second.refresh_from_db()
+    assert (second.max_attempts, second.lease) == (9, timedelta(seconds=77))
+
+
+@pytest.mark.django_db
 def test_a_task_in_a_module_workers_never_import_is_refused_at_enqueue():
     """Defined after start-up outside every tasks module and TASK_MODULES: a worker would
     fail each attempt with UnknownTaskError, so the enqueue says why instead."""

@@ -303,6 +303,35 @@ def enqueue_many_statement(
     )
 
 
+# One job, no unique or concurrency key and no rate limit (the common `enqueue()`): a
+# plain INSERT ... VALUES. Measured against ENQUEUE_MANY with one row, on PostgreSQL 15:
+# 120 us of client CPU and 330 us of round trip against 155 and 550 (no JSON arrays to
+# unnest, no ORDER BY, no aggregate). The same defaults and parts as ENQUEUE_MANY.
+ENQUEUE_ONE = """
+INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+    lease, attempts, max_attempts, expirations, releases, last_error, errors,
+    created_at{exp_column}{trace_column})
+VALUES (%(task)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(priority)s, {state},
+    COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+    %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
+    {last_error}, {errors}::jsonb, statement_timestamp(){exp_value}{trace_value})
+RETURNING id, run_at, created_at
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def enqueue_one_statement(
+    defaults: tuple[tuple[str, object], ...], expiring: bool = False, traced: bool = False
+) -> str:
+    """ENQUEUE_ONE with the defaults quoted in (as `enqueue_many_statement`); with
+    `expiring`, `expires_at`; with `traced`, the trace context."""
+    return ENQUEUE_ONE.format(
+        **_literals(defaults),
+        **(_EXPIRING_PARTS if expiring else _LASTING_PARTS),
+        **(_TRACED_PARTS if traced else _UNTRACED_PARTS),
+    )
+
+
 # Unique jobs, on a conflict: the unfinished jobs that hold these keys (the ones the
 # INSERT above did not write). Raw, beside the INSERT it completes.
 UNFINISHED_WITH_KEYS = """

@@ -610,14 +610,28 @@ class Task(Generic[P, R]):
         """`spec()` for an enqueue: refusing first (ConfigurationError) a task that workers
         would not find, one registered after start-up from a module they do not import."""
         registry.check_discoverable(self.name)
-        return self.spec()
+        # Kept beside the settings it was resolved against (a Task is frozen, so only
+        # the settings can change it): building it cost a tenth of an enqueue, measured.
+        conf = get_settings()
+        cached = self.__dict__.get("_spec_cache")
+        if cached is not None and cached[0] is conf:
+            return cached[1]
+        spec = self.spec()
+        object.__setattr__(self, "_spec_cache", (conf, spec))
+        return spec
 
     def _jobs(self) -> JobManager:
         """Job.objects on this task's database (imported here: `@task` runs at import
-        time of user modules, possibly before the app registry is ready)."""
+        time of user modules, possibly before the app registry is ready), kept per alias."""
+        alias = self.get_database()
+        cached = self.__dict__.get("_jobs_cache")
+        if cached is not None and cached[0] == alias:
+            return cached[1]
         from django_skipqueue.models import Job
 
-        return Job.objects.db_manager(self.get_database())
+        manager = Job.objects.db_manager(alias)
+        object.__setattr__(self, "_jobs_cache", (alias, manager))
+        return manager
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name}>"
