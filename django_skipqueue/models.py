@@ -136,6 +136,10 @@ class WorkerProcess(models.Model):
     )
     #: Set when the process stopped cleanly; NULL and a silent heartbeat: it was lost.
     stopped_at = DateTimeField(null=True, blank=True)
+    #: Since when the worker waits for a NOTIFY of its queues (its last claim came back
+    #: short and its LISTEN works); NULL while it is busy. The job table's trigger
+    #: notifies a queue only while a worker of it waits (runtime/waiting.py).
+    waiting_since = DateTimeField(null=True, blank=True)
 
     objects = WorkerProcessManager()
 
@@ -143,7 +147,15 @@ class WorkerProcess(models.Model):
         verbose_name = _("worker process")
         verbose_name_plural = _("worker processes")
         ordering = ("-started_at",)
-        indexes = [models.Index(fields=["heartbeat_at"], name="skipqueue_worker_beat_idx")]
+        indexes = [
+            models.Index(fields=["heartbeat_at"], name="skipqueue_worker_beat_idx"),
+            # The NOTIFY trigger's lookup, on every enqueue: the waiting workers only.
+            models.Index(
+                fields=["waiting_since"],
+                name="skipqueue_worker_waiting_idx",
+                condition=models.Q(waiting_since__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid} ({str(self.id)[:8]})"

@@ -6,14 +6,26 @@ import threading
 
 import pytest
 from django.db import connections, transaction
+from django.utils import timezone
 
+from django_skipqueue.models import WorkerProcess
 from django_skipqueue.queue import sql
 from tests.testapp import tasks
 
 
+def waiting_worker(*queues: str) -> WorkerProcess:
+    """A worker row that waits for its queues' NOTIFY: the trigger notifies only then
+    (runtime/waiting.py; test_waiting.py has the workers that write it themselves)."""
+    return WorkerProcess.objects.create(
+        hostname="test", pid=1, queues=list(queues), waiting_since=timezone.now()
+    )
+
+
 @pytest.fixture
 def listener():
-    """A raw LISTEN connection on the default and other queues; yields a drain function."""
+    """A raw LISTEN connection on the default and other queues, and a worker row waiting
+    for both; yields a drain function."""
+    waiting_worker("default", "other")
     wrapper = connections["default"]
     raw = wrapper.get_new_connection(wrapper.get_connection_params())
     raw.autocommit = True
@@ -97,6 +109,7 @@ def test_a_queue_name_django_accepts_is_a_quoted_channel_that_notifies(queue):
     raw.autocommit = True
     try:
         sql.listen(raw, [queue])
+        waiting_worker(queue)
         tasks.add.using(queue_name=queue).enqueue(1, 1)
         [note] = raw.notifies(timeout=2.0, stop_after=1)
     finally:

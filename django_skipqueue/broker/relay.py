@@ -38,6 +38,7 @@ from django_skipqueue.models import Job, WorkerKind
 from django_skipqueue.queue.connections import Backoff, bounded, discard_connection
 from django_skipqueue.runtime.notifier import Notifier
 from django_skipqueue.runtime.presence import Presence
+from django_skipqueue.runtime.waiting import Waiting
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class Relay:
         self.presence = Presence(
             kind=WorkerKind.RELAY, queues=config.queues, concurrency=1, database=self.database
         )
+        #: Whether it waits for its queues' NOTIFY, as a worker does (runtime/waiting.py).
+        self.waiting = Waiting(database=self.database)
+        self.presence.waiting = self.waiting
 
     # -- the broker ------------------------------------------------------------------
 
@@ -141,6 +145,8 @@ class Relay:
         """Relay until `stop` is set: wake on NOTIFY, poll otherwise, retry failures."""
         settings = get_settings()
         self.presence.register(self.stop)
+        if self.presence.process is not None:
+            self.waiting.worker_id = self.presence.process.id
         listener = None
         if self.listen and settings.LISTEN:
             notifier = Notifier(
@@ -149,6 +155,7 @@ class Relay:
                 wake=self.wake,
                 halted=self.stop,
                 poll_interval=settings.POLL_INTERVAL_SECONDS,
+                on_listening=self.waiting.listening,
             )
             listener = threading.Thread(
                 target=notifier.run, name="skipqueue-relay-notifier", daemon=True
@@ -178,6 +185,8 @@ class Relay:
                     continue
                 backoff.reset()
                 self.stats.passes += 1
+                if self.waiting.claimed(full=published >= self.config.batch_size):
+                    continue  # waiting from now: look once more before sleeping
                 if published < self.config.batch_size:  # else there may be more: go on
                     self.wake.wait(settings.POLL_INTERVAL_SECONDS)
         finally:

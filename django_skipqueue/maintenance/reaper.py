@@ -132,6 +132,8 @@ class Reaper:
         if workers_dead_for is not None:
             dead = WorkerProcess.objects.using(self.database).dead(workers_dead_for)
             workers = dead.count() if dry_run else dead.delete()[0]
+            if not dry_run:  # and no dead worker waits for a NOTIFY (runtime/waiting.py)
+                WorkerProcess.objects.db_manager(self.database).forget_waiting_of_dead()
         workflows = 0
         if done_older_than is not None:
             workflows = Workflow.objects.db_manager(self.database).prune(

@@ -1701,7 +1701,24 @@ class WorkerProcessManager(models.Manager.from_queryset(WorkerProcessQuerySet)):
     def mark_stopped(self, worker_id: uuid.UUID) -> None:
         """A worker stopped cleanly: `stopped_at` says so, and its heartbeat is set as old
         as a dead one's, at once."""
-        self.filter(id=worker_id).update(heartbeat_at=Now() - dead_after(), stopped_at=Now())
+        self.filter(id=worker_id).update(
+            heartbeat_at=Now() - dead_after(), stopped_at=Now(), waiting_since=None
+        )
+
+    def set_waiting(self, worker_id: uuid.UUID, waiting: bool) -> None:
+        """The worker waits for a NOTIFY of its queues from now (`waiting`), or no longer
+        (runtime/waiting.py); a stopped worker's row is left as it is."""
+        rows = self.filter(id=worker_id, stopped_at__isnull=True)
+        if waiting:
+            rows.filter(waiting_since__isnull=True).update(waiting_since=Now())
+        else:
+            rows.filter(waiting_since__isnull=False).update(waiting_since=None)
+
+    def forget_waiting_of_dead(self) -> int:
+        """Dead workers wait for nothing: their flags would keep every enqueue of their
+        queues notifying (the reaper's pass). Returns how many were cleared."""
+        waiting = self.filter(waiting_since__isnull=False)
+        return waiting.dead(dead_after()).update(waiting_since=None)
 
 
 class ScheduleQuerySet(models.QuerySet["Schedule"]):

@@ -32,6 +32,7 @@ from django_skipqueue.tasks.base import PROGRESS_WRITE_SECONDS
 if TYPE_CHECKING:
     from django_skipqueue.runtime.flow import FlowView
     from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
+    from django_skipqueue.runtime.waiting import Waiting
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Housekeeper:
         flow: FlowView | None = None,
         wake_dispatcher: Callable[[], None] | None = None,
         meter: Meter | None = None,
+        waiting: Waiting | None = None,
     ) -> None:
         self.database = database
         self.held = held
@@ -71,6 +73,7 @@ class Housekeeper:
         self.flow = flow  # the worker's view of flow control: keyed jobs to look for
         self.wake_dispatcher = wake_dispatcher
         self.meter = meter  # the worker's counts, flushed to QueueMinute rows
+        self.waiting = waiting  # whether it waits for a NOTIFY: the heartbeat writes it
         #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
         #: boundary race, case T3 of docs/explanation/failure-model.md).
         self.renew_leases = True
@@ -206,5 +209,6 @@ class Housekeeper:
         if self.process is None:
             return
         beat = WorkerProcess.objects.using(self.database).filter(id=self.process.id)
-        if not beat.update(heartbeat_at=Now()):
+        flag = self.waiting.columns() if self.waiting is not None else {}
+        if not beat.update(heartbeat_at=Now(), **flag):
             self.process.save(using=self.database, force_insert=True)  # pruned as dead: back

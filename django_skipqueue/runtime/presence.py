@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 from django_skipqueue.conf import get_settings
 from django_skipqueue.models import WorkerProcess
 from django_skipqueue.queue.connections import discard_connection, retry_transient
+from django_skipqueue.runtime.waiting import Waiting
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class Presence:
         self.database = database
         self.process: WorkerProcess | None = None
         self._next_beat = 0.0
+        #: Whether the process waits for its queues' NOTIFY (a relay's): the heartbeat
+        #: writes it again (runtime/waiting.py).
+        self.waiting: Waiting | None = None
 
     def register(self, stopping: threading.Event) -> None:
         """Insert the row; a passing error is retried with backoff until it goes through
@@ -80,7 +84,8 @@ class Presence:
         self._next_beat = now + get_settings().HEARTBEAT_SECONDS
         try:
             rows = WorkerProcess.objects.using(self.database).filter(id=self.process.id)
-            if not rows.update(heartbeat_at=Now()):
+            flag = self.waiting.columns() if self.waiting is not None else {}
+            if not rows.update(heartbeat_at=Now(), **flag):
                 self.process.save(using=self.database, force_insert=True)
         except DatabaseError as error:
             logger.warning("heartbeat failed kind=%s: %s", self.kind, error)

@@ -66,6 +66,7 @@ from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
 from django_skipqueue.runtime.runner import describe_error, retry_delay
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.threads import Supervisor
+from django_skipqueue.runtime.waiting import Waiting
 from django_skipqueue.tasks.registry import registry
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class Worker:
         self._signals = 0
         self._release_prefetched = True
         self.threads = Supervisor(halted=self._halted, died=self._thread_died)
+        self.waiting = Waiting(database=self.database)
         self.housekeeper = Housekeeper(
             database=self.database,
             held=self.held,
@@ -191,6 +193,7 @@ class Worker:
             flow=self.flow,
             wake_dispatcher=self._wake.set,
             meter=self.meter,
+            waiting=self.waiting,
         )
 
     @property
@@ -306,6 +309,8 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             backoff.reset()
+            if self.waiting.claimed(full=len(claimed) == free):
+                continue  # waiting from now: claim once more before sleeping (waiting.py)
             if len(claimed) == free:
                 continue  # there may be more: claim again once a thread is free
             if not claimed and self.burst and self.in_flight == 0:
@@ -623,6 +628,7 @@ class Worker:
         for _ in range(self.concurrency):
             self._spawn_executor()
         self.housekeeper.process = self.process
+        self.waiting.worker_id = self.process.id if self.process is not None else None
         self.threads.start("helpers", "skipqueue-housekeeper", self.housekeeper.run)
         if self.syncs_schedules:
             scheduler = Scheduler(
@@ -637,10 +643,15 @@ class Worker:
                 halted=self._halted,
                 poll_interval=self.poll_interval,
                 on_control=self.flow.changed,
-                on_listening=self.flow.listening,
+                on_listening=self._listening,
                 on_keyed=self.flow.keyed_arrived,
             )
             self.threads.start("helpers", "skipqueue-listener", notifier.run)
+
+    def _listening(self, works: bool) -> None:
+        """The notifier's LISTEN works, or stopped working (the notifier's thread)."""
+        self.flow.listening(works)
+        self.waiting.listening(works)
 
     def _shutdown(self) -> None:
         """Give jobs in flight the grace period, release the rest, then end every thread."""
