@@ -135,3 +135,33 @@ def test_a_worker_without_listen_never_waits_and_polls(start_worker):
     wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
     assert not WorkerProcess.objects.filter(waiting_since__isnull=False).exists()
     handle.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stops_waiting_on_a_stream_and_lingers_before_it_waits_again():
+    """Waiting.after_claim on a real row and the real clock: the first short claim
+    waits (and asks for one more claim at once); one job found keeps it waiting (its
+    NOTIFY brought it); two claims in a row that find jobs end it; then it claims every
+    tick, unflagged, until LINGER_SECONDS passed with nothing found."""
+    from django_skipqueue.runtime.waiting import LINGER_SECONDS, LINGER_TICK_SECONDS, Waiting
+
+    row = worker_row("default", waiting=False)
+    waiting = Waiting(database="default")
+    waiting.worker_id = row.id
+    assert waiting.after_claim(0) is None  # LISTEN not confirmed yet: the usual poll
+    waiting.listening(True)
+
+    assert waiting.after_claim(0) == 0.0
+    assert waiting_since(row) is not None
+    assert waiting.after_claim(1) is None  # one job, announced: still waiting
+    assert waiting.after_claim(0) is None
+    assert waiting.after_claim(3) is None
+    assert waiting.after_claim(2) == LINGER_TICK_SECONDS  # a stream: busy
+    assert waiting_since(row) is None
+    assert waiting.after_claim(0) == LINGER_TICK_SECONDS
+    time.sleep(LINGER_SECONDS + 0.01)
+    assert waiting.after_claim(0) == 0.0
+    assert waiting_since(row) is not None
+
+    waiting.listening(False)  # the heartbeat no longer says it waits
+    assert waiting.columns() == {"waiting_since": None}

@@ -185,10 +185,11 @@ class Relay:
                     continue
                 backoff.reset()
                 self.stats.passes += 1
-                if self.waiting.claimed(full=published >= self.config.batch_size):
+                linger = self.waiting.after_claim(published)
+                if linger == 0.0:
                     continue  # waiting from now: look once more before sleeping
                 if published < self.config.batch_size:  # else there may be more: go on
-                    self.wake.wait(settings.POLL_INTERVAL_SECONDS)
+                    self.wake.wait(settings.POLL_INTERVAL_SECONDS if linger is None else linger)
         finally:
             self.stop.set()  # the listener too
             self.close()

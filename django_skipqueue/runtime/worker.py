@@ -309,16 +309,20 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             backoff.reset()
-            if self.waiting.claimed(full=len(claimed) == free):
-                continue  # waiting from now: claim once more before sleeping (waiting.py)
+            linger = self.waiting.after_claim(len(claimed))
             if len(claimed) == free:
                 continue  # there may be more: claim again once a thread is free
             if not claimed and self.burst and self.in_flight == 0:
                 self.stop("burst: no due job left")
                 break
+            if linger == 0.0:
+                continue  # waiting from now: claim once more before sleeping (waiting.py)
             if self._wake.is_set():
                 continue  # a job finished meanwhile: ack it first
-            timeout = self._idle_timeout() if not claimed else 1.0
+            if linger is not None:
+                timeout = linger  # jobs came a moment ago: look again soon, unannounced
+            else:
+                timeout = self._idle_timeout() if not claimed else 1.0
             logger.debug("worker idle claimed=%d wait=%.3fs", len(claimed), timeout)
             self._wake.wait(timeout)
 
