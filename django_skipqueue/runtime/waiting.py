@@ -14,7 +14,7 @@ row find jobs (not at the first: a job now and then, each announced by its NOTIF
 otherwise cost two writes of the row, one of them beside the job's start). So a worker
 that keeps up with a stream of enqueues never waits, and the stream sends no NOTIFY
 (measured with 16 pgbench clients inserting jobs while a worker of 4 threads takes them,
-on 2 cores: 0.61x-0.71x the inserts/s of the trigger disabled, where the worker, never
+on 2 cores: 0.71x the inserts/s of the trigger disabled, where the worker, never
 woken, did half the work; 0.28x-0.30x with a NOTIFY on every enqueue; 0.23x when the
 worker waited after every short claim); a job that comes after a quiet spell is
 announced by one NOTIFY. The lingering claims cost at most 1 / LINGER_TICK_SECONDS empty
