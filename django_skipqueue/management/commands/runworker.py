@@ -14,12 +14,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from django_skipqueue.broker.consumer import Consumer
+from django_skipqueue.broker.relay import Relay
 from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
@@ -41,9 +43,6 @@ from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.pool import WorkerPool
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.worker import Worker
-
-if TYPE_CHECKING:
-    from django_skipqueue.broker.relay import Relay
 
 logger = logging.getLogger("django_skipqueue")
 
@@ -307,8 +306,6 @@ class Command(BaseCommand):
             from django_skipqueue.runtime.prometheus import worker_series
 
             meter = Meter(prometheus=worker_series())
-        from django_skipqueue.broker.consumer import Consumer  # only here: start-up time
-
         consumer = Consumer(config, queues=queues, concurrency=options["concurrency"], meter=meter)
         server = self.serve_metrics(options, consumer.database)
         try:
@@ -333,8 +330,6 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         if not config.enabled:
             raise CommandError("--relay: no relayed queue (SKIPQUEUE['RELAY']['QUEUES'])")
-        from django_skipqueue.broker.relay import Relay  # only here: start-up time
-
         relay = Relay(config, listen=not options["no_listen"])
         relay.thread = threading.Thread(target=relay.run, name="skipqueue-relay", daemon=True)
         relay.thread.start()
