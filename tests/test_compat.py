@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import sys
 
 import pytest
@@ -114,3 +115,51 @@ def test_the_channel_under_a_blocking_pika_channel_has_what_the_broker_layer_cal
             assert callable(getattr(impl, name)), name
     finally:
         connection.close()
+
+
+TIMESTAMPS = "SELECT now(), '2001-02-03 04:05:06.789+07'::timestamptz, NULL::timestamptz"
+
+
+def _timestamps(native: bool) -> tuple[tuple[object, ...], object]:
+    with connection.cursor() as cursor:
+        if native:
+            compat.load_timestamps_natively(cursor, connection)
+        loader = cursor.cursor.adapters.get_loader(1184, 0)  # timestamptz, text
+        cursor.execute(TIMESTAMPS)
+        return cursor.fetchone(), loader
+
+
+@pytest.mark.django_db
+def test_timestamps_loaded_natively_equal_djangos_with_the_same_tzinfo():
+    with transaction.atomic():  # one now() for both reads
+        (django_now, django_fixed, _), django_loader = _timestamps(native=False)
+        (native_now, native_fixed, none), native_loader = _timestamps(native=True)
+    assert (native_now, native_fixed, none) == (django_now, django_fixed, None)
+    assert native_now.tzinfo is django_now.tzinfo is datetime.timezone.utc
+    assert str(native_fixed) == "2001-02-02 21:05:06.789000+00:00"
+    assert native_loader is not django_loader
+    assert native_loader.__name__ == "TimestamptzLoader"
+    try:  # psycopg[binary] or [c]: the loader registered is the compiled one
+        import psycopg._cmodule as cmodule
+
+        compiled = cmodule._psycopg is not None
+    except (ImportError, AttributeError):
+        compiled = False
+    assert native_loader.__module__.startswith(("psycopg_binary", "psycopg_c")) is compiled
+    with connection.cursor() as cursor:  # only that cursor: the connection keeps Django's
+        assert cursor.cursor.adapters.get_loader(1184, 0) is django_loader
+
+
+@pytest.mark.django_db
+def test_timestamps_keep_djangos_loader_where_it_differs(settings):
+    settings.USE_TZ = False  # Django's loader gives naive values: psycopg's would not
+    (now, fixed, _), loader = _timestamps(native=True)
+    assert now.tzinfo is None and fixed.tzinfo is None
+    assert loader.__name__ == "SpecificTzLoader"
+
+
+@pytest.mark.django_db
+def test_result_column_names_are_the_descriptions():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM skipqueue_job LIMIT 0")
+        assert compat.result_column_names(cursor) == [c.name for c in cursor.description]

@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections, models
 from django.db.models import signals
 
-from django_skipqueue.core.compat import instance_from_row, raw_result
+from django_skipqueue.core.compat import (
+    instance_from_row,
+    load_timestamps_natively,
+    raw_result,
+    result_column_names,
+)
 
 M = TypeVar("M", bound=models.Model)
 
@@ -33,6 +38,16 @@ def loaded_jobs(
     if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
         return [model.from_db(alias, names, [row[name] for name in names]) for row in rows]
     return [instance_from_row(model, alias, row) for row in rows]
+
+
+def job_cursor(alias: str) -> Any:
+    """A cursor of `alias` for a statement that returns job rows or their timestamps:
+    it loads `timestamptz` with psycopg's C loader where that gives Django's values
+    (`compat.load_timestamps_natively`; a claimed job row holds five of them)."""
+    connection = connections[alias]
+    cursor = connection.cursor()
+    load_timestamps_natively(cursor, connection)
+    return cursor
 
 
 def fetch_jobs(
@@ -55,16 +70,21 @@ def fetch_jobs(
     reason), so that one such row cannot strand the others; without it the error is
     raised.
     """
-    names = [column.name for column in cursor.description]
+    names = result_column_names(cursor)
     if len(names) != len(model._meta.concrete_fields):
         raise ValueError(f"fetch_jobs needs every column of {model._meta.db_table}, got {names}")
-    converters = _converters(model, alias, tuple(names))
+    converting = [
+        (name, functions)
+        for name, functions in zip(names, _converters(model, alias, tuple(names)), strict=True)
+        if functions
+    ]  # most columns have none: only these are visited per row
     connection = connections[alias]
 
     def convert(values: Any) -> dict[str, Any]:
-        row = {}
-        for name, value, converting in zip(names, values, converters, strict=True):
-            for function, col in converting:
+        row = dict(zip(names, values, strict=True))
+        for name, functions in converting:
+            value = row[name]
+            for function, col in functions:
                 value = function(value, col, connection)
             row[name] = value
         return row
@@ -76,7 +96,7 @@ def fetch_jobs(
         rows = [convert(values) for values in cursor.fetchall()]
     except (DatabaseError, ValueError, TypeError, OverflowError):
         rows = []
-        id_index = names.index(model._meta.pk.column)
+        id_index = names.index(model._meta.pk.attname)
         for position in range(count):  # row by row: a row's error is its own
             cursor.scroll(position, mode="absolute")
             try:

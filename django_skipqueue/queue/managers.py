@@ -71,7 +71,7 @@ from django_skipqueue.exceptions import (
 from django_skipqueue.faults import is_transient
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import bounded
-from django_skipqueue.queue.loading import fetch_jobs, loaded_jobs
+from django_skipqueue.queue.loading import fetch_jobs, job_cursor, loaded_jobs
 
 if TYPE_CHECKING:
     import uuid
@@ -380,7 +380,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
             # inside the caller's atomic(), a savepoint of the caller's transaction.
             unloadable: list[tuple[int, str]] = []
-            with _savepoint_if_in_transaction(self.db), connections[self.db].cursor() as cursor:
+            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
                 cursor.execute(statement, params)
                 claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
             self._fail_unloadable(unloadable)
@@ -494,7 +494,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 cursor.execute(statement, params)
                 return [row[0] for row in cursor.fetchall()]
         unloadable: list[tuple[int, str]] = []
-        with connections[self.db].cursor() as cursor:
+        with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)
             claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
         self._fail_unloadable(unloadable)
@@ -507,7 +507,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return []
         unloadable: list[tuple[int, str]] = []
         statement = sql.load_claimed_statement(_columns(self.model))
-        with connections[self.db].cursor() as cursor:
+        with job_cursor(self.db) as cursor:
             params: list[Any] = [MIN_LEASE, MAX_LEASE, ids]
             cursor.execute(statement, params)
             claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
@@ -813,7 +813,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         statement = sql.enqueue_one_statement(
             _insert_defaults(self.model), task.expires is not None, trace is not None
         )
-        with connections[self.db].cursor() as cursor:
+        with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)
             job_id, run_at, created_at = cursor.fetchone()
         names, template = _job_template(self.model)
@@ -1141,7 +1141,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             task.rate_limit is not None,
             trace is not None,
         )
-        with connections[self.db].cursor() as cursor:
+        with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)
             ids, inserted_keys, run_at, created_at = cursor.fetchone()[:4]
         return ids, inserted_keys, run_at, created_at
