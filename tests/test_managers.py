@@ -46,6 +46,38 @@ def test_claim_marks_job_running_with_attempt_lease_and_worker(worker_process):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_workers_bound_claim_is_its_own_and_quotes_any_queue_name():
+    """A worker's claiming statement is bound once, its parameters quoted in
+    (JobManager._bound_claim): each worker claims in its own name, a lease given to one
+    claim is that claim's, and a queue name with quotes and percent signs is quoted."""
+    from django_skipqueue.models import WorkerProcess
+
+    odd = "it's 100% \\ %s"
+    first, second = (WorkerProcess.objects.register(queues=[odd], concurrency=1) for _ in range(2))
+    for _ in range(4):
+        JobFactory(queue_name=odd, lease=timedelta(seconds=60))
+    JobFactory()  # another queue: never claimed below
+
+    [one] = Job.objects.claim(queues=[odd], worker=first)
+    [two] = Job.objects.claim(queues=[odd], worker=second)
+    [three] = Job.objects.claim(queues=[odd], worker=first, lease=timedelta(hours=1))
+    [four] = Job.objects.claim(queues=[odd], worker=first)
+
+    assert Job.objects.claim(queues=[odd], worker=second) == []
+    rows = {job.id: job for job in Job.objects.filter(queue_name=odd)}
+    assert [rows[job.id].worker_ids for job in (one, two, three, four)] == [
+        [str(first.id)],
+        [str(second.id)],
+        [str(first.id)],
+        [str(first.id)],
+    ]
+    assert {rows[job.id].state for job in (one, two, three, four)} == {JobState.RUNNING}
+    long_lease = Job.objects.filter(leased_until__gt=Now() + timedelta(minutes=50))
+    assert list(long_lease.values_list("id", flat=True)) == [three.id]
+    assert Job.objects.get(queue_name="default").state == JobState.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
 def test_each_claim_records_who_claimed_it_and_the_first_start_is_kept(worker_process):
     from django_skipqueue.queue.managers import in_process_claimer
 

@@ -30,6 +30,12 @@ def instance_from_row(model: type[M], alias: str, row: dict[str, Any]) -> M:
     return instance
 
 
+def quote_parameters(connection: BaseDatabaseWrapper, statement: str, params: Any) -> str:
+    """`statement` with `params` quoted in: the text psycopg's client-side binding sends
+    for them (Django's PostgreSQL `DatabaseOperations.compose_sql`; PostgreSQL only)."""
+    return str(connection.ops.compose_sql(statement, params))  # type: ignore[attr-defined]
+
+
 def check_health_before_next_use(connection: BaseDatabaseWrapper) -> None:
     """Make CONN_HEALTH_CHECKS ping this connection before its next query (Django's
     `health_check_done` flag, set once per request in a web process)."""

@@ -8,6 +8,7 @@ dispatcher's time at full speed, and more than the INSERT itself in enqueue_many
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -20,10 +21,14 @@ from django_skipqueue.core.compat import (
     raw_result,
     result_column_names,
 )
+from django_skipqueue.core.payload import PayloadField
 
 M = TypeVar("M", bound=models.Model)
 
 Converter = Callable[[Any, Any, Any], Any]
+
+# Converters that give None for None (`_json_columns`).
+_NONE_SAFE_FROM_DB_VALUE = (models.JSONField.from_db_value, PayloadField.from_db_value)
 
 
 def loaded_jobs(
@@ -78,12 +83,15 @@ def fetch_jobs(
         for name, functions in zip(names, _converters(model, alias, tuple(names)), strict=True)
         if functions
     ]  # most columns have none: only these are visited per row
+    none_is_none = _json_columns(model)  # most of them NULL in most rows
     connection = connections[alias]
 
     def convert(values: Any) -> dict[str, Any]:
         row = dict(zip(names, values, strict=True))
         for name, functions in converting:
             value = row[name]
+            if value is None and name in none_is_none:
+                continue  # NULL in a JSON column: its converters give None for None
             for function, col in functions:
                 value = function(value, col, connection)
             row[name] = value
@@ -104,6 +112,18 @@ def fetch_jobs(
             except (DatabaseError, ValueError, TypeError, OverflowError) as error:
                 unloadable.append((raw_id(cursor, position, id_index), str(error)))
     return loaded_jobs(model, alias, names, rows)
+
+
+@functools.lru_cache(maxsize=16)
+def _json_columns(model: type[models.Model]) -> frozenset[str]:
+    """The attnames of `model`'s JSON fields: Django's JSONField.from_db_value (and so
+    PayloadField's) returns None for None, so a NULL there needs no converter call."""
+    return frozenset(
+        field.attname
+        for field in model._meta.concrete_fields
+        if isinstance(field, models.JSONField)
+        and type(field).from_db_value in _NONE_SAFE_FROM_DB_VALUE
+    )
 
 
 def raw_id(cursor: Any, position: int, column: int) -> int:
