@@ -245,6 +245,21 @@ def test_enqueue_returns_the_job_exactly_as_the_orm_loads_it(options):
 
 
 @pytest.mark.django_db
+def test_each_enqueue_writes_its_own_options_and_any_queue_name_as_given():
+    """Calls of one task with other options, and a queue name with quotes, a backslash,
+    percent signs and a placeholder's spelling, are written exactly as given, beside
+    their own arguments (the options are cached per task, the statement per form)."""
+    odd = "it's 100% \\ %(args)s é"
+    calls = [(1, "default"), (2, odd), (1, odd), (2, "default"), (1, odd)]
+    jobs = [tasks.add.using(priority=p, queue_name=q).enqueue(p, b=q) for p, q in calls]
+    rows = Job.objects.in_bulk([job.id for job in jobs])
+    assert [
+        (rows[job.id].priority, rows[job.id].queue_name, rows[job.id].args, rows[job.id].kwargs)
+        for job in jobs
+    ] == [(p, q, [p], {"b": q}) for p, q in calls]
+
+
+@pytest.mark.django_db
 def test_an_enqueue_follows_the_settings_of_the_moment(settings):
     """A task keeps its resolved options beside the settings they came from: a change
     of SKIPQUEUE (override_settings, a test's `settings`) is seen by the next enqueue."""
