@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
 from django.db import connection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +68,7 @@ class WorkerHandle:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group: stop() ends the pool's children too
         )
 
     @property
@@ -93,10 +96,26 @@ class WorkerHandle:
         return self.process.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        """Kill the worker, its process group and its children: a `--processes` pool's
+        children (each in a process group of its own) outlived a SIGKILL of their parent
+        for a moment, and their queries then raced the test database's flush at teardown
+        (a deadlock on its TRUNCATE, seen once)."""
+        children = descendants(self.process.pid)  # read while the parent holds them
+        with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
         self._log.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of `pid`'s children, theirs, and so on ([] once it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, message: str = "") -> None:

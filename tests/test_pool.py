@@ -119,6 +119,26 @@ def test_children_stop_when_their_parent_is_killed(start_worker):
     assert set(Job.objects.values_list("state", flat=True)) == {JobState.DONE}  # drained
 
 
+def test_a_tests_stop_ends_a_pools_children_at_once(start_worker):
+    """WorkerHandle.stop() (every start_worker's teardown) kills the children too, not
+    only the parent: left to drain their jobs, they raced the test database's flush."""
+    tasks.record.enqueue_many([((), {"sleep": 10.0})] * 2)
+    worker = start_worker("--processes", "2", "--grace", "30")
+    wait_until(lambda: Run.objects.count() == 2, timeout=30)
+    pids = children(worker)
+    assert len(pids) == 2
+
+    worker.stop()
+
+    def gone() -> bool:
+        return not any(
+            psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            for pid in pids
+        )
+
+    wait_until(gone, timeout=3, message="a child went on running its 10 s job")
+
+
 # A child that is slow to install its handlers (Django's start, say): SIGTERM forwarded in
 # that window must wait for them, not kill the child (the pool counted that as failed).
 SLOW_CHILD = """
