@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
@@ -136,16 +137,17 @@ def run_and_decide(
     )
     task: Task[Any, Any] | None = None
     past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
-    depth = len(connections[database].atomic_blocks)
+    connection = connections[database]  # this thread's, looked up once (2 us a lookup)
+    depth = len(connection.atomic_blocks)
     try:
         task = registry.get(job.task)
         if cancel is not None and cancel.is_set():  # cancelled before it started
             raise JobCancelled(job.id)
         try:
-            with SessionWatch(database), interrupt.running(job.id):
+            with SessionWatch(connection), interrupt.running(job.id):
                 value = _call(task, job, database, cancel, brokered=brokered)
         finally:
-            _roll_back_left_open(database, depth)
+            _roll_back_left_open(connection, depth)
             past = interrupt.take(job.id)
         if past is not None:  # the task caught TimeLimitExceeded and returned: still past it
             raise TimeLimitExceeded(past)
@@ -363,8 +365,8 @@ class SessionWatch:
 
     __slots__ = ("_connection", "changed")
 
-    def __init__(self, database: str) -> None:
-        self._connection = connections[database]
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self._connection = connection
         self.changed = False
 
     def __enter__(self) -> SessionWatch:
@@ -389,7 +391,7 @@ class SessionWatch:
         return execute(sql, params, many, context)
 
 
-def _roll_back_left_open(database: str, depth: int) -> None:
+def _roll_back_left_open(connection: BaseDatabaseWrapper, depth: int) -> None:
     """Roll back every transaction the task left open on this thread, and say so.
 
     Two ways to leave one: atomic() blocks entered and never exited (the stack is
@@ -400,10 +402,9 @@ def _roll_back_left_open(database: str, depth: int) -> None:
     TransactionLeftOpenError naming what was rolled back.
     """
     left = []
-    connection = connections[database]
     if len(connection.atomic_blocks) > depth:
         left.append(
-            f"{len(connection.atomic_blocks) - depth} atomic() block(s) on {database!r}, "
+            f"{len(connection.atomic_blocks) - depth} atomic() block(s) on {connection.alias!r}, "
             f"entered and never exited"
         )
         discard(connection)
