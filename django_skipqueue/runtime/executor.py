@@ -218,7 +218,7 @@ def acknowledge(successes: Sequence[Success], database: str) -> list[Execution |
     whose own ack the database refuses fails that job with the error. Returns each
     success's Execution, in order (None where recording it failed, which is logged).
     """
-    jobs = Job.objects.db_manager(database)
+    jobs = _job_manager(database)
     acks = [(job.id, attempt, result) for job, attempt, result, _ in successes]
     give_up = min(job.lease.total_seconds() for job, _, _, _ in successes)
     what = f"ids={','.join(str(job.id) for job, _, _, _ in successes[:10])}"
@@ -277,7 +277,7 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
     spending an attempt. Returns how many were released; the others had finished or
     lost their lease, or the database did not answer (then the reaper takes them back).
     """
-    jobs = Job.objects.db_manager(database)
+    jobs = _job_manager(database)
     released = 0
     for job, attempt in attempts:
         try:
@@ -299,7 +299,7 @@ def record_ack_error(
     """A success whose own ack the database refused (not by the connection): the job
     fails with that error, as if the task had raised it (not retried for a bad row)."""
     task = registry.get(job.task) if job.task in registry else None
-    jobs = Job.objects.db_manager(database)
+    jobs = _job_manager(database)
     decision = decide_failure(task, error, attempt, duration)
     return _record_failure(jobs, job, attempt, decision, database)
 
