@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -163,3 +164,124 @@ def test_result_column_names_are_the_descriptions():
     with connection.cursor() as cursor:
         cursor.execute("SELECT * FROM skipqueue_job LIMIT 0")
         assert compat.result_column_names(cursor) == [c.name for c in cursor.description]
+
+
+def _kept(alias: str = "default") -> Any:
+    from django_skipqueue.queue.loading import job_cursor
+
+    return job_cursor(alias)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_is_one_psycopg_cursor_per_connection_and_made_again_after_a_close():
+    first, second = _kept(), _kept()
+    assert first is not second and first.cursor is second.cursor  # wrappers per call
+    first.execute("SELECT 1")
+    assert second.fetchone() == (1,)
+    raw_connection = connection.connection
+    connection.close()
+    third = _kept()
+    assert connection.connection is not raw_connection and third.cursor is not first.cursor
+    third.execute("SELECT 2")
+    assert third.fetchone() == (2,)
+    third.close()  # a caller that closed it (a `with` block): the next call makes one
+    fourth = _kept()
+    assert fourth.cursor is not third.cursor and not fourth.cursor.closed
+    fourth.execute("SELECT 3")
+    assert fourth.fetchone() == (3,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_is_seen_by_query_logging_and_execute_wrappers():
+    from django.test.utils import CaptureQueriesContext
+
+    _kept()  # made before the capture: logging is decided per call
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as captured, connection.execute_wrapper(wrapper):
+        cursor = _kept()
+        cursor.execute("SELECT 'kept' AS one")
+        assert cursor.fetchone() == ("kept",)
+    assert [q["sql"] for q in captured.captured_queries] == ["SELECT 'kept' AS one"]
+    assert seen == ["SELECT 'kept' AS one"]
+    cursor = _kept()
+    cursor.execute("SELECT 'unlogged'")
+    assert [q["sql"] for q in captured.captured_queries] == ["SELECT 'kept' AS one"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_is_made_again_for_a_due_health_check():
+    from django.test.utils import CaptureQueriesContext
+
+    first = _kept()
+    connection.health_check_enabled = True  # what connect() reads from CONN_HEALTH_CHECKS
+    try:
+        compat.check_health_before_next_use(connection)
+        with CaptureQueriesContext(connection):
+            second = _kept()  # through connection.cursor(): Django pings first
+        assert connection.health_check_done is True
+        assert second.cursor is not first.cursor
+        assert _kept().cursor is second.cursor  # checked once
+    finally:
+        connection.health_check_enabled = False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_follows_a_changed_session_time_zone_and_use_tz(settings):
+    native = _kept()
+    native.execute("SELECT now()")
+    assert native.fetchone()[0].tzinfo is datetime.timezone.utc
+    with connection.cursor() as plain:
+        plain.execute("SET TIME ZONE 'Asia/Kolkata'")
+    try:
+        cursor = _kept()  # made again, with Django's loader: psycopg's gives +05:30 now
+        assert cursor.cursor is not native.cursor
+        cursor.execute("SELECT now()")
+        assert cursor.fetchone()[0].tzinfo is datetime.timezone.utc
+    finally:
+        with connection.cursor() as plain:
+            plain.execute("SET TIME ZONE 'UTC'")
+    native = _kept()
+    settings.USE_TZ = False  # the session stays in UTC (TIME_ZONE); Django's values naive
+    cursor = _kept()
+    assert cursor.cursor is not native.cursor
+    cursor.execute("SELECT now()")
+    assert cursor.fetchone()[0].tzinfo is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_refuses_an_async_context_as_django_does():
+    import asyncio
+
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    async def enqueue_from_a_coroutine() -> None:
+        _kept()
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(enqueue_from_a_coroutine())
+
+
+def test_has_receivers_answers_as_has_listeners():
+    from django.db.models import signals
+
+    from django_skipqueue.models import WorkerProcess
+
+    def receiver(**kwargs: object) -> None:
+        pass
+
+    assert compat.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)
+    signals.post_init.connect(receiver, sender=WorkerProcess)
+    try:  # a receiver for another model only
+        assert compat.has_receivers(signals.post_init, Job) is False
+        assert compat.has_receivers(signals.post_init, WorkerProcess) is True
+        signals.post_init.connect(receiver, sender=Job)
+        assert compat.has_receivers(signals.post_init, Job) is True
+    finally:
+        signals.post_init.disconnect(receiver, sender=WorkerProcess)
+        signals.post_init.disconnect(receiver, sender=Job)
+    assert compat.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)

@@ -14,9 +14,13 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, models
 from django.db.models import signals
+from django.utils.asyncio import async_unsafe
 
 from django_skipqueue.core.compat import (
+    fetch_all,
+    has_receivers,
     instance_from_row,
+    kept_cursor,
     load_timestamps_natively,
     raw_result,
     result_column_names,
@@ -40,19 +44,19 @@ def loaded_jobs(
     attribute, so that is done directly; when a project connects one, every row takes
     from_db's full path and the receivers see every instance.
     """
-    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+    if has_receivers(signals.pre_init, model) or has_receivers(signals.post_init, model):
         return [model.from_db(alias, names, [row[name] for name in names]) for row in rows]
     return [instance_from_row(model, alias, row) for row in rows]
 
 
+@async_unsafe("You cannot call this from an async context - use a thread or sync_to_async.")
 def job_cursor(alias: str) -> Any:
-    """A cursor of `alias` for a statement that returns job rows or their timestamps:
-    it loads `timestamptz` with psycopg's C loader where that gives Django's values
+    """A cursor of `alias` for the statements of the hot paths (enqueue, claim, ack),
+    whose results are read at once (`compat.fetch_one`, `fetch_all`): the connection's
+    kept cursor (`compat.kept_cursor`; not to be closed, so no `with`), which loads
+    `timestamptz` with psycopg's C loader where that gives Django's values
     (`compat.load_timestamps_natively`; a claimed job row holds five of them)."""
-    connection = connections[alias]
-    cursor = connection.cursor()
-    load_timestamps_natively(cursor, connection)
-    return cursor
+    return kept_cursor(connections[alias], load_timestamps_natively)
 
 
 def fetch_jobs(
@@ -98,10 +102,10 @@ def fetch_jobs(
         return row
 
     if unloadable is None:
-        return loaded_jobs(model, alias, names, [convert(values) for values in cursor.fetchall()])
+        return loaded_jobs(model, alias, names, [convert(values) for values in fetch_all(cursor)])
     count = cursor.rowcount
     try:
-        rows = [convert(values) for values in cursor.fetchall()]
+        rows = [convert(values) for values in fetch_all(cursor)]
     except (DatabaseError, ValueError, TypeError, OverflowError):
         rows = []
         id_index = names.index(model._meta.pk.attname)

@@ -43,7 +43,7 @@ from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core import tracing
-from django_skipqueue.core.compat import quote_parameters
+from django_skipqueue.core.compat import fetch_all, fetch_one, has_receivers, quote_parameters
 from django_skipqueue.core.payload import (
     encode,
     encode_arguments,
@@ -381,7 +381,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
             # inside the caller's atomic(), a savepoint of the caller's transaction.
             unloadable: list[tuple[int, str]] = []
-            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
+            with _savepoint_if_in_transaction(self.db):
+                cursor = job_cursor(self.db)
                 cursor.execute(statement, params)
                 claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
             self._fail_unloadable(unloadable)
@@ -522,9 +523,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 cursor.execute(statement, params)
                 return [row[0] for row in cursor.fetchall()]
         unloadable: list[tuple[int, str]] = []
-        with job_cursor(self.db) as cursor:
-            cursor.execute(statement, params)
-            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        cursor = job_cursor(self.db)
+        cursor.execute(statement, params)
+        claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
         self._fail_unloadable(unloadable)
         return claimed
 
@@ -535,10 +536,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return []
         unloadable: list[tuple[int, str]] = []
         statement = sql.load_claimed_statement(_columns(self.model))
-        with job_cursor(self.db) as cursor:
-            params: list[Any] = [MIN_LEASE, MAX_LEASE, ids]
-            cursor.execute(statement, params)
-            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        params: list[Any] = [MIN_LEASE, MAX_LEASE, ids]
+        cursor = job_cursor(self.db)
+        cursor.execute(statement, params)
+        claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
         self._fail_unloadable(unloadable)
         return claimed
 
@@ -819,8 +820,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         with a pre_save or post_save receiver connected for Job, the ORM's save(), so
         that the receivers see it.
         """
-        receivers = signals.pre_save.has_listeners(self.model) or signals.post_save.has_listeners(
-            self.model
+        receivers = has_receivers(signals.pre_save, self.model) or has_receivers(
+            signals.post_save, self.model
         )
         plain = task.unique_key is None and not task.keyed
         if receivers and plain:
@@ -841,9 +842,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         statement = sql.enqueue_one_statement(
             _insert_defaults(self.model), task.expires is not None, trace is not None
         )
-        with job_cursor(self.db) as cursor:
-            cursor.execute(statement, params)
-            job_id, run_at, created_at = cursor.fetchone()
+        cursor = job_cursor(self.db)
+        cursor.execute(statement, params)
+        job_id, run_at, created_at = fetch_one(cursor)
         names, template = _job_template(self.model)
         row = template | task.shared_columns()
         row |= {
@@ -1169,9 +1170,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             task.rate_limit is not None,
             trace is not None,
         )
-        with job_cursor(self.db) as cursor:
-            cursor.execute(statement, params)
-            ids, inserted_keys, run_at, created_at = cursor.fetchone()[:4]
+        cursor = job_cursor(self.db)
+        cursor.execute(statement, params)
+        ids, inserted_keys, run_at, created_at = fetch_one(cursor)[:4]
         return ids, inserted_keys, run_at, created_at
 
     @staticmethod
@@ -1224,12 +1225,13 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return set()
         texts = [None if r is None else encode(r) for _, _, r in acks]
         try:
-            with _savepoint_if_in_transaction(self.db), connections[self.db].cursor() as cursor:
+            with _savepoint_if_in_transaction(self.db):
+                cursor = job_cursor(self.db)
                 cursor.execute(
                     sql.ACK_MANY,
                     [[ack[0] for ack in acks], [ack[1] for ack in acks], texts],
                 )
-                return {row[0] for row in cursor.fetchall()}
+                return {row[0] for row in fetch_all(cursor)}
         except DatabaseError as error:
             if is_transient(error) or (len(acks) == 1 and errors is None):
                 raise
