@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
+import threading
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from django_skipqueue.core import compat
 from django_skipqueue.models import Job
@@ -167,9 +168,11 @@ def test_result_column_names_are_the_descriptions():
 
 
 def _kept(alias: str = "default") -> Any:
+    """The cursor of a `job_cursor` block, the block left (the kept cursor stays open)."""
     from django_skipqueue.queue.loading import job_cursor
 
-    return job_cursor(alias)
+    with job_cursor(alias) as cursor:
+        return cursor
 
 
 @pytest.mark.django_db(transaction=True)
@@ -285,3 +288,109 @@ def test_has_receivers_answers_as_has_listeners():
         signals.post_init.disconnect(receiver, sender=WorkerProcess)
         signals.post_init.disconnect(receiver, sender=Job)
     assert compat.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)
+
+
+# A user's execute wrapper that enqueues after each statement (an audit, say): the
+# enqueue runs between the outer statement's execute and its fetch.
+_auditing = threading.local()
+
+
+def _enqueue_after_each_statement(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    from tests.testapp.tasks import add
+
+    result = execute(sql, params, many, context)
+    if not getattr(_auditing, "on", False):
+        _auditing.on = True
+        try:
+            add.using(queue_name="audit").enqueue(0, 0)
+        finally:
+            _auditing.on = False
+    return result
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_from_inside_an_enqueue_claim_or_ack_leaves_their_results_whole():
+    from tests.testapp.tasks import add
+
+    with connection.execute_wrapper(_enqueue_after_each_statement):
+        job = add.enqueue(1, 2)
+        assert job.args == [1, 2] and job.queue_name == "default"
+        [claimed] = Job.objects.claim(queues=["default"], limit=1)
+        assert claimed.id == job.id
+        assert Job.objects.ack(claimed.id, claimed.attempts, "ok") is True
+    assert Job.objects.get(id=job.id).state == "done"
+    assert Job.objects.filter(queue_name="audit").count() == 3  # one per statement
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_on_a_connection_closed_inside_atomic_raises_djangos_error():
+    from django.db import OperationalError
+
+    from tests.testapp.tasks import add
+
+    add.enqueue(0, 0)  # the kept cursor exists
+    with pytest.raises(OperationalError), transaction.atomic():
+        connection.close()
+        add.enqueue(1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_whose_cursor_is_replaced_keeps_seeing_every_enqueue(monkeypatch):
+    from tests.testapp.tasks import add
+
+    add.enqueue(0, 0)  # the kept cursor exists
+    seen, original = [], connection.cursor  # as django-debug-toolbar wraps it
+
+    def cursor(*args: Any, **kwargs: Any) -> Any:
+        seen.append("cursor")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(connections["default"], "cursor", cursor, raising=False)
+    add.enqueue(1, 1)
+    add.enqueue(2, 2)
+    assert len(seen) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backend_that_sets_state_per_cursor_goes_through_it_for_every_enqueue(monkeypatch):
+    from tests.testapp.tasks import add
+
+    with connection.cursor() as cursor:
+        for schema in ("tenant_a", "tenant_b"):
+            cursor.execute(
+                f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; "
+                f"CREATE TABLE {schema}.skipqueue_job (LIKE public.skipqueue_job INCLUDING ALL)"
+            )
+    add.enqueue(0, 0)  # the kept cursor exists
+    wrapper = connections["default"]
+    original, tenant = wrapper._cursor, ["tenant_a"]
+
+    def _cursor(name: Any = None) -> Any:  # as django-tenants sets the search_path
+        cursor = original(name)
+        cursor.execute(f"SET search_path = {tenant[0]}, public")
+        return cursor
+
+    monkeypatch.setattr(wrapper, "_cursor", _cursor, raising=False)
+    try:
+        add.enqueue(1, 1)
+        tenant[0] = "tenant_b"
+        add.enqueue(2, 2)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM tenant_a.skipqueue_job), "
+                "(SELECT count(*) FROM tenant_b.skipqueue_job)"
+            )
+            assert cursor.fetchone() == (1, 1)
+    finally:
+        monkeypatch.undo()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "RESET search_path; DROP SCHEMA tenant_a CASCADE; DROP SCHEMA tenant_b CASCADE"
+            )
+
+
+def test_only_djangos_own_cursor_path_is_plain():
+    wrapper = connections["default"]
+    assert compat.plain_cursor_path(wrapper)
+    subclass = type("TenantWrapper", (type(wrapper),), {"_cursor": lambda self, name=None: None})
+    assert not compat.plain_cursor_path(subclass.__new__(subclass))

@@ -51,11 +51,12 @@ def loaded_jobs(
 
 @async_unsafe("You cannot call this from an async context - use a thread or sync_to_async.")
 def job_cursor(alias: str) -> Any:
-    """A cursor of `alias` for the statements of the hot paths (enqueue, claim, ack),
-    whose results are read at once (`compat.fetch_one`, `fetch_all`): the connection's
-    kept cursor (`compat.kept_cursor`; not to be closed, so no `with`), which loads
-    `timestamptz` with psycopg's C loader where that gives Django's values
-    (`compat.load_timestamps_natively`; a claimed job row holds five of them)."""
+    """`with job_cursor(alias) as cursor:` a cursor of `alias` for the statements of the
+    hot paths (enqueue, claim, ack), whose results are read inside the block
+    (`compat.fetch_one`, `fetch_all`): the connection's kept psycopg cursor where that
+    is safe (`compat.kept_cursor`), which loads `timestamptz` with psycopg's C loader
+    where that gives Django's values (`compat.load_timestamps_natively`; a claimed job
+    row holds five of them)."""
     return kept_cursor(connections[alias], load_timestamps_natively)
 
 

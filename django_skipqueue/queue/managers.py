@@ -381,8 +381,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
             # inside the caller's atomic(), a savepoint of the caller's transaction.
             unloadable: list[tuple[int, str]] = []
-            with _savepoint_if_in_transaction(self.db):
-                cursor = job_cursor(self.db)
+            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
                 cursor.execute(statement, params)
                 claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
             self._fail_unloadable(unloadable)
@@ -523,9 +522,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 cursor.execute(statement, params)
                 return [row[0] for row in cursor.fetchall()]
         unloadable: list[tuple[int, str]] = []
-        cursor = job_cursor(self.db)
-        cursor.execute(statement, params)
-        claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        with job_cursor(self.db) as cursor:
+            cursor.execute(statement, params)
+            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
         self._fail_unloadable(unloadable)
         return claimed
 
@@ -537,9 +536,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         unloadable: list[tuple[int, str]] = []
         statement = sql.load_claimed_statement(_columns(self.model))
         params: list[Any] = [MIN_LEASE, MAX_LEASE, ids]
-        cursor = job_cursor(self.db)
-        cursor.execute(statement, params)
-        claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        with job_cursor(self.db) as cursor:
+            cursor.execute(statement, params)
+            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
         self._fail_unloadable(unloadable)
         return claimed
 
@@ -842,9 +841,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         statement = sql.enqueue_one_statement(
             _insert_defaults(self.model), task.expires is not None, trace is not None
         )
-        cursor = job_cursor(self.db)
-        cursor.execute(statement, params)
-        job_id, run_at, created_at = fetch_one(cursor)
+        with job_cursor(self.db) as cursor:
+            cursor.execute(statement, params)
+            job_id, run_at, created_at = fetch_one(cursor)
         names, template = _job_template(self.model)
         row = template | task.shared_columns()
         row |= {
@@ -1170,9 +1169,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             task.rate_limit is not None,
             trace is not None,
         )
-        cursor = job_cursor(self.db)
-        cursor.execute(statement, params)
-        ids, inserted_keys, run_at, created_at = fetch_one(cursor)[:4]
+        with job_cursor(self.db) as cursor:
+            cursor.execute(statement, params)
+            ids, inserted_keys, run_at, created_at = fetch_one(cursor)[:4]
         return ids, inserted_keys, run_at, created_at
 
     @staticmethod
@@ -1225,8 +1224,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return set()
         texts = [None if r is None else encode(r) for _, _, r in acks]
         try:
-            with _savepoint_if_in_transaction(self.db):
-                cursor = job_cursor(self.db)
+            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
                 cursor.execute(
                     sql.ACK_MANY,
                     [[ack[0] for ack in acks], [ack[1] for ack in acks], texts],
