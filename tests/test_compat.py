@@ -394,3 +394,102 @@ def test_only_djangos_own_cursor_path_is_plain():
     assert compat.plain_cursor_path(wrapper)
     subclass = type("TenantWrapper", (type(wrapper),), {"_cursor": lambda self, name=None: None})
     assert not compat.plain_cursor_path(subclass.__new__(subclass))
+
+
+@pytest.mark.django_db
+def test_an_enqueue_is_blocked_where_djangos_cursor_is(django_db_blocker):
+    from tests.testapp.tasks import add
+
+    add.enqueue(1, 1)  # the kept cursor exists
+    with django_db_blocker.block():  # pytest-django patches ensure_connection
+        with pytest.raises(RuntimeError, match="Database access not allowed"):
+            connection.cursor()
+        with pytest.raises(RuntimeError, match="Database access not allowed"):
+            add.enqueue(2, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", ["cursor", "_cursor", "create_cursor"])
+def test_a_patch_of_the_backend_class_sees_every_enqueue(monkeypatch, name):
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from tests.testapp.tasks import add
+
+    add.enqueue(0, 0)  # the kept cursor exists
+    for cls in (type(connections["default"]), BaseDatabaseWrapper):
+        seen: list[str] = []
+        original = getattr(cls, name)
+
+        def patched(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            seen.append(name)  # noqa: B023  (read at once)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, patched)
+        connections["default"].cursor().close()
+        per_cursor = len(seen)  # 0 where the backend class overrides the base's method
+        add.enqueue(1, 1)
+        add.enqueue(2, 2)
+        assert len(seen) == 3 * per_cursor, cls
+        monkeypatch.undo()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_another_threads_connection_is_refused_as_djangos_cursor_refuses_it():
+    from django.db import DatabaseError
+
+    from tests.testapp.tasks import add
+
+    add.enqueue(0, 0)  # the kept cursor exists, in this thread
+    main = connections["default"]
+    outcome: dict[str, str] = {}
+
+    def other_thread() -> None:
+        connections["default"] = main
+        try:
+            for label, call in (("cursor", main.cursor), ("enqueue", lambda: add.enqueue(1, 1))):
+                try:
+                    call()
+                    outcome[label] = "ran"
+                except DatabaseError:
+                    outcome[label] = "DatabaseError"
+        finally:
+            del connections["default"]
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert outcome == {"cursor": "DatabaseError", "enqueue": "DatabaseError"}
+    assert Job.objects.filter(args=[1, 1]).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_threads_sharing_one_connection_never_share_the_kept_cursor():
+    from tests.testapp.tasks import add
+
+    add.enqueue(0, 0)  # the kept cursor exists
+    shared = connections["default"]
+    shared.inc_thread_sharing()
+    errors: list[str] = []
+    ids: list[int] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+
+    def enqueue(thread: int) -> None:
+        connections["default"] = shared
+        try:
+            for n in range(300):
+                ids.append(add.using(queue_name="shared").enqueue(thread, n).id)
+        except Exception as error:  # noqa: BLE001
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=enqueue, args=(t,)) for t in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+        shared.dec_thread_sharing()
+    stored = set(Job.objects.filter(queue_name="shared").values_list("id", flat=True))
+    assert errors == [] and len(ids) == 1200 and set(ids) == stored

@@ -7,6 +7,7 @@ that changes it fails `tests/test_compat.py` first, not a worker in production.
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -101,28 +102,36 @@ def result_column_names(cursor: Any) -> list[str]:
 
 # The DatabaseWrapper methods a cursor of Django's goes through: where a backend's class
 # or the connection object itself replaces one (django-tenants' `_cursor` setting the
-# search_path, django-debug-toolbar's `cursor`, a metrics backend's `create_cursor`), every
-# statement keeps going through it, and no cursor is kept.
-_CURSOR_PATH = (
-    "cursor",
-    "_cursor",
-    "create_cursor",
-    "_prepare_cursor",
-    "make_cursor",
-    "make_debug_cursor",
-)
-_PLAIN_CURSOR_PATH: dict[type, bool] = {}
+# search_path, django-debug-toolbar's `cursor`, a metrics backend's `create_cursor`, a
+# test's or an APM's patch of the class), every statement keeps going through it, and
+# no cursor is kept. Django's own functions, as this module found them at import.
+_CURSOR_PATH = {
+    name: getattr(PostgresWrapper, name)
+    for name in (
+        "cursor",
+        "_cursor",
+        "create_cursor",
+        "_prepare_cursor",
+        "make_cursor",
+        "make_debug_cursor",
+        "close_if_health_check_failed",
+    )
+}
+_DJANGOS_OWN = all(
+    getattr(function, "__module__", "").startswith("django.db.backends.")
+    for function in _CURSOR_PATH.values()
+)  # not already patched before this import
 
 
 def plain_cursor_path(connection: BaseDatabaseWrapper) -> bool:
     """Whether `connection` makes its cursors exactly as Django's PostgreSQL backend does:
-    none of `_CURSOR_PATH` overridden by its class or set on the object."""
+    no step of `_CURSOR_PATH` replaced, on its class (now) or on the object."""
     cls = type(connection)
-    plain = _PLAIN_CURSOR_PATH.get(cls)
-    if plain is None:
-        plain = all(getattr(cls, name) is getattr(PostgresWrapper, name) for name in _CURSOR_PATH)
-        _PLAIN_CURSOR_PATH[cls] = plain
-    return plain and connection.__dict__.keys().isdisjoint(_CURSOR_PATH)
+    return (
+        _DJANGOS_OWN
+        and connection.__dict__.keys().isdisjoint(_CURSOR_PATH)
+        and all(getattr(cls, name) is function for name, function in _CURSOR_PATH.items())
+    )
 
 
 class _Kept:
@@ -131,7 +140,9 @@ class _Kept:
     def __init__(self, connection: Any, cursor: Any, timezone: Any, session_zone: Any) -> None:
         self.connection, self.cursor = connection, cursor
         self.timezone, self.session_zone = timezone, session_zone
-        self.busy = False
+        # Held from execute to fetch. A lock, not a flag: a connection shared between
+        # threads (inc_thread_sharing) must not hand the cursor to two at once.
+        self.busy = threading.Lock()
 
 
 class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as cursor`)
@@ -155,10 +166,12 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
     is in use: a statement of ours run from inside another's execute and fetch (an
     execute wrapper that enqueues) would otherwise take the outer statement's result.
 
-    Relied on: the DatabaseWrapper's `connection` (the psycopg connection, a new object
-    after a reconnect), `health_check_enabled` and `health_check_done`, `timezone`,
-    `queries_logged`, `make_cursor` and `make_debug_cursor`, the Django cursor's `cursor`
-    attribute, psycopg's `closed` and `pgconn`. The async check is the caller's.
+    Relied on: the DatabaseWrapper's `ensure_connection` and `validate_thread_sharing`
+    (called each time, as Django's cursor path does), `connection` (the psycopg
+    connection, a new object after a reconnect), `health_check_enabled` and
+    `health_check_done`, `timezone`, `queries_logged`, `make_cursor` and
+    `make_debug_cursor`, the Django cursor's `cursor` attribute, psycopg's `closed` and
+    `pgconn`. The async check is the caller's.
     """
 
     __slots__ = ("_connection", "_fresh", "_kept", "_prepare")
@@ -173,10 +186,12 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
     def __enter__(self) -> Any:
         connection: Any = self._connection
         kept: _Kept | None = connection.__dict__.get("_skipqueue_kept_cursor")
-        if (kept is not None and kept.busy) or not plain_cursor_path(connection):
+        if (kept is not None and kept.busy.locked()) or not plain_cursor_path(connection):
             self._fresh = connection.cursor()
             self._prepare(self._fresh, connection)
             return self._fresh
+        connection.ensure_connection()  # as connection.cursor() does (pytest-django's
+        connection.validate_thread_sharing()  # database blocker replaces the first)
         raw_connection = connection.connection
         if (
             kept is None
@@ -197,7 +212,10 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
                 raw_connection.pgconn.parameter_status(b"TimeZone"),
             )
             connection.__dict__["_skipqueue_kept_cursor"] = kept
-        kept.busy = True
+        if not kept.busy.acquire(blocking=False):  # taken since: another thread's
+            self._fresh = connection.cursor()
+            self._prepare(self._fresh, connection)
+            return self._fresh
         self._kept = kept
         if connection.queries_logged:
             return connection.make_debug_cursor(kept.cursor)
@@ -205,7 +223,7 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
 
     def __exit__(self, *exc: object) -> None:
         if self._kept is not None:
-            self._kept.busy = False
+            self._kept.busy.release()
         elif self._fresh is not None:
             self._fresh.__exit__(*exc)  # Django's close
 
