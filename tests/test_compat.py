@@ -493,3 +493,23 @@ def test_threads_sharing_one_connection_never_share_the_kept_cursor():
         shared.dec_thread_sharing()
     stored = set(Job.objects.filter(queue_name="shared").values_list("id", flat=True))
     assert errors == [] and len(ids) == 1200 and set(ids) == stored
+
+
+@pytest.mark.django_db
+def test_fetch_one_and_all_read_a_cursor_of_another_library_as_usual():
+    class Wrapper:  # a wrapper with neither `db` nor `cursor`, as some libraries make
+        def __init__(self, cursor: Any) -> None:
+            self._inner = cursor
+
+        def fetchone(self) -> Any:
+            return self._inner.fetchone()
+
+        def fetchall(self) -> Any:
+            return self._inner.fetchall()
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 UNION ALL SELECT 2 ORDER BY 1")
+        assert compat.fetch_one(Wrapper(cursor)) == (1,)
+        assert compat.fetch_all(Wrapper(cursor)) == [(2,)]
+        cursor.execute("SELECT 3")
+        assert compat.fetch_one(cursor) == (3,)

@@ -152,7 +152,8 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
 
     Measured: `connection.cursor()` and its close cost 13-15 us, and a new psycopg
     cursor starts with empty adapter caches; an enqueue took 390,000 instructions of
-    client CPU with a new cursor and 270,000 with the kept one (callgrind).
+    client CPU with a new cursor and 294,000 with the kept one and the checks below
+    (callgrind; benchmarks/RESULTS.md, "third pass").
 
     What Django does per cursor is kept. The wrapper is made per block
     (`make_debug_cursor` while queries are logged, so `assertNumQueries` and DEBUG see
@@ -240,14 +241,21 @@ def fetch_one(cursor: Any) -> Any:
     """`cursor.fetchone()` of a Django cursor, its errors turned into Django's as there,
     without the wrapper's `__getattr__`, which builds a `functools.wraps` function on
     every call (measured: a fifth of an enqueue's fetch). Relied on: the Django cursor's
-    `cursor` and `db`, and the DatabaseWrapper's `wrap_database_errors` context."""
-    with cursor.db.wrap_database_errors:
+    `cursor` and `db`, and the DatabaseWrapper's `wrap_database_errors` context; a
+    cursor without them (another library's wrapper) is asked as usual."""
+    db = getattr(cursor, "db", None)
+    if db is None or not hasattr(cursor, "cursor"):
+        return cursor.fetchone()
+    with db.wrap_database_errors:
         return cursor.cursor.fetchone()
 
 
 def fetch_all(cursor: Any) -> list[Any]:
     """`cursor.fetchall()` of a Django cursor, as `fetch_one`."""
-    with cursor.db.wrap_database_errors:
+    db = getattr(cursor, "db", None)
+    if db is None or not hasattr(cursor, "cursor"):
+        return cursor.fetchall()
+    with db.wrap_database_errors:
         return cursor.cursor.fetchall()
 
 
