@@ -186,11 +186,9 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
 
     def __enter__(self) -> Any:
         connection: Any = self._connection
+        if not plain_cursor_path(connection):
+            return self._fresh_cursor()
         kept: _Kept | None = connection.__dict__.get("_skipqueue_kept_cursor")
-        if (kept is not None and kept.busy.locked()) or not plain_cursor_path(connection):
-            self._fresh = connection.cursor()
-            self._prepare(self._fresh, connection)
-            return self._fresh
         connection.ensure_connection()  # as connection.cursor() does (pytest-django's
         connection.validate_thread_sharing()  # database blocker replaces the first)
         raw_connection = connection.connection
@@ -213,14 +211,18 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
                 raw_connection.pgconn.parameter_status(b"TimeZone"),
             )
             connection.__dict__["_skipqueue_kept_cursor"] = kept
-        if not kept.busy.acquire(blocking=False):  # taken since: another thread's
-            self._fresh = connection.cursor()
-            self._prepare(self._fresh, connection)
-            return self._fresh
+        if not kept.busy.acquire(blocking=False):  # in use: ours from inside ours, or a thread's
+            return self._fresh_cursor()
         self._kept = kept
         if connection.queries_logged:
             return connection.make_debug_cursor(kept.cursor)
         return connection.make_cursor(kept.cursor)
+
+    def _fresh_cursor(self) -> Any:
+        """A cursor of Django's for this block alone, closed at its end."""
+        self._fresh = self._connection.cursor()
+        self._prepare(self._fresh, self._connection)
+        return self._fresh
 
     def __exit__(self, *exc: object) -> None:
         if self._kept is not None:
