@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from django_skipqueue.models import WorkerProcess
 from django_skipqueue.queue import sql
+from django_skipqueue.runtime import notifier as module
 from tests.testapp import tasks
 
 
@@ -116,3 +117,66 @@ def test_a_queue_name_django_accepts_is_a_quoted_channel_that_notifies(queue):
         raw.close()
     assert note.channel == sql.channel_name(queue) == f"skipqueue_{queue}"
     assert tasks.add.using(queue_name=queue).enqueue(2, 2).queue_name == queue
+
+
+@pytest.fixture
+def notifier_thread(monkeypatch):
+    """A real Notifier on its own thread, whose quiet ticks are a minute apart: only its
+    bell (interrupt()) can end it quickly. Yields (notifier, thread, listening)."""
+    monkeypatch.setattr(module, "HALT_CHECK_SECONDS", 60.0)
+    listening = threading.Event()
+    notifier = module.Notifier(
+        database="default",
+        queues=["default"],
+        wake=threading.Event(),
+        halted=threading.Event(),
+        poll_interval=1.0,
+        on_listening=lambda works: works and listening.set(),
+    )
+    thread = threading.Thread(target=notifier.run, daemon=True)
+    thread.start()
+    yield notifier, thread, listening
+    notifier.halted.set()
+    notifier.interrupt()
+    thread.join(timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rung_notifier_stops_at_once_and_still_hears_notify_until_then(notifier_thread):
+    """A stopping worker rings the notifier's bell: its thread ends without waiting for
+    the next quiet tick (a burst worker's exit is the end of its drain)."""
+    notifier, thread, listening = notifier_thread
+    assert listening.wait(10)
+    notifier.wake.clear()
+    waiting_worker("default")
+    tasks.add.enqueue(1, 1)
+    assert notifier.wake.wait(10)  # a NOTIFY still wakes the worker through the select
+    notifier.interrupt()  # a ring without a stop: it goes on listening
+    notifier.wake.clear()
+    tasks.add.enqueue(2, 2)
+    assert notifier.wake.wait(10)
+
+    notifier.halted.set()
+    notifier.interrupt()
+    thread.join(timeout=10)  # a minute without the bell
+    assert not thread.is_alive()
+    notifier.interrupt()  # after the end: nothing to ring, no error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notifier_halted_before_it_listens_does_not_wait_for_a_ring(monkeypatch):
+    """interrupt() before run() has a bell rings nothing; run() then sees `halted`."""
+    monkeypatch.setattr(module, "HALT_CHECK_SECONDS", 60.0)
+    notifier = module.Notifier(
+        database="default",
+        queues=["default"],
+        wake=threading.Event(),
+        halted=threading.Event(),
+        poll_interval=1.0,
+    )
+    notifier.halted.set()
+    notifier.interrupt()
+    thread = threading.Thread(target=notifier.run, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive()

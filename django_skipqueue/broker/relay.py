@@ -147,7 +147,7 @@ class Relay:
         self.presence.register(self.stop)
         if self.presence.process is not None:
             self.waiting.worker_id = self.presence.process.id
-        listener = None
+        listener = notifier = None
         if self.listen and settings.LISTEN:
             notifier = Notifier(
                 database=self.database,
@@ -192,6 +192,8 @@ class Relay:
                     self.wake.wait(settings.POLL_INTERVAL_SECONDS if linger is None else linger)
         finally:
             self.stop.set()  # the listener too
+            if notifier is not None:
+                notifier.interrupt()
             self.close()
             if listener is not None:
                 listener.join(timeout=5)

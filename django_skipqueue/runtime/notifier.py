@@ -5,12 +5,19 @@ session-level feature: never through a transaction pooler), checks once that
 notifications really arrive, and sets the worker's wake event on each. If they do not
 (LISTEN behind PgBouncer in transaction mode receives nothing, and says nothing), it
 warns and ends: the worker polls instead. A lost connection is retried with backoff.
+
+A stopping worker rings the notifier's bell (`interrupt`): the listener waits on its
+connection's socket and on the bell together, so the stop does not wait for the next
+HALT_CHECK_SECONDS tick. A burst worker's exit is the last step of its drain.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
+import select
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +29,8 @@ from django_skipqueue.queue.connections import Backoff
 
 logger = logging.getLogger(__name__)
 
-#: How often a quiet listener looks at `halted`: an idle worker stops within this.
+#: How often a quiet listener looks at `halted` by itself: a stop that does not ring
+#: the bell (`Notifier.interrupt`) is seen within this.
 HALT_CHECK_SECONDS = 0.05
 
 
@@ -49,9 +57,32 @@ class Notifier:
         self.wake = wake
         self.halted = halted
         self.poll_interval = poll_interval
+        self._bell: socket.socket | None = None  # the ringing end, while run() listens
+        self._bell_lock = threading.Lock()
+
+    def interrupt(self) -> None:
+        """Wake the listener at once, after `halted` is set (any thread)."""
+        with self._bell_lock:
+            if self._bell is not None:
+                with contextlib.suppress(OSError):  # full: it has been rung already
+                    self._bell.send(b"\0")
 
     def run(self) -> None:
         """Until `halted` is set, or until it finds that LISTEN does not work here."""
+        ringing, bell = socket.socketpair()
+        ringing.setblocking(False)
+        bell.setblocking(False)
+        with self._bell_lock:  # before `halted` is first read: no ring can be missed
+            self._bell = ringing
+        try:
+            self._listen(bell)
+        finally:
+            with self._bell_lock:
+                self._bell = None
+            ringing.close()
+            bell.close()
+
+    def _listen(self, bell: socket.socket) -> None:
         backoff = Backoff()
         while not self.halted.is_set():
             raw = None
@@ -76,6 +107,8 @@ class Notifier:
                 self.wake.set()  # anything enqueued while we were not listening
                 backoff.reset()
                 while not self.halted.is_set():
+                    if not self._readable(raw, bell):
+                        continue  # rung or quiet: look at `halted` again
                     for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
                         logger.debug("worker notified channel=%s", notify.channel)
                         if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
@@ -95,6 +128,16 @@ class Notifier:
                         raw.close()
                     except Exception:  # noqa: BLE001, S110  (already broken)
                         pass
+
+    @staticmethod
+    def _readable(raw: Any, bell: socket.socket) -> bool:
+        """Wait up to HALT_CHECK_SECONDS for the connection's socket or the bell; True if
+        the connection has something to read. A ring is emptied out of the bell."""
+        ready, _, _ = select.select([raw.fileno(), bell], [], [], HALT_CHECK_SECONDS)
+        if bell in ready:
+            with contextlib.suppress(BlockingIOError):
+                bell.recv(64)
+        return raw.fileno() in ready
 
     def works(self, raw: Any) -> bool:
         """Send a NOTIFY from another connection; through a transaction pooler it never comes.

@@ -175,6 +175,7 @@ class Worker:
         self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
         self._stopping = threading.Event()  # no more claims
         self._halted = threading.Event()  # shutdown finished: helpers end
+        self._notifier: Notifier | None = None  # its bell is rung at shutdown
         self._signals = 0
         self._release_prefetched = True
         self.threads = Supervisor(halted=self._halted, died=self._thread_died)
@@ -659,6 +660,7 @@ class Worker:
                 on_keyed=self.flow.keyed_arrived,
             )
             self.threads.start("helpers", "skipqueue-listener", notifier.run)
+            self._notifier = notifier
 
     def _listening(self, works: bool) -> None:
         """The notifier's LISTEN works, or stopped working (the notifier's thread)."""
@@ -721,6 +723,8 @@ class Worker:
     def _end_threads(self) -> None:
         self._halted.set()
         self.housekeeper.wake.set()
+        if self._notifier is not None:
+            self._notifier.interrupt()  # else its join waits up to HALT_CHECK_SECONDS
         self._work.close(len(self.threads.group("executors")))
         # One shared deadline: threads still inside a task (past the grace, their jobs
         # released) are not waited for one by one.
