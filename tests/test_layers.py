@@ -9,6 +9,9 @@ and anywhere, of a module that imports an optional extra (OPTIONAL_EXTRAS).
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_skipqueue"
@@ -155,3 +158,21 @@ def test_function_local_imports_only_where_the_app_registry_requires_them():
         and (local := function_local_imports(tree, names) - {name} - OPTIONAL_EXTRAS)
     }
     assert offenders == {}
+
+
+def test_a_project_without_schedules_never_imports_croniter():
+    """croniter (and dateutil with it) is imported when a schedule first needs it
+    (core/cron.py): a worker of a project without schedules starts without it."""
+    code = (
+        "import sys, django; django.setup()\n"
+        "import django_skipqueue.management.commands.runworker\n"
+        "from django_skipqueue import Cron\n"
+        "print('croniter' in sys.modules, end=' ')\n"
+        "Cron('0 3 * * *')\n"
+        "print('croniter' in sys.modules)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["False", "True"]
