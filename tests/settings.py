@@ -27,6 +27,8 @@ if "DATABASE_URL" not in os.environ:
 database = database_from_url(os.environ["DATABASE_URL"])
 if os.environ.get("SKIPQUEUE_TEST_PG_OPTIONS"):  # server settings for one child's sessions
     database.setdefault("OPTIONS", {})["options"] = os.environ["SKIPQUEUE_TEST_PG_OPTIONS"]
+if os.environ.get("SKIPQUEUE_TEST_SERVER_SIDE_BINDING"):  # Django's psycopg option
+    database.setdefault("OPTIONS", {})["server_side_binding"] = True
 DATABASES = {"default": database}
 
 SECRET_KEY = "tests-only-not-secret"  # noqa: S105

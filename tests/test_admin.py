@@ -15,7 +15,7 @@ from django.db.models.functions import Now
 from django.urls import reverse
 
 from django_skipqueue.models import Job, JobState, WorkerProcess
-from tests.factories import JobFactory
+from tests.factories import BULK_BATCH, JobFactory
 from tests.guard import setting_up
 
 pytestmark = pytest.mark.django_db
@@ -737,7 +737,7 @@ def test_every_bulk_action_is_bounded_and_goes_on_where_it_stopped(
 
     monkeypatch.setattr(JobAdmin, "action_max_rows", 500)
     monkeypatch.setattr(JobAdmin, "action_batch_size", 200)
-    Job.objects.bulk_create(JobFactory.build_batch(1_250, **{trait: True}))
+    Job.objects.bulk_create(JobFactory.build_batch(1_250, **{trait: True}), batch_size=BULK_BATCH)
     JobFactory.create_batch(5, done=True)  # selected too, never touched, never "left"
     messages = [reported(act_on_all(superuser_client, action)) for _ in range(3)]
     assert f"500 job(s) {verb}" in messages[0] and "750 more of the selection" in messages[0]

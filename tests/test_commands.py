@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.models import Job, JobState
-from tests.factories import JobFactory
+from tests.factories import BULK_BATCH, JobFactory
 
 
 def run(*args: str) -> str:
@@ -39,7 +39,9 @@ def test_reapjobs_takes_back_expired_leases():
 @pytest.mark.django_db(transaction=True)
 def test_reapjobs_prunes_old_finished_jobs_in_batches():
     old = Now() - timedelta(days=8)
-    Job.objects.bulk_create(JobFactory.build_batch(2500, done=True, finished_at=old))
+    Job.objects.bulk_create(
+        JobFactory.build_batch(2500, done=True, finished_at=old), batch_size=BULK_BATCH
+    )
     Job.objects.bulk_create(JobFactory.build_batch(5, failed=True, finished_at=old))
     recent = JobFactory(done=True)
     pending = JobFactory()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue.managers import ErrorInfo
 from tests.conftest import set_lease
-from tests.factories import JobFactory
+from tests.factories import BULK_BATCH, JobFactory
 from tests.guard import setting_up
 from tests.processes import start_python
 
@@ -197,7 +197,7 @@ def test_claim_commits_before_returning():
 
 @pytest.mark.django_db(transaction=True)
 def test_eight_threads_claim_each_job_exactly_once(worker_process):
-    Job.objects.bulk_create(JobFactory.build_batch(2000))
+    Job.objects.bulk_create(JobFactory.build_batch(2000), batch_size=BULK_BATCH)
     start, lock, claimed = threading.Barrier(8), threading.Lock(), []
 
     def claimer() -> None:
@@ -237,7 +237,7 @@ print(" ".join(map(str, ids)))
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_four_processes_claim_each_job_exactly_once(tmp_path: Path):
-    Job.objects.bulk_create(JobFactory.build_batch(2000))
+    Job.objects.bulk_create(JobFactory.build_batch(2000), batch_size=BULK_BATCH)
     go = tmp_path / "go"
     children = [start_python(CLAIMER, GO_FILE=str(go)) for _ in range(4)]
     try:
@@ -417,7 +417,7 @@ def test_reap_fails_an_expired_job_on_its_last_attempt():
 
 @pytest.mark.django_db(transaction=True)
 def test_two_reapers_at_once_count_nothing_twice():
-    Job.objects.bulk_create(JobFactory.build_batch(3000, expired=True))
+    Job.objects.bulk_create(JobFactory.build_batch(3000, expired=True), batch_size=BULK_BATCH)
     start, results = threading.Barrier(2), []
 
     def reaper() -> None:
@@ -529,7 +529,7 @@ def test_a_job_in_an_open_transaction_cannot_be_claimed_until_commit():
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_never_returns_more_rows_than_its_limit():
     """T39 (Oban 3990921): the LIMIT of the locking subquery holds for every batch size."""
-    Job.objects.bulk_create(JobFactory.build_batch(3000))
+    Job.objects.bulk_create(JobFactory.build_batch(3000), batch_size=BULK_BATCH)
     claimed = 0
     for _ in range(30):
         for limit in range(1, 17):

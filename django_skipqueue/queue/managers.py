@@ -136,6 +136,17 @@ class _AppendCapped(Func):
         return sql, (*h_params, *h_params, *h_params, *c_params, *h_params, *h_params, *e_params)
 
 
+def _text(value: str | None) -> Cast:
+    """`%s::text`: a text parameter whose type the statement around it does not fix."""
+    return Cast(Value(value), models.TextField())
+
+
+def _json_argument(value: Any) -> Expression:
+    """A value for jsonb_build_object(): a text or a None cast (see `ErrorInfo.entry`);
+    a number or a bool is sent with its own type."""
+    return _text(value) if value is None or isinstance(value, str) else Value(value)
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """What went wrong in one attempt, already capped in size."""
@@ -145,13 +156,18 @@ class ErrorInfo:
     traceback: str = ""
 
     def entry(self) -> Expression:
-        """The history entry as a jsonb object, stamped with the database clock."""
+        """The history entry as a jsonb object, stamped with the database clock.
+
+        The texts are cast: jsonb_build_object() takes arguments of any type, so a
+        parameter sent apart from the query (Django's `server_side_binding` option)
+        must say its own, or PostgreSQL cannot tell it.
+        """
         return JSONObject(
             attempt=F("attempts"),
             at=Now(),
-            type=Value(self.type),
-            message=Value(self.message),
-            traceback=Value(self.traceback),
+            type=_text(self.type),
+            message=_text(self.message),
+            traceback=_text(self.traceback),
         )
 
     def summary(self) -> str:
@@ -1313,7 +1329,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """Write a running attempt's progress (`context.set_progress()`), with the
         attempt and the database's time ("at"). Fenced like an ack: False means this attempt no
         longer holds the job, and nothing was written."""
-        fields = {key: Value(value) for key, value in progress.items()}
+        fields = {key: _json_argument(value) for key, value in progress.items()}
         stamped = JSONObject(**fields, attempt=Value(attempt), at=Now())
         return self.holding(job_id, attempt).update(progress=stamped) == 1
 
