@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -11,6 +12,7 @@ from django.utils import timezone
 from django_skipqueue.models import WorkerProcess
 from django_skipqueue.queue import sql
 from django_skipqueue.runtime import notifier as module
+from tests.processes import wait_until
 from tests.testapp import tasks
 
 
@@ -179,4 +181,41 @@ def test_a_notifier_halted_before_it_listens_does_not_wait_for_a_ring(monkeypatc
     thread = threading.Thread(target=notifier.run, daemon=True)
     thread.start()
     thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notifier_whose_socket_is_numbered_past_1024_still_listens(monkeypatch):
+    """select() cannot wait on a descriptor past 1,023; a worker with many files open
+    (a large app, many connections) gets such a socket, and must neither fail nor
+    reconnect in a loop."""
+    monkeypatch.setattr(module, "HALT_CHECK_SECONDS", 60.0)
+    filler = os.open(os.devnull, os.O_RDONLY)
+    taken = [filler]
+    while taken[-1] < 1100:  # every lower number too: the next socket gets a higher one
+        taken.append(os.dup(filler))
+    calls: list[bool] = []
+    notifier = module.Notifier(
+        database="default",
+        queues=["default"],
+        wake=threading.Event(),
+        halted=threading.Event(),
+        poll_interval=1.0,
+        on_listening=calls.append,
+    )
+    thread = threading.Thread(target=notifier.run, daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: calls, timeout=10)
+        notifier.wake.clear()
+        waiting_worker("default")
+        tasks.add.enqueue(1, 1)
+        assert notifier.wake.wait(10)
+        assert calls == [True]  # a failing wait would have reconnected: [True, False, ...]
+    finally:
+        notifier.halted.set()
+        notifier.interrupt()
+        thread.join(timeout=10)
+        for fd in taken:
+            os.close(fd)
     assert not thread.is_alive()

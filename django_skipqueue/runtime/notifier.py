@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-import select
+import selectors
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -106,16 +106,21 @@ class Notifier:
                     self.on_listening(True)  # and read again what we may have missed
                 self.wake.set()  # anything enqueued while we were not listening
                 backoff.reset()
-                while not self.halted.is_set():
-                    if not self._readable(raw, bell):
-                        continue  # rung or quiet: look at `halted` again
-                    for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
-                        logger.debug("worker notified channel=%s", notify.channel)
-                        if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
-                            self.on_control()
-                        elif notify.channel == sql.KEYED_CHANNEL and self.on_keyed:
-                            self.on_keyed()
-                        self.wake.set()
+                # A selector (epoll, kqueue, poll), not select(): a process with over
+                # 1,024 files open may get a socket numbered past select()'s limit.
+                with selectors.DefaultSelector() as selector:
+                    selector.register(raw.fileno(), selectors.EVENT_READ, raw)
+                    selector.register(bell, selectors.EVENT_READ, bell)
+                    while not self.halted.is_set():
+                        if not self._readable(selector, bell):
+                            continue  # rung or quiet: look at `halted` again
+                        for notify in raw.notifies(timeout=HALT_CHECK_SECONDS, stop_after=1):
+                            logger.debug("worker notified channel=%s", notify.channel)
+                            if notify.channel == sql.CONTROL_CHANNEL and self.on_control:
+                                self.on_control()
+                            elif notify.channel == sql.KEYED_CHANNEL and self.on_keyed:
+                                self.on_keyed()
+                            self.wake.set()
             except Exception as error:  # noqa: BLE001  (psycopg's own errors come raw here)
                 if self.on_listening:
                     self.on_listening(False)
@@ -130,14 +135,17 @@ class Notifier:
                         pass
 
     @staticmethod
-    def _readable(raw: Any, bell: socket.socket) -> bool:
+    def _readable(selector: selectors.BaseSelector, bell: socket.socket) -> bool:
         """Wait up to HALT_CHECK_SECONDS for the connection's socket or the bell; True if
         the connection has something to read. A ring is emptied out of the bell."""
-        ready, _, _ = select.select([raw.fileno(), bell], [], [], HALT_CHECK_SECONDS)
-        if bell in ready:
-            with contextlib.suppress(BlockingIOError):
-                bell.recv(64)
-        return raw.fileno() in ready
+        readable = False
+        for key, _ in selector.select(HALT_CHECK_SECONDS):
+            if key.data is bell:
+                with contextlib.suppress(BlockingIOError):
+                    bell.recv(64)
+            else:
+                readable = True
+        return readable
 
     def works(self, raw: Any) -> bool:
         """Send a NOTIFY from another connection; through a transaction pooler it never comes.
