@@ -121,26 +121,36 @@ def test_a_queue_name_django_accepts_is_a_quoted_channel_that_notifies(queue):
     assert tasks.add.using(queue_name=queue).enqueue(2, 2).queue_name == queue
 
 
-@pytest.fixture
-def notifier_thread(monkeypatch):
-    """A real Notifier on its own thread, whose quiet ticks are a minute apart: only its
-    bell (interrupt()) can end it quickly. Yields (notifier, thread, listening)."""
+def slow_notifier(monkeypatch, on_listening=None) -> tuple[module.Notifier, threading.Thread]:
+    """A real Notifier of the default queue, whose quiet ticks are a minute apart (only
+    its bell, interrupt(), can end it quickly), and its thread, not started."""
     monkeypatch.setattr(module, "HALT_CHECK_SECONDS", 60.0)
-    listening = threading.Event()
     notifier = module.Notifier(
         database="default",
         queues=["default"],
         wake=threading.Event(),
         halted=threading.Event(),
         poll_interval=1.0,
-        on_listening=lambda works: works and listening.set(),
+        on_listening=on_listening,
     )
-    thread = threading.Thread(target=notifier.run, daemon=True)
-    thread.start()
-    yield notifier, thread, listening
+    return notifier, threading.Thread(target=notifier.run, daemon=True)
+
+
+def stop(notifier: module.Notifier, thread: threading.Thread) -> None:
+    """What a stopping worker does (Worker._end_threads), then wait for the thread."""
     notifier.halted.set()
     notifier.interrupt()
-    thread.join(timeout=10)
+    thread.join(timeout=10)  # a minute without the bell
+
+
+@pytest.fixture
+def notifier_thread(monkeypatch):
+    """A slow_notifier() listening on its thread. Yields (notifier, thread, listening)."""
+    listening = threading.Event()
+    notifier, thread = slow_notifier(monkeypatch, lambda works: works and listening.set())
+    thread.start()
+    yield notifier, thread, listening
+    stop(notifier, thread)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -152,15 +162,13 @@ def test_a_rung_notifier_stops_at_once_and_still_hears_notify_until_then(notifie
     notifier.wake.clear()
     waiting_worker("default")
     tasks.add.enqueue(1, 1)
-    assert notifier.wake.wait(10)  # a NOTIFY still wakes the worker through the select
+    assert notifier.wake.wait(10)  # a NOTIFY still wakes the worker through the selector
     notifier.interrupt()  # a ring without a stop: it goes on listening
     notifier.wake.clear()
     tasks.add.enqueue(2, 2)
     assert notifier.wake.wait(10)
 
-    notifier.halted.set()
-    notifier.interrupt()
-    thread.join(timeout=10)  # a minute without the bell
+    stop(notifier, thread)
     assert not thread.is_alive()
     notifier.interrupt()  # after the end: nothing to ring, no error
 
@@ -168,17 +176,9 @@ def test_a_rung_notifier_stops_at_once_and_still_hears_notify_until_then(notifie
 @pytest.mark.django_db(transaction=True)
 def test_a_notifier_halted_before_it_listens_does_not_wait_for_a_ring(monkeypatch):
     """interrupt() before run() has a bell rings nothing; run() then sees `halted`."""
-    monkeypatch.setattr(module, "HALT_CHECK_SECONDS", 60.0)
-    notifier = module.Notifier(
-        database="default",
-        queues=["default"],
-        wake=threading.Event(),
-        halted=threading.Event(),
-        poll_interval=1.0,
-    )
+    notifier, thread = slow_notifier(monkeypatch)
     notifier.halted.set()
     notifier.interrupt()
-    thread = threading.Thread(target=notifier.run, daemon=True)
     thread.start()
     thread.join(timeout=10)
     assert not thread.is_alive()
@@ -189,21 +189,12 @@ def test_a_notifier_whose_socket_is_numbered_past_1024_still_listens(monkeypatch
     """select() cannot wait on a descriptor past 1,023; a worker with many files open
     (a large app, many connections) gets such a socket, and must neither fail nor
     reconnect in a loop."""
-    monkeypatch.setattr(module, "HALT_CHECK_SECONDS", 60.0)
     filler = os.open(os.devnull, os.O_RDONLY)
     taken = [filler]
     while taken[-1] < 1100:  # every lower number too: the next socket gets a higher one
         taken.append(os.dup(filler))
     calls: list[bool] = []
-    notifier = module.Notifier(
-        database="default",
-        queues=["default"],
-        wake=threading.Event(),
-        halted=threading.Event(),
-        poll_interval=1.0,
-        on_listening=calls.append,
-    )
-    thread = threading.Thread(target=notifier.run, daemon=True)
+    notifier, thread = slow_notifier(monkeypatch, calls.append)
     try:
         thread.start()
         wait_until(lambda: calls, timeout=10)
@@ -213,9 +204,7 @@ def test_a_notifier_whose_socket_is_numbered_past_1024_still_listens(monkeypatch
         assert notifier.wake.wait(10)
         assert calls == [True]  # a failing wait would have reconnected: [True, False, ...]
     finally:
-        notifier.halted.set()
-        notifier.interrupt()
-        thread.join(timeout=10)
+        stop(notifier, thread)
         for fd in taken:
             os.close(fd)
     assert not thread.is_alive()
