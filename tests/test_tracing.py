@@ -5,6 +5,9 @@ subprocess the worker (the SDK exporting to a file this test reads)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from opentelemetry import trace
@@ -196,3 +199,38 @@ def test_the_last_attempts_span_says_failed_and_a_retry_request_says_released():
     assert outcomes[str(last.id)] == ["failed"]  # not "retried": no attempt was left
     assert outcomes[str(released.id)][0] == "released"  # Retry: given back, not a failure
     assert Job.objects.get(id=last.id).state == JobState.FAILED
+
+
+def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_goes_on():
+    """In a process where opentelemetry-api is installed but no provider is set (a fresh
+    interpreter: this module's own set one for good): a job with no stored context
+    gets no span at all (there is nothing to record or to carry on). A job that carries
+    a context still runs inside it, so that the task's own calls propagate the trace
+    without an SDK. Once a provider is set, every job gets its span again."""
+    code = (
+        "import django; django.setup()\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from django_skipqueue.core import tracing\n"
+        "from django_skipqueue.models import Job\n"
+        "parent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'\n"
+        "plain = Job(id=1, task='t', queue_name='q', attempts=1)\n"
+        "carried = Job(id=2, task='t', queue_name='q', attempts=1,\n"
+        "              trace_context={'traceparent': parent})\n"
+        "print(tracing.start_run(plain) is None, end=' ')\n"
+        "started = tracing.start_run(carried)\n"
+        "seen = trace.get_current_span().get_span_context().trace_id\n"
+        "tracing.end_run(started, 'succeeded')\n"
+        "print(f'{seen:032x}' == parent.split('-')[1], end=' ')\n"
+        "print(trace.get_current_span().get_span_context().is_valid, end=' ')\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "started = tracing.start_run(plain)\n"
+        "print(started is not None and started[0].is_recording())\n"
+        "tracing.end_run(started, 'succeeded')\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["True", "True", "False", "True"]
