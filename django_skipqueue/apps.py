@@ -13,10 +13,8 @@ class SkipQueueConfig(AppConfig):
     def ready(self) -> None:
         """Register checks and find tasks. Never touches the database."""
         from django_skipqueue import checks  # noqa: F401  (registers the checks)
-        from django_skipqueue.conf import tasks_api_installed
         from django_skipqueue.tasks.registry import autodiscover
 
-        if tasks_api_installed():  # django.tasks (Django >= 6.0), or the django-tasks backport
-            from django_skipqueue.tasks import signal_handlers  # noqa: F401
-
+        # The django.tasks signals' receivers are connected by SkipQueueBackend when it
+        # registers its first Task (tasks/signal_handlers.py).
         autodiscover()

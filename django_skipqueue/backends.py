@@ -55,6 +55,7 @@ from django_skipqueue.exceptions import (
     NotJSONError,
     UnknownTaskError,
 )
+from django_skipqueue.tasks import signal_handlers
 from django_skipqueue.tasks.base import Signature, bind_schedules
 from django_skipqueue.tasks.base import Task as SkipQueueTask
 from django_skipqueue.tasks.registry import registry
@@ -224,6 +225,7 @@ class SkipQueueBackend(BaseTaskBackend):
         super().validate_task(task)
         native = self._native(task)
         registry.register(native)
+        signal_handlers.connect()  # Django's task_started and task_finished for its jobs
         try:
             registry.check_discoverable(native.name)
         except ConfigurationError as error:

@@ -309,6 +309,46 @@ def test_djangos_task_signals_are_sent_with_the_backend_as_sender():
     assert {sender for _, sender, _ in seen} == {SkipQueueBackend}
 
 
+def test_djangos_task_signals_are_bridged_only_once_a_django_task_is_registered():
+    """A project whose tasks are all @skipqueue.task keeps our job signals without
+    receivers (each one costs about 3 us a send, twice a job); the first Task declared
+    with the API's @task connects them, before any job of it can run. A fresh
+    interpreter: this one registered the test app's Tasks at start-up."""
+    import subprocess
+    import sys
+
+    code = (
+        "import django\n"
+        "from django.conf import settings\n"
+        "settings.configure(\n"
+        "    INSTALLED_APPS=['django_skipqueue'], USE_TZ=True,\n"
+        "    DATABASES={'default': {'ENGINE': 'django.db.backends.postgresql', 'NAME': 'x'}},\n"
+        "    TASKS={'default': {'BACKEND': 'django_skipqueue.backends.SkipQueueBackend'}},\n"
+        "    SKIPQUEUE={'TASK_MODULES': ['bridged']},\n"
+        ")\n"
+        "django.setup()\n"
+        "from django_skipqueue import signals, task\n"
+        "from django_skipqueue.core.tasks_api import task as api_task\n"
+        "task(lambda: None, name='ours')\n"
+        "def counts():\n"
+        "    return [len(s.receivers) for s in\n"
+        "            (signals.job_started, signals.job_succeeded, signals.job_failed)]\n"
+        "print(counts(), end=' ')\n"
+        "import types, sys\n"
+        "module = sys.modules['bridged'] = types.ModuleType('bridged')\n"
+        "def work(): return 1\n"
+        "work.__module__ = 'bridged'\n"
+        "module.work = api_task(work)\n"
+        "print(counts())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[0, 0, 0] [1, 1, 1]"
+
+
 @pytest.mark.slow
 def test_a_django_task_runs_under_runworker(start_worker):
     from tests.processes import wait_until
