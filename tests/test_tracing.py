@@ -205,8 +205,8 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
     """In a process where opentelemetry-api is installed but no provider is set (a fresh
     interpreter: this module's own set one for good): a job with no stored context
     gets no span at all (there is nothing to record or to carry on). A job that carries
-    a context still runs inside it, so that the task's own calls propagate the trace
-    without an SDK. Once a provider is set, every job gets its span again."""
+    a context still runs inside it, its baggage included, so that the task's own calls
+    propagate the trace without an SDK. Once a provider is set, every job gets its span again."""
     code = (
         "import django; django.setup()\n"
         "from opentelemetry import trace\n"
@@ -216,10 +216,12 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
         "parent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'\n"
         "plain = Job(id=1, task='t', queue_name='q', attempts=1)\n"
         "carried = Job(id=2, task='t', queue_name='q', attempts=1,\n"
-        "              trace_context={'traceparent': parent})\n"
+        "              trace_context={'traceparent': parent, 'baggage': 'user=bob'})\n"
         "print(tracing.start_run(plain) is None, end=' ')\n"
         "started = tracing.start_run(carried)\n"
         "seen = trace.get_current_span().get_span_context().trace_id\n"
+        "from opentelemetry import baggage\n"
+        "print(baggage.get_baggage('user'), end=' ')\n"
         "tracing.end_run(started, 'succeeded')\n"
         "print(f'{seen:032x}' == parent.split('-')[1], end=' ')\n"
         "print(trace.get_current_span().get_span_context().is_valid, end=' ')\n"
@@ -233,4 +235,4 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert result.stdout.split() == ["True", "True", "False", "True"]
+    assert result.stdout.split() == ["True", "bob", "True", "False", "True"]

@@ -122,7 +122,8 @@ def _start_run(job: Any, trace: Any, propagate: Any, context: Any) -> Any:
             "skipqueue.attempt": job.attempts,
         },
     )
-    token = context.attach(trace.set_span_in_context(span))
+    # On the carried context, so that its baggage reaches the task too.
+    token = context.attach(trace.set_span_in_context(span, parent))
     return span, token
 
 
