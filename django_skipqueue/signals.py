@@ -3,7 +3,8 @@
 - job_started(job): an attempt is about to run.
 - job_succeeded(job, result, duration): the attempt returned and its ack was accepted.
 - job_retried(job, error, run_after): the attempt failed; the job will run again.
-- job_failed(job, error): the job ended failed (last attempt, or a non-retryable error).
+- job_failed(job, error, exception): the job ended failed (last attempt, or a
+  non-retryable error); `exception` is what the attempt raised (None from the reaper).
 - job_released(job, delay): the attempt was given back by the task (Retry). A graceful
   stop's releases are logged, not signalled.
 - job_lost(job): the attempt had lost its lease; its outcome was refused by the fence.

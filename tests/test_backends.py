@@ -309,6 +309,28 @@ def test_djangos_task_signals_are_sent_with_the_backend_as_sender():
     assert {sender for _, sender, _ in seen} == {SkipQueueBackend}
 
 
+def test_a_failed_tasks_task_finished_is_sent_while_its_exception_is_handled():
+    """As Django's own backends do: its receiver logs a failure with logger.exception
+    (for error monitoring), which needs the exception in sys.exc_info()."""
+    import sys
+
+    seen = []
+
+    def record(sender, task_result, **kwargs):
+        seen.append((task_result.status, sys.exc_info()[1]))
+
+    task_finished.connect(record, weak=False)
+    try:
+        result = django_tasks.dj_fails.enqueue()
+        Job.objects.filter(id=int(result.id)).update(max_attempts=1)
+        run_jobs()
+    finally:
+        task_finished.disconnect(record)
+    [(status, handled)] = seen
+    assert status == TaskResultStatus.FAILED
+    assert isinstance(handled, ValueError) and str(handled) == "nope"
+
+
 def test_djangos_task_signals_are_bridged_only_once_a_django_task_is_registered():
     """A project whose tasks are all @skipqueue.task keeps our job signals without
     receivers (each one costs about 3 us a send, twice a job); the first Task declared

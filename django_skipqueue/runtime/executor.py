@@ -371,7 +371,7 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
             signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
             return Verdict(Outcome.RETRYING, duration, error=error, retry_in=retry_in)
         logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
-        signals.job_failed.send(sender=Job, job=job, error=error)
+        signals.job_failed.send(sender=Job, job=job, error=error, exception=decision.raised)
         return Verdict(Outcome.FAILED, duration, error=error)
     logger.debug(
         "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
@@ -411,7 +411,7 @@ def _record_failure(
         signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
         return Execution(job.id, attempt, Outcome.RETRYING, duration, error)
     logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
-    signals.job_failed.send(sender=Job, job=job, error=error)
+    signals.job_failed.send(sender=Job, job=job, error=error, exception=decision.raised)
     return Execution(job.id, attempt, Outcome.FAILED, duration, error)
 
 

@@ -48,9 +48,20 @@ def send_task_succeeded(sender: Any, job: Any, result: Any = None, **kwargs: Any
         task_finished.send(found[0], task_result=found[1])
 
 
-def send_task_failed(sender: Any, job: Any, **kwargs: Any) -> None:
+def send_task_failed(
+    sender: Any, job: Any, exception: BaseException | None = None, **kwargs: Any
+) -> None:
     found = _django_result(job, "FAILED")
-    if found:
+    if not found:
+        return
+    if exception is None:  # failed by the reaper: no exception
+        task_finished.send(found[0], task_result=found[1])
+        return
+    # Django sends a failure's task_finished inside the exception handler, and its own
+    # receiver logs it with logger.exception for error monitoring: so here too.
+    try:
+        raise exception
+    except BaseException:  # noqa: BLE001  (re-raised only to be the one being handled)
         task_finished.send(found[0], task_result=found[1])
 
 
