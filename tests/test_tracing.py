@@ -5,9 +5,6 @@ subprocess the worker (the SDK exporting to a file this test reads)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from opentelemetry import trace
@@ -17,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from django_skipqueue import chain
 from django_skipqueue.models import Job, JobState
-from tests.processes import WorkerHandle, wait_until
+from tests.processes import WorkerHandle, start_python, wait_until
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -208,7 +205,6 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
     a context still runs inside it, its baggage included, so that the task's own calls
     propagate the trace without an SDK. Once a provider is set, every job gets its span again."""
     code = (
-        "import django; django.setup()\n"
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
         "from django_skipqueue.core import tracing\n"
@@ -230,9 +226,7 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
         "print(started is not None and started[0].is_recording())\n"
         "tracing.end_run(started, 'succeeded')\n"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    env.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.split() == ["True", "bob", "True", "False", "True"]
+    child = start_python(code)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out.split() == ["True", "bob", "True", "False", "True"]
