@@ -513,3 +513,123 @@ def test_fetch_one_and_all_read_a_cursor_of_another_library_as_usual():
         assert compat.fetch_all(Wrapper(cursor)) == [(2,)]
         cursor.execute("SELECT 3")
         assert compat.fetch_one(cursor) == (3,)
+
+
+# -- the enqueue's statement straight on libpq (compat.direct_row) --------------------
+
+
+def _last_statement_of(backend_pid: int) -> str:
+    """What another session sees as `backend_pid`'s last statement (pg_stat_activity)."""
+    other = connection.get_new_connection(connection.get_connection_params())
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [backend_pid])
+            return str(cursor.fetchone()[0])
+    finally:
+        other.close()
+
+
+def _same_as_loaded(job: Job) -> None:
+    loaded = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(job, field.attname) == getattr(loaded, field.attname), field.attname
+        assert isinstance(getattr(job, field.attname), type(getattr(loaded, field.attname)))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_goes_straight_to_libpq_where_nothing_can_tell():
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.testapp.tasks import add
+
+    job = add.enqueue(1, 2)  # autocommit
+    pid = connection.connection.info.backend_pid
+    statement = _last_statement_of(pid)
+    assert statement.lstrip().startswith("INSERT INTO skipqueue_job") and "$1" in statement
+    _same_as_loaded(job)
+    with CaptureQueriesContext(connection) as captured:  # logged: Django's cursor
+        logged = add.enqueue(3, 4)
+    assert len(captured.captured_queries) == 1 and "$1" not in _last_statement_of(pid)
+    _same_as_loaded(logged)
+    with transaction.atomic():  # psycopg sends the BEGIN: the first goes through it
+        first, second = add.enqueue(5, 6), add.enqueue(7, 8)
+        assert "$1" in _last_statement_of(pid)
+    assert second.id == first.id + 1
+    _same_as_loaded(first)
+    _same_as_loaded(second)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("style", ["postgres", "sql_standard", "iso_8601"])
+def test_a_direct_enqueue_stores_and_returns_what_the_orm_would(style):
+    from tests.testapp.tasks import add
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET intervalstyle = {style}")  # read the sign rules of its input
+    try:
+        later = datetime.timedelta(days=2, seconds=5, microseconds=7)
+        start = add.using(run_after=later).enqueue(1, 1)
+        when = datetime.datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=datetime.timezone.utc)
+        fixed = add.using(run_after=when, priority=-3, queue_name="other").enqueue(2, b=2)
+    finally:
+        with connection.cursor() as cursor:  # psycopg reads intervals in postgres style only
+            cursor.execute("RESET intervalstyle")
+    assert start.run_at - start.created_at == later
+    assert (fixed.run_at, fixed.priority, fixed.queue_name) == (when, -3, "other")
+    for job in (start, fixed):
+        _same_as_loaded(job)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_direct_enqueue_is_seen_by_an_execute_wrapper_and_a_patched_cursor_wrapper(
+    monkeypatch,
+):
+    from django.db.backends.utils import CursorWrapper
+
+    from tests.testapp.tasks import add
+
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        add.enqueue(1, 1)
+    assert len(seen) == 1 and seen[0].lstrip().startswith("INSERT INTO skipqueue_job")
+    patched: list[str] = []
+    djangos = CursorWrapper.execute
+
+    def execute(self, sql, params=None):  # type: ignore[no-untyped-def]
+        patched.append(sql)
+        return djangos(self, sql, params)
+
+    monkeypatch.setattr(CursorWrapper, "execute", execute)  # an APM's patch
+    add.enqueue(1, 1)
+    assert len(patched) == 1
+    monkeypatch.undo()
+    add.enqueue(1, 1)
+    assert len(patched) == 1 and Job.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_direct_enqueue_that_fails_raises_djangos_error_and_the_transaction_goes_on():
+    from django.db import OperationalError
+
+    from tests.testapp.tasks import add
+
+    holder = connection.get_new_connection(connection.get_connection_params())
+    holder.autocommit = False
+    try:
+        holder.execute("LOCK TABLE skipqueue_job IN ACCESS EXCLUSIVE MODE")
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '100ms'")
+            with pytest.raises(OperationalError, match="lock timeout"):
+                with transaction.atomic():
+                    add.enqueue(1, 1)
+            holder.rollback()
+            kept = add.enqueue(2, 2)  # the caller's transaction is usable
+        assert list(Job.objects.values_list("id", flat=True)) == [kept.id]
+    finally:
+        holder.close()

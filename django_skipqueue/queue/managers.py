@@ -43,7 +43,16 @@ from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core import tracing
-from django_skipqueue.core.compat import fetch_all, fetch_one, has_receivers, quote_parameters
+from django_skipqueue.core.compat import (
+    binary_bigint,
+    binary_timestamptz,
+    direct_row,
+    fetch_all,
+    fetch_one,
+    has_receivers,
+    quote_parameters,
+    text_parameters,
+)
 from django_skipqueue.core.payload import (
     encode,
     encode_arguments,
@@ -846,23 +855,34 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if not plain:
             return self.enqueue_many(task, [(args, kwargs)])[0]
         # Measured: one INSERT ... VALUES (sql.ENQUEUE_ONE), not the ORM's save(), which
-        # compiles 20 fields per call, nor ENQUEUE_MANY's arrays.
+        # compiles 20 fields per call, nor ENQUEUE_MANY's arrays; sent straight on libpq
+        # where nothing can tell (compat.direct_row), its shared parameters encoded once
+        # per spec.
         checked = self._checked(task, [(args, kwargs)])
         plain_args, plain_kwargs, args_json, kwargs_json = checked[0]
-        params = self._insert_params(task, checked)
-        params["args"], params["kwargs"] = args_json, kwargs_json
         trace = tracing.enqueue_context(task.name, task.queue_name)
-        if trace is not None:
-            params["trace"] = json.dumps(trace)
         statement = sql.enqueue_one_statement(
             _insert_defaults(self.model), task.expires is not None, trace is not None
         )
-        with job_cursor(self.db) as cursor:
-            cursor.execute(statement, params)
-            job_id, run_at, created_at = fetch_one(cursor)
-        names, template = _job_template(self.model)
-        row = template | task.shared_columns()
-        row |= {
+        shared, base_row = _enqueue_parts(task, self.model)
+        direct = None
+        if shared is not None:
+            params = shared | {"args": args_json, "kwargs": kwargs_json}
+            if trace is not None:
+                params["trace"] = json.dumps(trace)
+            direct = direct_row(connections[self.db], statement, params)
+        if direct is not None:
+            job_id = binary_bigint(direct[0])
+            run_at, created_at = binary_timestamptz(direct[1]), binary_timestamptz(direct[2])
+        else:
+            params = self._insert_params(task, checked)
+            params["args"], params["kwargs"] = args_json, kwargs_json
+            if trace is not None:
+                params["trace"] = json.dumps(trace)
+            with job_cursor(self.db) as cursor:
+                cursor.execute(statement, params)
+                job_id, run_at, created_at = fetch_one(cursor)
+        row = base_row | {
             "id": job_id,
             "args": plain_args,
             "kwargs": plain_kwargs,
@@ -871,7 +891,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "created_at": created_at,
             "expires_at": _expires_at(task.expires, created_at),
         }
-        return loaded_jobs(self.model, self.db, names, (row,))[0]
+        return loaded_jobs(self.model, self.db, _job_template(self.model)[0], (row,))[0]
 
     @overload
     def enqueue_many(
@@ -1636,7 +1656,6 @@ def in_process_claimer() -> str:
 
 
 @functools.cache
-@functools.cache
 def _job_template(model: type[Job]) -> tuple[list[str], dict[str, Any]]:
     """The concrete attnames of `model`, and a row of them holding each field's default
     (None where it has none): what an enqueued job holds before its own columns. Fields
@@ -1646,6 +1665,22 @@ def _job_template(model: type[Job]) -> tuple[list[str], dict[str, Any]]:
     names = [field.attname for field in fields]
     defaults = {field.attname: field.get_default() for field in fields if field.has_default()}
     return names, dict.fromkeys(names) | defaults
+
+
+def _enqueue_parts(
+    spec: JobSpec, model: type[Job]
+) -> tuple[dict[str, bytes | None] | None, dict[str, Any]]:
+    """What every enqueue of `spec` shares, kept on the spec: its INSERT's parameters
+    other than the call's own, in the text form `compat.direct_row` sends (None where
+    one has none), and the job row before the call's own columns."""
+    cached = spec.__dict__.get("_skipqueue_enqueue_parts")
+    if cached is not None and cached[0] is model:
+        return cached[1], cached[2]
+    params = JobManager._insert_params(spec, [])
+    del params["args"], params["kwargs"]
+    parts = (model, text_parameters(params), _job_template(model)[1] | spec.shared_columns())
+    object.__setattr__(spec, "_skipqueue_enqueue_parts", parts)  # JobSpec is frozen
+    return parts[1], parts[2]
 
 
 @functools.cache
