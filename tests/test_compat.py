@@ -633,3 +633,139 @@ def test_a_direct_enqueue_that_fails_raises_djangos_error_and_the_transaction_go
         assert list(Job.objects.values_list("id", flat=True)) == [kept.id]
     finally:
         holder.close()
+
+
+class _EqualWrapper:
+    """A patch as wrapt makes it: not a function, and equal to what it wraps."""
+
+    def __init__(self, wrapped, seen):  # type: ignore[no-untyped-def]
+        self.wrapped, self.seen = wrapped, seen
+
+    def __eq__(self, other: object) -> bool:
+        return other is self.wrapped or other is self
+
+    __hash__ = object.__hash__
+
+    def __get__(self, instance, owner):  # type: ignore[no-untyped-def]
+        if instance is None:
+            return self  # read on the class: the wrapper itself, as wrapt's
+
+        def bound(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.seen.append(args[0])
+            return self.wrapped(instance, *args, **kwargs)
+
+        return bound
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_patch_that_compares_equal_to_djangos_function_is_still_a_patch(monkeypatch):
+    from django.db.backends.utils import CursorWrapper
+
+    from tests.testapp.tasks import add
+
+    seen: list[str] = []
+    monkeypatch.setattr(CursorWrapper, "execute", _EqualWrapper(CursorWrapper.execute, seen))
+    add.enqueue(1, 1)
+    assert len(seen) == 1 and seen[0].lstrip().startswith("INSERT INTO skipqueue_job")
+
+
+def test_a_patch_made_before_this_module_is_imported_is_seen(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.processes import REPO_ROOT, child_env
+
+    code = (
+        "import functools\n"
+        "import psycopg\n"
+        "from django.db.backends.utils import CursorWrapper\n"
+        "seen = []\n"
+        "def patch(cls, name):\n"
+        "    original = getattr(cls, name)\n"
+        "    @functools.wraps(original)  # keeps __module__ and __name__, as Sentry's does\n"
+        "    def execute(self, sql, *args, **kwargs):\n"
+        "        seen.append((name, str(sql)))\n"
+        "        return original(self, sql, *args, **kwargs)\n"
+        "    setattr(cls, name, execute)\n"
+        "patch(CursorWrapper if __import__('sys').argv[1] == 'django' else psycopg.Cursor,"
+        " 'execute')\n"
+        "import django; django.setup()\n"
+        "from django.core.management import call_command\n"
+        "from django.db import connection\n"
+        "from tests.testapp.tasks import add\n"
+        "add.enqueue(1, 1)\n"
+        "print(sum('INSERT INTO skipqueue_job' in sql for _, sql in seen))\n"
+    )
+    for patched in ("django", "psycopg"):
+        child = subprocess.run(
+            [sys.executable, "-c", code, patched],
+            env=child_env(),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.split() == ["1"], patched
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_execute_wrapper_installed_when_the_connection_is_made_sees_the_first_enqueue():
+    from django.db.backends.signals import connection_created
+
+    from tests.testapp.tasks import add
+
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    def install(sender, connection, **kwargs):  # type: ignore[no-untyped-def]
+        connection.execute_wrappers.insert(0, wrapper)  # as APM agents install theirs
+
+    connection.close()
+    connection_created.connect(install)
+    try:
+        add.enqueue(1, 1)  # connects inside the enqueue
+        add.enqueue(2, 2)
+    finally:
+        connection_created.disconnect(install)
+        connection.execute_wrappers.clear()
+    assert sum(sql.lstrip().startswith("INSERT INTO skipqueue_job") for sql in seen) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("logged", [False, True])
+def test_an_insert_that_returns_no_row_says_so_on_either_path(logged):
+    from django.db import DatabaseError
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.testapp.tasks import add
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RETURN NULL; END $$;"
+            " CREATE TRIGGER skip_row BEFORE INSERT ON skipqueue_job"
+            " FOR EACH ROW EXECUTE FUNCTION skip_row()"
+        )
+    try:
+        with CaptureQueriesContext(connection) if logged else transaction.atomic():
+            with pytest.raises(DatabaseError, match="returned no row: a BEFORE INSERT trigger"):
+                add.enqueue(1, 1)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER skip_row ON skipqueue_job; DROP FUNCTION skip_row()")
+
+
+@pytest.mark.django_db
+def test_a_run_at_before_year_one_raises_a_database_error_on_the_direct_path():
+    from django.db import DataError
+
+    from tests.testapp.tasks import add
+
+    first = datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=5)))
+    with pytest.raises(DataError, match="year"):
+        with transaction.atomic():
+            add.using(run_after=first).enqueue(1, 1)

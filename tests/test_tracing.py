@@ -81,6 +81,7 @@ def test_one_trace_links_the_request_to_its_jobs_attempts_across_processes(trace
     assert Job.objects.get(id=untraced.id).trace_context is None
     stored = Job.objects.get(id=job.id).trace_context
     assert stored["traceparent"].split("-")[1] == trace_id[2:]
+    assert job.trace_context == stored and untraced.trace_context is None  # as returned
 
     def consumer_spans() -> list[dict]:
         return [s for s in worker_spans(spans_file) if s["kind"] == "SpanKind.CONSUMER"]

@@ -9,12 +9,15 @@ from __future__ import annotations
 import datetime
 import functools
 import operator
+import os
 import re
 import struct
 import threading
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import django
 import psycopg
 from django.apps import apps
 from django.db import models
@@ -131,10 +134,26 @@ _CURSOR_PATH = {
 }
 _cursor_path_of = operator.attrgetter(*_CURSOR_PATH)
 _CURSOR_PATH_FUNCTIONS = tuple(_CURSOR_PATH.values())
-_DJANGOS_OWN = all(
-    getattr(function, "__module__", "").startswith("django.db.backends.")
-    for function in _CURSOR_PATH.values()
-)  # not already patched before this import
+
+
+def _written_in(function: object, package: types.ModuleType) -> bool:
+    """Whether `function` is a plain function whose code is in `package`'s own files.
+    A patch made with functools.wraps keeps the name and `__module__` of what it wraps,
+    not its code; wrapt's wrapper is no function at all (and compares equal to what it
+    wraps: compare functions with `is`, never `==`)."""
+    if type(function) is not types.FunctionType:
+        return False
+    root = os.path.dirname(package.__file__ or "") + os.sep
+    return function.__code__.co_filename.startswith(root)
+
+
+_DJANGOS_OWN = all(  # not already patched before this import
+    _written_in(function, django) for function in _CURSOR_PATH_FUNCTIONS
+)
+
+
+def _same_functions(found: tuple[object, ...], kept: tuple[object, ...]) -> bool:
+    return all(map(operator.is_, found, kept))
 
 
 def plain_cursor_path(connection: BaseDatabaseWrapper) -> bool:
@@ -143,7 +162,7 @@ def plain_cursor_path(connection: BaseDatabaseWrapper) -> bool:
     return (
         _DJANGOS_OWN
         and connection.__dict__.keys().isdisjoint(_CURSOR_PATH)
-        and _cursor_path_of(type(connection)) == _CURSOR_PATH_FUNCTIONS  # functions: identity
+        and _same_functions(_cursor_path_of(type(connection)), _CURSOR_PATH_FUNCTIONS)
     )
 
 
@@ -311,10 +330,9 @@ _wrapper_steps_of = operator.attrgetter(*_WRAPPER_STEPS)
 _WRAPPER_STEP_FUNCTIONS = tuple(_WRAPPER_STEPS.values())
 _DJANGO_CURSORS = (DjangoPsycopgCursor, ServerBindingCursor)
 _PSYCOPG_EXECUTE = psycopg.Cursor.execute
-_STEPS_OWN = all(
-    getattr(step, "__module__", "").startswith("django.db.backends.")
-    for step in _WRAPPER_STEPS.values()
-) and _PSYCOPG_EXECUTE.__module__.startswith("psycopg")
+_STEPS_OWN = all(_written_in(step, django) for step in _WRAPPER_STEP_FUNCTIONS) and _written_in(
+    _PSYCOPG_EXECUTE, psycopg
+)
 _INTRANS, _IDLE = pq.TransactionStatus.INTRANS, pq.TransactionStatus.IDLE
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
@@ -401,11 +419,14 @@ def direct_row(
 
     Taken only where nothing could tell the difference: no query logging (DEBUG,
     assertNumQueries, the debug toolbar) and no execute wrapper, which must see the
-    statement; Django's cursor path (`plain_cursor_path`), Django's CursorWrapper and
-    psycopg's Cursor as this module found them, and a cursor factory of Django's own; the
-    app registry ready (Django warns before it is); no health check due (the cursor's
-    path runs it); a psycopg 3 connection open, in UTF8, in UTC with USE_TZ, not in
-    pipeline mode, and either in autocommit or inside a transaction already begun
+    statement, asked once connected (a connection_created receiver may install either);
+    Django's cursor path (`plain_cursor_path`), Django's CursorWrapper and psycopg's
+    Cursor as this module found them (the same objects, whose code is in Django's and
+    psycopg's own files: a patch made before this import counts, and one made with
+    wrapt, which compares equal to what it wraps, too), and a cursor factory of Django's
+    own; the app registry ready (Django warns before it is); no health check due (the
+    cursor's path runs it); a psycopg 3 connection open, in UTF8, in UTC with USE_TZ,
+    not in pipeline mode, and either in autocommit or inside a transaction already begun
     (otherwise psycopg sends the BEGIN first). What Django's `_execute` does is done:
     `validate_no_broken_transaction`, Django's errors from psycopg's (`error_from_result`
     as psycopg raises them); the connection's lock is held as psycopg's cursor holds it,
@@ -418,15 +439,15 @@ def direct_row(
     `health_check_enabled` and `health_check_done`, `validate_no_broken_transaction`,
     `wrap_database_errors`, `timezone`, and the backend's two cursor classes.
     """
-    if connection.queries_logged or connection.execute_wrappers or not _direct_steps():
-        return None
-    if not apps.ready or not plain_cursor_path(connection):
+    if not apps.ready:
         return None
     conn: Any = connection
-    if conn.timezone is not datetime.timezone.utc:
+    connection.ensure_connection()  # first: a connection_created receiver may install
+    connection.validate_thread_sharing()  # an execute wrapper or a cursor of its own
+    if connection.queries_logged or connection.execute_wrappers or not _direct_steps():
         return None
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
+    if conn.timezone is not datetime.timezone.utc or not plain_cursor_path(connection):
+        return None
     raw = conn.connection
     if (
         type(raw) is not psycopg.Connection
@@ -464,7 +485,7 @@ def direct_row(
 
 def _direct_steps() -> bool:
     """Whether Django's CursorWrapper steps are still the ones found at import."""
-    return _STEPS_OWN and _wrapper_steps_of(CursorWrapper) == _WRAPPER_STEP_FUNCTIONS
+    return _STEPS_OWN and _same_functions(_wrapper_steps_of(CursorWrapper), _WRAPPER_STEP_FUNCTIONS)
 
 
 # -- pika's internals (the broker layer's; pika itself is imported there only) --------

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
-from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connections, models, transaction
 from django.db.models import (
     Count,
     Exists,
@@ -872,8 +872,13 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 params["trace"] = json.dumps(trace)
             direct = direct_row(connections[self.db], statement, params)
         if direct is not None:
-            job_id = binary_bigint(direct[0])
-            run_at, created_at = binary_timestamptz(direct[1]), binary_timestamptz(direct[2])
+            if not direct:
+                raise _no_row_returned(task)
+            try:
+                job_id, created_at = binary_bigint(direct[0]), binary_timestamptz(direct[2])
+                run_at = created_at if direct[1] == direct[2] else binary_timestamptz(direct[1])
+            except OverflowError as exc:  # what psycopg's loader raises it as
+                raise DataError(f"run_at {exc}: outside Python's years 1 to 9999") from exc
         else:
             params = self._insert_params(task, checked)
             params["args"], params["kwargs"] = args_json, kwargs_json
@@ -881,7 +886,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 params["trace"] = json.dumps(trace)
             with job_cursor(self.db) as cursor:
                 cursor.execute(statement, params)
-                job_id, run_at, created_at = fetch_one(cursor)
+                returned = fetch_one(cursor)
+            if returned is None:
+                raise _no_row_returned(task)
+            job_id, run_at, created_at = returned
         row = base_row | {
             "id": job_id,
             "args": plain_args,
@@ -890,6 +898,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "run_at": run_at,
             "created_at": created_at,
             "expires_at": _expires_at(task.expires, created_at),
+            "trace_context": trace,
         }
         return loaded_jobs(self.model, self.db, _job_template(self.model)[0], (row,))[0]
 
@@ -1665,6 +1674,13 @@ def _job_template(model: type[Job]) -> tuple[list[str], dict[str, Any]]:
     names = [field.attname for field in fields]
     defaults = {field.attname: field.get_default() for field in fields if field.has_default()}
     return names, dict.fromkeys(names) | defaults
+
+
+def _no_row_returned(spec: JobSpec) -> DatabaseError:
+    return DatabaseError(
+        f"the INSERT of a job of {spec.name} returned no row: a BEFORE INSERT trigger on "
+        f"skipqueue_job that skips rows? Jobs must be written as they are enqueued"
+    )
 
 
 def _enqueue_parts(
