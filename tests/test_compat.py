@@ -549,7 +549,9 @@ def test_an_enqueue_goes_straight_to_libpq_where_nothing_can_tell():
     _same_as_loaded(job)
     with CaptureQueriesContext(connection) as captured:  # logged: Django's cursor
         logged = add.enqueue(3, 4)
-    assert len(captured.captured_queries) == 1 and "$1" not in _last_statement_of(pid)
+    assert len(captured.captured_queries) == 1  # the direct path logs nothing
+    if not connection.settings_dict["OPTIONS"].get("server_side_binding"):
+        assert "$1" not in _last_statement_of(pid)  # quoted in by Django's cursor
     _same_as_loaded(logged)
     with transaction.atomic():  # psycopg sends the BEGIN: the first goes through it
         first, second = add.enqueue(5, 6), add.enqueue(7, 8)
@@ -769,3 +771,55 @@ def test_a_run_at_before_year_one_raises_a_database_error_on_the_direct_path():
     with pytest.raises(DataError, match="year"):
         with transaction.atomic():
             add.using(run_after=first).enqueue(1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_proxy_of_the_connection_takes_its_own_cursor_path():
+    from django.db import connections as handler
+
+    from tests.testapp.tasks import add
+
+    made: list[int] = []
+
+    class Proxy:  # as an APM's proxy: defines cursor() and forwards the rest
+        def __init__(self, wrapped):  # type: ignore[no-untyped-def]
+            object.__setattr__(self, "_wrapped", wrapped)
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(self._wrapped, name)
+
+        def __setattr__(self, name, value):  # type: ignore[no-untyped-def]
+            setattr(self._wrapped, name, value)
+
+        def cursor(self):  # type: ignore[no-untyped-def]
+            made.append(1)
+            return self._wrapped.cursor()
+
+    real = handler["default"]
+    handler["default"] = Proxy(real)
+    try:
+        assert compat.plain_cursor_path(handler["default"]) is False
+        add.enqueue(1, 1)
+        add.enqueue(2, 2)
+    finally:
+        handler["default"] = real
+    assert made == [1, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_patch_of_psycopgs_connection_cursor_sees_every_enqueue(monkeypatch):
+    import psycopg
+
+    from tests.testapp.tasks import add
+
+    made: list[int] = []
+    original = psycopg.Connection.cursor
+
+    def cursor(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "cursor", cursor)
+    add.enqueue(1, 1)
+    add.enqueue(2, 2)
+    assert len(made) == 2

@@ -231,3 +231,25 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
     assert out.split() == ["True", "bob", "True", "False", "True"]
+
+
+def test_every_enqueue_path_returns_and_stores_the_same_trace_context():
+    from django.db.models.signals import pre_save
+
+    tracer = trace.get_tracer("tests")
+
+    def audit(sender, **kwargs):  # type: ignore[no-untyped-def]  # a project-wide receiver
+        pass
+
+    with tracer.start_as_current_span("POST /bulk", kind=trace.SpanKind.SERVER):
+        plain = tasks.add.enqueue(1, 2)
+        bulk = tasks.add.enqueue_many([((1, 2), {}), ((3, 4), {})])
+        pre_save.connect(audit)
+        try:
+            saved = tasks.add.enqueue(5, 6)  # through save(), for the receiver
+        finally:
+            pre_save.disconnect(audit)
+    for job in (plain, *bulk, saved):
+        stored = Job.objects.get(id=job.id).trace_context
+        assert stored is not None and stored["traceparent"].startswith("00-"), job
+        assert job.trace_context == stored

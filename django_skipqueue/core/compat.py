@@ -153,7 +153,7 @@ _DJANGOS_OWN = all(  # not already patched before this import
 
 
 def _same_functions(found: tuple[object, ...], kept: tuple[object, ...]) -> bool:
-    return all(map(operator.is_, found, kept))
+    return len(found) == len(kept) and all(map(operator.is_, found, kept))
 
 
 def plain_cursor_path(connection: BaseDatabaseWrapper) -> bool:
@@ -162,8 +162,17 @@ def plain_cursor_path(connection: BaseDatabaseWrapper) -> bool:
     return (
         _DJANGOS_OWN
         and connection.__dict__.keys().isdisjoint(_CURSOR_PATH)
-        and _same_functions(_cursor_path_of(type(connection)), _CURSOR_PATH_FUNCTIONS)
+        and _same_functions(_cursor_path_of_or_none(type(connection)), _CURSOR_PATH_FUNCTIONS)
     )
+
+
+def _cursor_path_of_or_none(cls: type) -> tuple[object, ...]:
+    """The class's `_CURSOR_PATH` functions; () for a class without one of them (a proxy
+    of a DatabaseWrapper that defines only some)."""
+    try:
+        return _cursor_path_of(cls)
+    except AttributeError:
+        return ()
 
 
 class _Kept:
@@ -330,8 +339,9 @@ _wrapper_steps_of = operator.attrgetter(*_WRAPPER_STEPS)
 _WRAPPER_STEP_FUNCTIONS = tuple(_WRAPPER_STEPS.values())
 _DJANGO_CURSORS = (DjangoPsycopgCursor, ServerBindingCursor)
 _PSYCOPG_EXECUTE = psycopg.Cursor.execute
-_STEPS_OWN = all(_written_in(step, django) for step in _WRAPPER_STEP_FUNCTIONS) and _written_in(
-    _PSYCOPG_EXECUTE, psycopg
+_PSYCOPG_CURSOR = psycopg.Connection.cursor  # what Django's create_cursor calls
+_STEPS_OWN = all(_written_in(step, django) for step in _WRAPPER_STEP_FUNCTIONS) and all(
+    _written_in(step, psycopg) for step in (_PSYCOPG_EXECUTE, _PSYCOPG_CURSOR)
 )
 _INTRANS, _IDLE = pq.TransactionStatus.INTRANS, pq.TransactionStatus.IDLE
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -421,10 +431,11 @@ def direct_row(
     assertNumQueries, the debug toolbar) and no execute wrapper, which must see the
     statement, asked once connected (a connection_created receiver may install either);
     Django's cursor path (`plain_cursor_path`), Django's CursorWrapper and psycopg's
-    Cursor as this module found them (the same objects, whose code is in Django's and
-    psycopg's own files: a patch made before this import counts, and one made with
-    wrapt, which compares equal to what it wraps, too), and a cursor factory of Django's
-    own; the app registry ready (Django warns before it is); no health check due (the
+    `Cursor.execute` and `Connection.cursor` as this module found them (the same
+    objects, whose code is in Django's and psycopg's own files: a patch made before this
+    import counts, and one made with wrapt, which compares equal to what it wraps, too),
+    a DatabaseWrapper class that has them all (not a proxy), and a cursor factory of
+    Django's own; the app registry ready (Django warns before it is); no health check due (the
     cursor's path runs it); a psycopg 3 connection open, in UTF8, in UTC with USE_TZ,
     not in pipeline mode, and either in autocommit or inside a transaction already begun
     (otherwise psycopg sends the BEGIN first). What Django's `_execute` does is done:
@@ -454,6 +465,7 @@ def direct_row(
         or raw.closed
         or raw.cursor_factory not in _DJANGO_CURSORS
         or raw.cursor_factory.execute is not _PSYCOPG_EXECUTE
+        or psycopg.Connection.cursor is not _PSYCOPG_CURSOR
         or (conn.health_check_enabled and not conn.health_check_done)
     ):
         return None

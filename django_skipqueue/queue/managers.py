@@ -850,6 +850,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         plain = task.unique_key is None and not task.keyed
         if receivers and plain:
             job = self.build(task, args, kwargs)
+            job.trace_context = tracing.enqueue_context(task.name, task.queue_name)
             job.save(force_insert=True, using=self.db)
             return job
         if not plain:
@@ -943,7 +944,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if ids_only:
             ids: list[int] = []
             for some in _batches(iter(calls), batch_size):
-                inserted, _, _, _ = self._insert(task, self._checked(task, some))
+                inserted = self._insert(task, self._checked(task, some))[0]
                 ids.extend(inserted)
             return ids
         checked = self._checked(task, list(calls))
@@ -952,8 +953,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         jobs: list[Job] = []
         for start in range(0, len(checked), batch_size):
             batch = checked[start : start + batch_size]
-            inserted, _, run_at, created_at = self._insert(task, batch)
+            inserted, _, run_at, created_at, trace = self._insert(task, batch)
             shared = template | {
+                "trace_context": trace,
                 "run_at": run_at,
                 "created_at": created_at,
                 "expires_at": _expires_at(task.expires, created_at),
@@ -1024,7 +1026,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             if not todo:
                 break
             batch = [checked[i] for i in todo]
-            inserted, inserted_keys, _, _ = self._insert(task, batch, [keys[i] for i in todo])
+            inserted, inserted_keys = self._insert(task, batch, [keys[i] for i in todo])[:2]
             holders.update(zip(inserted_keys, inserted, strict=True))
             fresh = set(inserted_keys)
             conflicts = list(dict.fromkeys(keys[i] for i in todo if keys[i] not in fresh))
@@ -1192,9 +1194,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def _insert(
         self, task: JobSpec, batch: Sequence[Checked], keys: Sequence[str] | None = None
-    ) -> tuple[list[int], list[str], datetime, datetime]:
+    ) -> tuple[list[int], list[str], datetime, datetime, dict[str, str] | None]:
         """One INSERT of checked calls: the ids inserted, their unique keys (with `keys`:
-        conflicting calls insert nothing), and the run_at and created_at they share."""
+        conflicting calls insert nothing), the run_at and created_at they share, and the
+        trace context stored with them."""
         params = self._insert_params(task, batch)
         if keys is not None:
             params["keys"] = encode(list(keys))
@@ -1217,7 +1220,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)
             ids, inserted_keys, run_at, created_at = fetch_one(cursor)[:4]
-        return ids, inserted_keys, run_at, created_at
+        return ids, inserted_keys, run_at, created_at, trace
 
     @staticmethod
     def _insert_params(task: JobSpec, batch: Sequence[Checked]) -> dict[str, Any]:
