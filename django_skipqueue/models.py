@@ -261,6 +261,9 @@ class Job(models.Model):
         related_name="jobs",
         on_delete=models.DO_NOTHING,
         db_constraint=False,  # worker rows are pruned; jobs keep the id as history
+        # Only running jobs are looked up by worker: skipqueue_job_worker_run_idx
+        # below. A full index took an entry at every insert, claim and ack (0017).
+        db_index=False,
     )
     # Workflows (docs/howto/workflows.md). NULL for a job of no workflow: the trigger
     # that moves a workflow on (migration 0012) skips such rows in its WHEN clause.
@@ -271,6 +274,7 @@ class Job(models.Model):
         related_name="jobs",
         on_delete=models.DO_NOTHING,
         db_constraint=False,  # no lock on the workflow row per inserted job
+        db_index=False,  # skipqueue_job_workflow_idx below holds the jobs that have one
     )
     waiting_on = models.PositiveIntegerField(
         null=True, blank=True, help_text=_("Parents not yet done (a waiting workflow job).")
@@ -317,6 +321,13 @@ class Job(models.Model):
             models.Index(
                 fields=["leased_until"],
                 name="skipqueue_job_lease_idx",
+                condition=Q(state="running"),
+            ),
+            # A worker's running jobs (the admin's worker pages). Partial: an insert or an
+            # ack adds nothing to it, only the claim.
+            models.Index(
+                fields=["worker"],
+                name="skipqueue_job_worker_run_idx",
                 condition=Q(state="running"),
             ),
             # The admin's failed filter and the pruning of failed jobs: a small set.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import timedelta
@@ -485,12 +486,74 @@ def test_claim_uses_the_claim_index_with_100000_done_and_10000_pending_rows():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_reap_uses_the_lease_index():
+def test_reap_reads_only_the_running_jobs_by_an_index():
+    """The reaper's expired() (a lease ended, or none) reads an index over running jobs
+    only: skipqueue_job_lease_idx or skipqueue_job_worker_run_idx, which hold the same
+    rows (an empty table leaves the planner no reason to prefer one)."""
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")  # an empty table: ask whether it can
         plan = Job.objects.expired().explain()
         cursor.execute("RESET enable_seqscan")
-    assert "skipqueue_job_lease_idx" in plan, plan
+    first = plan.splitlines()[0]
+    assert "Seq Scan" not in plan, plan
+    assert re.search(r"Index Scan using skipqueue_job_(lease|worker_run)_idx", first), plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_index_of_the_job_table_but_its_primary_key_is_partial():
+    """A full index takes an entry at every insert, claim and ack of every job (a claim
+    and an ack each write a new row version): migration 0017 made the foreign keys'
+    indexes partial. An index added later should say which rows it needs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+            WHERE i.indrelid = 'skipqueue_job'::regclass AND i.indpred IS NULL
+            """
+        )
+        full = sorted(row[0] for row in cursor.fetchall())
+    assert full == ["skipqueue_job_pkey"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0017_drops_djangos_foreign_key_indexes_both_ways_and_keeps_a_projects_own():
+    from django.core.management import call_command
+
+    def indexes() -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'skipqueue_job'"
+                " AND (indexdef LIKE '%(worker_id)%' OR indexdef LIKE '%(workflow_id)%')"
+            )
+            return {row[0] for row in cursor.fetchall()}
+
+    djangos = {"skipqueue_job_worker_id_bc0c95a5", "skipqueue_job_workflow_id_f391eb28"}
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE INDEX projects_own_worker_idx ON skipqueue_job (worker_id)")
+    try:
+        call_command("migrate", "skipqueue", "0016", verbosity=0)
+        assert djangos <= indexes()
+        assert "skipqueue_job_worker_run_idx" not in indexes()
+        call_command("migrate", "skipqueue", verbosity=0)
+        assert not djangos & indexes()
+        assert {"skipqueue_job_worker_run_idx", "projects_own_worker_idx"} <= indexes()
+    finally:
+        call_command("migrate", "skipqueue", verbosity=0)
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX IF EXISTS projects_own_worker_idx")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_running_jobs_and_a_workflows_jobs_are_read_by_their_partial_indexes():
+    import uuid
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")  # an empty table: ask whether it can
+        by_worker = Job.objects.running().filter(worker_id=uuid.uuid4()).explain()
+        by_workflow = Job.objects.filter(workflow_id=1).explain()
+        cursor.execute("RESET enable_seqscan")
+    assert "skipqueue_job_worker_run_idx" in by_worker, by_worker
+    assert "skipqueue_job_workflow_idx" in by_workflow, by_workflow
 
 
 @pytest.mark.django_db(transaction=True)
