@@ -77,6 +77,55 @@ def test_a_job_set_back_to_pending_notifies_a_waiting_worker(notes):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_update_that_leaves_jobs_pending_notifies_each_queue_once(notes):
+    """The UPDATE trigger is per row (migration 0018): a change to a pending job (a
+    replaced unique job's run_at, here) tells its queue as the statement-level trigger
+    did, and 300 rows of two queues set back to pending in one statement notify each
+    queue once."""
+    job = tasks.add.enqueue(1, 1)
+    worker_row("default", "other")
+    Job.objects.filter(id=job.id).update(run_at=Now())
+    assert notes() == ["skipqueue_default"]
+
+    tasks.add.enqueue_many([((n, n), {}) for n in range(200)])
+    tasks.add.using(queue_name="other").enqueue_many([((n, n), {}) for n in range(100)])
+    Job.objects.update(state=JobState.RUNNING)
+    notes()
+    assert Job.objects.update(state=JobState.PENDING) == 301
+    assert sorted(notes()) == ["skipqueue_default", "skipqueue_other"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_and_an_ack_call_no_trigger_function():
+    """Claims and acks, the statements every job goes through, leave no job pending: the
+    UPDATE trigger's WHEN lets none of their rows through, so its function is never
+    called (a statement-level trigger ran it for each of them)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        if not cursor.fetchone()[0]:
+            pytest.skip("track_functions needs a superuser")
+    tasks.add.enqueue_many([((n, n), {}) for n in range(20)])
+    worker_row("default")
+    with transaction.atomic(), connections["default"].cursor() as cursor:
+        cursor.execute("SET LOCAL track_functions = 'pl'")
+        claimed = Job.objects.claim(queues=["default"], limit=20)
+        acked = Job.objects.ack_many([(job.id, job.attempts, None) for job in claimed[1:]])
+        assert len(acked) == 19
+        cursor.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE funcname LIKE 'skipqueue_notify_pending%'"
+        )
+        assert cursor.fetchone()[0] == 0
+        Job.objects.filter(id=claimed[0].id).update(state=JobState.PENDING)  # a release
+        cursor.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE funcname LIKE 'skipqueue_notify_pending%'"
+        )
+        assert cursor.fetchone()[0] == 1  # the count works: a row left pending calls it
+    assert len(claimed) == 20
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_reaper_clears_the_flag_of_a_dead_worker_and_only_its():
     dead = worker_row("default")
     WorkerProcess.objects.filter(id=dead.id).update(heartbeat_at=Now() - timedelta(hours=1))
