@@ -761,16 +761,49 @@ def test_an_insert_that_returns_no_row_says_so_on_either_path(logged):
             cursor.execute("DROP TRIGGER skip_row ON skipqueue_job; DROP FUNCTION skip_row()")
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("option", ["run_after", "expires"])
+@pytest.mark.parametrize("instant", ["before year 1", "after year 9999"])
+def test_an_instant_outside_utcs_years_is_refused_before_any_sql_in_autocommit(option, instant):
+    """Year 1 at +05:00 is year 0 in UTC, where the row keeps it and Python cannot read
+    it back: refused before the INSERT, so that a call that raises stores nothing (in
+    autocommit the row would stay)."""
+    from django_skipqueue.exceptions import InvalidJobError
+    from django_skipqueue.models import Job
+    from tests.testapp.tasks import add
+
+    if instant == "before year 1":
+        when = datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=5)))
+    else:
+        when = datetime.datetime(
+            9999, 12, 31, 23, tzinfo=datetime.timezone(-datetime.timedelta(hours=5))
+        )
+    with pytest.raises(InvalidJobError, match=f"{option} .* is outside years 1 to 9999 in UTC"):
+        add.using(**{option: when}).enqueue(1, 1)
+    assert not Job.objects.exists()
+    add.enqueue(1, 1)  # the connection is fine
+    assert Job.objects.count() == 1
+
+
 @pytest.mark.django_db
-def test_a_run_at_before_year_one_raises_a_database_error_on_the_direct_path():
+def test_a_run_at_python_cannot_hold_raises_a_database_error_on_the_direct_path():
+    """A project's BEFORE INSERT trigger that moves run_at before year 1: the returned
+    row cannot be read, and the error is Django's DataError, as the cursor's path
+    raises it."""
     from django.db import DataError
 
     from tests.testapp.tasks import add
 
-    first = datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=5)))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION bc_run_at() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " NEW.run_at := '0001-12-31 00:00:00+00 BC'; RETURN NEW; END; $$;"
+            " CREATE TRIGGER bc_run_at BEFORE INSERT ON skipqueue_job"
+            " FOR EACH ROW EXECUTE FUNCTION bc_run_at()"
+        )
     with pytest.raises(DataError, match="year"):
         with transaction.atomic():
-            add.using(run_after=first).enqueue(1, 1)
+            add.enqueue(1, 1)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, overload
 
 from django.conf import settings
@@ -71,6 +72,20 @@ def _validate_priority(priority: object) -> int:
     return priority
 
 
+def _storable_instant(option: str, value: datetime) -> datetime:
+    """An aware instant that is also one in UTC, where the job's row keeps it and from
+    where Python reads it back: years 1 to 9999 there. Refused before any SQL, so that
+    no row is written for a call that raises (in autocommit it would stay)."""
+    if timezone.is_aware(value):
+        try:
+            value.astimezone(dt_timezone.utc)
+        except OverflowError:
+            raise InvalidJobError(
+                f"{option} {value.isoformat()} is outside years 1 to 9999 in UTC"
+            ) from None
+    return value
+
+
 def _validate_run_after(run_after: object) -> datetime | timedelta | None:
     if run_after is None:
         return None
@@ -84,7 +99,7 @@ def _validate_run_after(run_after: object) -> datetime | timedelta | None:
                 f"run_after {run_after.isoformat()} is a naive datetime while USE_TZ is on; "
                 f"pass an aware datetime (django.utils.timezone.make_aware) or a timedelta"
             )
-        return run_after
+        return _storable_instant("run_after", run_after)
     raise InvalidJobError(
         f"run_after must be an aware datetime or a timedelta, got {type(run_after).__name__}"
     )
@@ -113,7 +128,7 @@ def _validate_expires(value: object, *, when: str = "a call") -> datetime | time
                 f"expires {value.isoformat()} is a naive datetime while USE_TZ is on; pass "
                 f"an aware datetime or a delay"
             )
-        return value
+        return _storable_instant("expires", value)
     kinds = (
         "seconds, a timedelta or an aware datetime"
         if when == "a call"
