@@ -515,32 +515,80 @@ def test_every_index_of_the_job_table_but_its_primary_key_is_partial():
     assert full == ["skipqueue_job_pkey"]
 
 
+def _job_indexes() -> dict[str, tuple[str, bool]]:
+    """The job table's indexes on worker_id or workflow_id: name -> (definition, valid)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisvalid
+            FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+            WHERE i.indrelid = 'skipqueue_job'::regclass
+              AND (pg_get_indexdef(i.indexrelid) LIKE '%(worker_id%'
+                   OR pg_get_indexdef(i.indexrelid) LIKE '%(workflow_id%'
+                   OR c.relname LIKE 'skipqueue_job_worker%')
+            """
+        )
+        return {name: (definition, valid) for name, definition, valid in cursor.fetchall()}
+
+
+def _leave_an_invalid_index(name: str) -> None:
+    """What an interrupted CREATE INDEX CONCURRENTLY leaves: an INVALID index of that
+    name (here a unique one that two rows break, which needs no superuser)."""
+    from django.db import IntegrityError
+
+    with pytest.raises(IntegrityError), connection.cursor() as cursor:
+        cursor.execute(f"CREATE UNIQUE INDEX CONCURRENTLY {name} ON skipqueue_job (task)")
+    assert _job_indexes()[name][1] is False
+
+
+DJANGOS = {"skipqueue_job_worker_id_bc0c95a5", "skipqueue_job_workflow_id_f391eb28"}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_migration_0017_drops_djangos_foreign_key_indexes_both_ways_and_keeps_a_projects_own():
+    """Only Django's own names go, exactly: a project's index on the same column stays,
+    even when its name starts as Django's do."""
     from django.core.management import call_command
 
-    def indexes() -> set[str]:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT indexname FROM pg_indexes WHERE tablename = 'skipqueue_job'"
-                " AND (indexdef LIKE '%(worker_id)%' OR indexdef LIKE '%(workflow_id)%')"
-            )
-            return {row[0] for row in cursor.fetchall()}
-
-    djangos = {"skipqueue_job_worker_id_bc0c95a5", "skipqueue_job_workflow_id_f391eb28"}
+    own = "skipqueue_job_worker_id_reporting"
     with connection.cursor() as cursor:
-        cursor.execute("CREATE INDEX projects_own_worker_idx ON skipqueue_job (worker_id)")
+        cursor.execute(f"CREATE INDEX {own} ON skipqueue_job (worker_id)")
     try:
         call_command("migrate", "skipqueue", "0016", verbosity=0)
-        assert djangos <= indexes()
-        assert "skipqueue_job_worker_run_idx" not in indexes()
+        assert DJANGOS <= set(_job_indexes())
+        assert "skipqueue_job_worker_run_idx" not in _job_indexes()
         call_command("migrate", "skipqueue", verbosity=0)
-        assert not djangos & indexes()
-        assert {"skipqueue_job_worker_run_idx", "projects_own_worker_idx"} <= indexes()
+        assert not DJANGOS & set(_job_indexes())
+        assert {"skipqueue_job_worker_run_idx", own} <= set(_job_indexes())
     finally:
         call_command("migrate", "skipqueue", verbosity=0)
         with connection.cursor() as cursor:
-            cursor.execute("DROP INDEX IF EXISTS projects_own_worker_idx")
+            cursor.execute(f"DROP INDEX IF EXISTS {own}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0017_run_again_after_an_interruption_rebuilds_what_it_left_invalid():
+    from django.core.management import call_command
+
+    from tests.testapp.tasks import add
+
+    add.enqueue(1, 1)
+    add.enqueue(2, 2)  # two rows of one task: the unique index below fails on them
+    try:
+        call_command("migrate", "skipqueue", "0016", verbosity=0)
+        _leave_an_invalid_index("skipqueue_job_worker_run_idx")
+        call_command("migrate", "skipqueue", verbosity=0)
+        definition, valid = _job_indexes()["skipqueue_job_worker_run_idx"]
+        assert valid and "(worker_id) WHERE" in definition, definition
+
+        call_command("migrate", "skipqueue", "0017", verbosity=0)  # back over 0018 only
+        _leave_an_invalid_index("skipqueue_job_worker_id_bc0c95a5")
+        call_command("migrate", "skipqueue", "0016", verbosity=0)
+        definition, valid = _job_indexes()["skipqueue_job_worker_id_bc0c95a5"]
+        assert valid and definition.endswith("(worker_id)"), definition
+    finally:
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert not DJANGOS & set(_job_indexes())
 
 
 @pytest.mark.django_db(transaction=True)

@@ -126,6 +126,41 @@ def test_a_claim_and_an_ack_call_no_trigger_function():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_migration_0018_gives_up_on_its_lock_after_two_seconds_and_runs_again_later():
+    """Replacing the trigger needs a lock that every write would queue behind: held up
+    by a long transaction, the migration fails within its lock_timeout, changing
+    nothing, instead of stalling every enqueue; run again, it goes through."""
+    from django.core.management import call_command
+    from django.db.utils import OperationalError
+
+    def trigger() -> str:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
+                " WHERE tgname = 'skipqueue_job_notify_update'"
+            )
+            return cursor.fetchone()[0]
+
+    wrapper = connections["default"]
+    other = wrapper.get_new_connection(wrapper.get_connection_params())
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM skipqueue_job LIMIT 1")  # a long transaction's lock
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="lock timeout"):
+            call_command("migrate", "skipqueue", "0017", verbosity=0)
+        assert time.monotonic() - started < 10
+        assert "FOR EACH ROW WHEN" in trigger()  # unchanged
+        other.execute("ROLLBACK")
+        call_command("migrate", "skipqueue", "0017", verbosity=0)
+        assert "FOR EACH STATEMENT" in trigger()
+    finally:
+        other.close()
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert "FOR EACH ROW WHEN" in trigger()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_reaper_clears_the_flag_of_a_dead_worker_and_only_its():
     dead = worker_row("default")
     WorkerProcess.objects.filter(id=dead.id).update(heartbeat_at=Now() - timedelta(hours=1))

@@ -14,51 +14,59 @@
 #
 # The new index is built and the old ones dropped CONCURRENTLY (not atomic), so that
 # enqueues, claims and acks go on meanwhile; the new one is in place before the old go.
+# An interrupted run can be run again: it rebuilds an index its first run left invalid.
 
 from django.apps.registry import Apps
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 TABLE = "skipqueue_job"
-# The names Django gave them (0001 and 0012: the table's name, the column's and a hash of
-# both), for the way back.
+NEW_INDEX = "skipqueue_job_worker_run_idx"
+NEW_INDEX_SQL = f"CREATE INDEX CONCURRENTLY {NEW_INDEX} ON {TABLE} (worker_id) WHERE state = 'running'"
+# The names Django gave the foreign keys' indexes (0001 and 0012: the table's name, the
+# column's and a hash of both). Only these are dropped: a project's own index on either
+# column, whatever its name, is left alone.
 DJANGO_NAMES = {
     "worker_id": "skipqueue_job_worker_id_bc0c95a5",
     "workflow_id": "skipqueue_job_workflow_id_f391eb28",
 }
 
-# The full, plain, one-column indexes on a column of the table named as Django names a
-# ForeignKey's index (found in the catalogue: a project's own index is left alone).
-FULL_INDEXES = """
-SELECT index_class.relname
-FROM pg_index AS i
-JOIN pg_class AS index_class ON index_class.oid = i.indexrelid
-JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-WHERE i.indrelid = %s::regclass AND i.indnatts = 1 AND a.attname = %s
-  AND i.indpred IS NULL AND i.indexprs IS NULL
-  AND NOT i.indisunique AND NOT i.indisprimary
-  AND index_class.relname LIKE %s
+# Whether an index of that name exists, and whether it is valid. A CREATE INDEX
+# CONCURRENTLY that was interrupted (a deploy's Ctrl-C, a statement_timeout) leaves an
+# INVALID index behind, which IF NOT EXISTS would take for a finished one.
+INDEX_STATE = """
+SELECT i.indisvalid FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE i.indrelid = %s::regclass AND c.relname = %s
 """
 
 
-def drop_full_indexes(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    for column in DJANGO_NAMES:
-        with schema_editor.connection.cursor() as cursor:
-            cursor.execute(FULL_INDEXES, [TABLE, column, f"{TABLE}_{column}_%"])
-            names = [row[0] for row in cursor.fetchall()]
-        for name in names:
-            schema_editor.execute(
-                f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}"
-            )
+def create_index(schema_editor: BaseDatabaseSchemaEditor, name: str, statement: str) -> None:
+    """`statement` (a CREATE INDEX CONCURRENTLY of `name`) unless a valid index of that
+    name exists; an invalid one, left by an interrupted run, is dropped and built again."""
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(INDEX_STATE, [TABLE, name])
+        found = cursor.fetchone()
+    if found is not None and found[0]:
+        return
+    if found is not None:
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+    schema_editor.execute(statement)
 
 
-def create_full_indexes(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+def forward(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+    # The new index first, so that no moment lacks one; then the old ones (an
+    # interrupted DROP ... CONCURRENTLY leaves its index invalid, and this drops it).
+    create_index(schema_editor, NEW_INDEX, NEW_INDEX_SQL)
+    for name in DJANGO_NAMES.values():
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+
+
+def backward(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     for column, name in DJANGO_NAMES.items():
-        schema_editor.execute(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {schema_editor.quote_name(name)} "
-            f"ON {schema_editor.quote_name(TABLE)} ({schema_editor.quote_name(column)})"
+        create_index(
+            schema_editor, name, f"CREATE INDEX CONCURRENTLY {name} ON {TABLE} ({column})"
         )
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {NEW_INDEX}")
 
 
 class Migration(migrations.Migration):
@@ -67,16 +75,16 @@ class Migration(migrations.Migration):
     dependencies = [("skipqueue", "0016_notify_waiting_workers")]
 
     operations = [
-        AddIndexConcurrently(
-            model_name="job",
-            index=models.Index(
-                condition=models.Q(("state", "running")),
-                fields=["worker"],
-                name="skipqueue_job_worker_run_idx",
-            ),
-        ),
         migrations.SeparateDatabaseAndState(
             state_operations=[
+                migrations.AddIndex(
+                    model_name="job",
+                    index=models.Index(
+                        condition=models.Q(("state", "running")),
+                        fields=["worker"],
+                        name="skipqueue_job_worker_run_idx",
+                    ),
+                ),
                 migrations.AlterField(
                     model_name="job",
                     name="worker",
@@ -104,8 +112,6 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            database_operations=[
-                migrations.RunPython(drop_full_indexes, create_full_indexes, elidable=False),
-            ],
+            database_operations=[migrations.RunPython(forward, backward, elidable=False)],
         ),
     ]

@@ -13,10 +13,18 @@
 #
 # The INSERT trigger stays statement-level: a bulk enqueue of many rows calls its
 # function once, not once a row.
+#
+# Replacing a trigger takes a lock on the job table that conflicts with every write, and
+# waits for the transactions that hold one: meanwhile every enqueue, claim and ack would
+# queue behind it. So it waits at most LOCK_TIMEOUT; past that the migration fails with
+# "canceling statement due to lock timeout", changing nothing, and `migrate` can simply
+# be run again (the long transaction in the way is the thing to look for).
 
 from django.db import migrations
 
-FORWARD = """
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s';"
+
+FORWARD = LOCK_TIMEOUT + """
 CREATE OR REPLACE FUNCTION skipqueue_notify_pending_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM skipqueue_workerprocess AS worker
@@ -35,7 +43,7 @@ CREATE TRIGGER skipqueue_job_notify_update
     EXECUTE FUNCTION skipqueue_notify_pending_row();
 """
 
-BACKWARD = """
+BACKWARD = LOCK_TIMEOUT + """
 DROP TRIGGER IF EXISTS skipqueue_job_notify_update ON skipqueue_job;
 CREATE TRIGGER skipqueue_job_notify_update
     AFTER UPDATE ON skipqueue_job
