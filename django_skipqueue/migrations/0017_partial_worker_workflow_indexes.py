@@ -40,6 +40,10 @@ WHERE i.indrelid = %s::regclass AND c.relname = %s
 """
 
 
+def drop_index(schema_editor: BaseDatabaseSchemaEditor, name: str) -> None:
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+
+
 def create_index(schema_editor: BaseDatabaseSchemaEditor, name: str, statement: str) -> None:
     """`statement` (a CREATE INDEX CONCURRENTLY of `name`) unless a valid index of that
     name exists; an invalid one, left by an interrupted run, is dropped and built again."""
@@ -49,7 +53,7 @@ def create_index(schema_editor: BaseDatabaseSchemaEditor, name: str, statement: 
     if found is not None and found[0]:
         return
     if found is not None:
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+        drop_index(schema_editor, name)
     schema_editor.execute(statement)
 
 
@@ -58,7 +62,7 @@ def forward(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     # interrupted DROP ... CONCURRENTLY leaves its index invalid, and this drops it).
     create_index(schema_editor, NEW_INDEX, NEW_INDEX_SQL)
     for name in DJANGO_NAMES.values():
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+        drop_index(schema_editor, name)
 
 
 def backward(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
@@ -66,7 +70,20 @@ def backward(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
         create_index(
             schema_editor, name, f"CREATE INDEX CONCURRENTLY {name} ON {TABLE} ({column})"
         )
-    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {NEW_INDEX}")
+    drop_index(schema_editor, NEW_INDEX)
+
+
+def unindexed(to: str) -> models.ForeignKey:
+    """The job's foreign key to `to` as the model has it now: no constraint, no index."""
+    return models.ForeignKey(
+        blank=True,
+        db_constraint=False,
+        db_index=False,
+        null=True,
+        on_delete=models.DO_NOTHING,
+        related_name="jobs",
+        to=to,
+    )
 
 
 class Migration(migrations.Migration):
@@ -82,34 +99,14 @@ class Migration(migrations.Migration):
                     index=models.Index(
                         condition=models.Q(("state", "running")),
                         fields=["worker"],
-                        name="skipqueue_job_worker_run_idx",
+                        name=NEW_INDEX,
                     ),
                 ),
                 migrations.AlterField(
-                    model_name="job",
-                    name="worker",
-                    field=models.ForeignKey(
-                        blank=True,
-                        db_constraint=False,
-                        db_index=False,
-                        null=True,
-                        on_delete=models.DO_NOTHING,
-                        related_name="jobs",
-                        to="skipqueue.workerprocess",
-                    ),
+                    model_name="job", name="worker", field=unindexed("skipqueue.workerprocess")
                 ),
                 migrations.AlterField(
-                    model_name="job",
-                    name="workflow",
-                    field=models.ForeignKey(
-                        blank=True,
-                        db_constraint=False,
-                        db_index=False,
-                        null=True,
-                        on_delete=models.DO_NOTHING,
-                        related_name="jobs",
-                        to="skipqueue.workflow",
-                    ),
+                    model_name="job", name="workflow", field=unindexed("skipqueue.workflow")
                 ),
             ],
             database_operations=[migrations.RunPython(forward, backward, elidable=False)],
