@@ -17,6 +17,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from django_skipqueue.models import Job, JobState
+from django_skipqueue.queue import sql
 from django_skipqueue.queue.managers import ErrorInfo
 from tests.conftest import set_lease
 from tests.factories import BULK_BATCH, JobFactory
@@ -589,6 +590,55 @@ def test_migration_0017_run_again_after_an_interruption_rebuilds_what_it_left_in
     finally:
         call_command("migrate", "skipqueue", verbosity=0)
     assert not DJANGOS & set(_job_indexes())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_writes_that_name_jobs_by_id_find_them_by_the_primary_key_with_many_running():
+    """ANALYZE saw no running job; then 3,000 run. A plan that walks an index over
+    running jobs reads all 3,000 entries for each ack, renewal or cancel ("Rows Removed by
+    Filter" counts them): each of these writes must probe the primary key instead."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+                lease, attempts, max_attempts, expirations, releases, last_error, errors,
+                created_at)
+            SELECT 'tests.testapp.tasks.add', '[]', '{}', 'default', 0, 'pending', now(),
+                   interval '5 minutes', 0, 5, 0, 0, '', '[]', now()
+            FROM generate_series(1, 20000)
+            """
+        )
+        cursor.execute("ANALYZE skipqueue_job")
+        cursor.execute(
+            """
+            UPDATE skipqueue_job SET state = 'running', attempts = 1, started_at = now(),
+                leased_until = now() + interval '1 hour'
+            WHERE id IN (SELECT id FROM skipqueue_job ORDER BY id LIMIT 3000)
+            """
+        )
+    job_id = Job.objects.running().order_by("id").values_list("id", flat=True)[1500]
+    with CaptureQueriesContext(connection) as renewal:
+        assert Job.objects.renew(job_id, 1)
+    with CaptureQueriesContext(connection) as progress:
+        assert Job.objects.report_progress(job_id, 1, {"done": 1})
+    with CaptureQueriesContext(connection) as cancel:
+        assert Job.objects.cancel([job_id]) == 1
+    statements = [
+        ("EXPLAIN ANALYZE " + sql.ACK_MANY, [[job_id], [1], [None]]),
+        ("EXPLAIN ANALYZE " + renewal.captured_queries[0]["sql"], None),
+        ("EXPLAIN ANALYZE " + progress.captured_queries[0]["sql"], None),
+        ("EXPLAIN ANALYZE " + cancel.captured_queries[-1]["sql"], None),
+    ]
+    for statement, params in statements:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            transaction.set_rollback(True)
+        assert "Index Scan using skipqueue_job_pkey" in plan, plan
+        assert all(
+            int(n) <= 1 for n in re.findall(r"Rows Removed by (?:Join )?Filter: (\d+)", plan)
+        ), plan
+    assert Job.objects.ack(job_id, 1)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -38,6 +38,7 @@ from django.db.models import (
     signals,
 )
 from django.db.models.functions import Cast, Coalesce, Concat, Greatest, JSONObject, Least, Now
+from django.db.models.lookups import Exact
 
 from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
 from django_skipqueue.conf.limits import parse_rate
@@ -222,6 +223,31 @@ class ReapResult:
         return self.requeued + self.failed + self.cancelled + self.expired
 
 
+class _NoIndex(Func):
+    """`column || ''`: the column's own text, in a form the planner matches to no index.
+
+    A write that names its jobs by id tests their state as well (the fence's
+    `state = 'running'`, a cancel's). That test also matches the predicate of the
+    partial indexes over jobs in that state (`skipqueue_job_lease_idx` and
+    `skipqueue_job_worker_run_idx` for running ones), and where the statistics count few
+    such jobs (ANALYZE ran while none was running: the usual case, on a table of mostly
+    finished jobs), the planner prices a walk through a whole such index at one row, as
+    much as the primary key's probe, and may take it: then every ack and renewal reads
+    the entry of every running job, dead entries included. Measured on PostgreSQL 15
+    with 5,000 jobs running: a renewal 3.6 ms, an ack 5.5 ms, each reading 4,900 rows it
+    then threw away. With the state hidden, the primary key is the only index left to
+    find a job by its id (`tests/test_managers.py` checks the plans).
+    """
+
+    template = "(%(expressions)s || '')"
+    output_field = models.CharField()
+
+
+def _state_is(state: str) -> Exact:
+    """`state = <state>`, looked up by the primary key only (see `_NoIndex`)."""
+    return Exact(_NoIndex("state"), state)
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     """Sets of jobs. These methods filter; they never write."""
 
@@ -365,7 +391,7 @@ class JobQuerySet(models.QuerySet["Job"]):
     def holding(self, job_id: int, attempt: int) -> JobQuerySet:
         """The fence: the job, only while `attempt` is its current, unexpired claim."""
         return self.filter(
-            id=job_id, state=JobState.RUNNING, attempts=attempt, leased_until__gt=Now()
+            _state_is(JobState.RUNNING), id=job_id, attempts=attempt, leased_until__gt=Now()
         )
 
 
@@ -1587,7 +1613,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 id__in=batch, state__in=[JobState.PENDING, JobState.WAITING]
             ).update(state=JobState.CANCELLED, finished_at=Now(), cancelled_by=who)
             running = self.filter(
-                id__in=batch, state=JobState.RUNNING, cancel_requested_at__isnull=True
+                _state_is(JobState.RUNNING), id__in=batch, cancel_requested_at__isnull=True
             ).update(cancel_requested_at=Now(), cancelled_by=who)
             return pending + running
 

@@ -182,13 +182,15 @@ FROM unnest(%s::text[]) AS key
 
 # The fenced ack, raw for the same measured reason as the claim: one statement for one
 # job or many, one row per (id, attempt, result), each with its own fence. The worker
-# acknowledges every job that finished while its previous batch committed.
+# acknowledges every job that finished while its previous batch committed. Its state
+# test is `(job.state || '')`, so that each row is found by the primary key, never by a
+# walk through a partial index over running jobs (managers._NoIndex says why).
 ACK_MANY = """
 UPDATE skipqueue_job AS job
 SET state = 'done', result = v.result::jsonb, finished_at = statement_timestamp(),
     leased_until = NULL
 FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS v(id, attempt, result)
-WHERE job.id = v.id AND job.state = 'running' AND job.attempts = v.attempt
+WHERE job.id = v.id AND (job.state || '') = 'running' AND job.attempts = v.attempt
   AND job.leased_until > statement_timestamp()
 RETURNING job.id
 """
