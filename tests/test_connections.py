@@ -64,3 +64,43 @@ def test_discarding_a_connection_closes_it_and_the_next_query_reconnects():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != first
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_threads_connections_read_from_its_store_are_the_ones_django_gives():
+    """compat.initialized_connections() and thread_connection() read the thread's store
+    directly (the worker's per-job lookups); they must give what Django gives: nothing
+    of another thread's, the thread's own once made, and Django's answer inside a
+    running event loop (where asgiref keeps connections elsewhere)."""
+    import asyncio
+
+    from django.db import connections
+
+    from django_skipqueue.core.compat import initialized_connections, thread_connection
+
+    connection.ensure_connection()  # the main thread's: never another thread's
+    seen: dict[str, object] = {}
+
+    def both() -> tuple[list[object], list[object]]:
+        return list(initialized_connections()), list(connections.all(initialized_only=True))
+
+    async def in_a_loop() -> tuple[object, ...]:
+        return (*both(), thread_connection("default") is connections["default"])
+
+    def in_a_thread() -> None:
+        seen["before"] = both()
+        made = thread_connection("default")
+        seen["made"] = (made is connections["default"], made is not connection)
+        made.ensure_connection()
+        seen["after"] = both()
+        seen["loop"] = asyncio.run(in_a_loop())
+        made.close()
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert seen["before"] == ([], [])
+    assert seen["made"] == (True, True)
+    mine, djangos = seen["after"]  # type: ignore[misc]
+    assert mine == djangos and len(mine) == 1 and mine[0] is not connection
+    assert seen["loop"] == ([], [], True)

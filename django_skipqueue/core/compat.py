@@ -6,6 +6,7 @@ that changes it fails `tests/test_compat.py` first, not a worker in production.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
 import operator
@@ -14,13 +15,13 @@ import re
 import struct
 import threading
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import django
 import psycopg
 from django.apps import apps
-from django.db import models
+from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.base import Cursor as DjangoPsycopgCursor
 from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
@@ -53,6 +54,42 @@ def quote_parameters(connection: BaseDatabaseWrapper, statement: str, params: An
     """`statement` with `params` quoted in: the text psycopg's client-side binding sends
     for them (Django's PostgreSQL `DatabaseOperations.compose_sql`; PostgreSQL only)."""
     return str(connection.ops.compose_sql(statement, params))  # type: ignore[attr-defined]
+
+
+def _thread_storage() -> Any:
+    """This thread's own store of Django's connections (a threading.local), or None where
+    it cannot be read directly: inside a running event loop (asgiref then keeps them in
+    a context variable), or with an asgiref or Django laid out otherwise."""
+    local = getattr(connections, "_connections", None)  # asgiref's Local (not in the stubs)
+    storage = getattr(local, "_storage", None)
+    if type(storage) is not threading.local or asyncio._get_running_loop() is not None:
+        return None
+    return storage
+
+
+def initialized_connections() -> Sequence[BaseDatabaseWrapper]:
+    """`connections.all(initialized_only=True)`: the connections this thread has made.
+
+    A worker asks for them two or three times a job (refresh_connections,
+    end_open_transactions). Through Django's handler each lookup goes through asgiref's
+    Local, which asks asyncio for a running loop and catches the RuntimeError: 6.4 us a
+    call with one alias, against 0.5 us reading the thread's store (measured, Python
+    3.11), about 8 % of a worker's CPU at concurrency 4 (py-spy). Outside a running
+    event loop asgiref keeps them in a plain threading.local, read here; anywhere else,
+    Django's own call.
+    """
+    storage = _thread_storage()
+    if storage is None:
+        return connections.all(initialized_only=True)
+    return [c for c in vars(storage).values() if isinstance(c, BaseDatabaseWrapper)]
+
+
+def thread_connection(alias: str) -> BaseDatabaseWrapper:
+    """`connections[alias]`, read from the thread's store where it is there (2.6 us
+    through the handler; see `initialized_connections`)."""
+    storage = _thread_storage()
+    found = None if storage is None else vars(storage).get(alias)
+    return found if isinstance(found, BaseDatabaseWrapper) else connections[alias]
 
 
 def check_health_before_next_use(connection: BaseDatabaseWrapper) -> None:

@@ -19,7 +19,11 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.core.compat import check_health_before_next_use, mark_healthy
+from django_skipqueue.core.compat import (
+    check_health_before_next_use,
+    initialized_connections,
+    mark_healthy,
+)
 from django_skipqueue.faults import is_transient
 
 logger = logging.getLogger(__name__)
@@ -40,7 +44,7 @@ def refresh_connections() -> None:
     connection (measured: a ping per job cost a round trip per job at full speed); a
     connection that broke in a job is checked or closed after it in any case.
     """
-    for connection in connections.all(initialized_only=True):
+    for connection in initialized_connections():
         if connection.connection is None:
             continue
         if connection.settings_dict["CONN_MAX_AGE"] != 0:

@@ -25,13 +25,16 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
-from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core.cancel import CancelFlag
-from django_skipqueue.core.compat import drop_atomic_blocks
+from django_skipqueue.core.compat import (
+    drop_atomic_blocks,
+    initialized_connections,
+    thread_connection,
+)
 from django_skipqueue.core.payload import (
     JSONValue,
     Undecodable,
@@ -137,7 +140,7 @@ def run_and_decide(
     )
     task: Task[Any, Any] | None = None
     past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
-    connection = connections[database]  # this thread's, looked up once (2 us a lookup)
+    connection = thread_connection(database)  # looked up once a job
     depth = len(connection.atomic_blocks)
     try:
         task = registry.get(job.task)
@@ -425,7 +428,7 @@ def end_open_transactions() -> list[str]:
     caller's own transaction, in tests) is left alone.
     """
     found = []
-    for connection in connections.all(initialized_only=True):
+    for connection in initialized_connections():
         raw = connection.connection
         if raw is None or connection.in_atomic_block or not connection.get_autocommit():
             continue
