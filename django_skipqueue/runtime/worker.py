@@ -331,7 +331,18 @@ class Worker:
     def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
         """From an executor thread: queue a success for the dispatcher's next batch."""
         self.held.queue_ack(Finished(job, attempt, result, duration))
-        self._wake.set()
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the dispatcher (from an executor thread, two or three times a job).
+
+        Where the Event is set already, its lock and notify are spared (about 4 % of a
+        worker's CPU at concurrency 4, py-spy): no wake-up is lost by it, because
+        `_dispatch` clears the Event before it looks at the finished jobs and the free
+        threads, so a change made before the set flag was seen is seen by that look.
+        """
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _ack_finished(self) -> None:
         """Acknowledge every success queued since the last turn (executor.acknowledge)."""
@@ -456,7 +467,7 @@ class Worker:
             while (job := self._work.get()) is not None:
                 now = time.monotonic()
                 waited = self.held.start(job, me, now=now)
-                self._wake.set()  # room in the buffer
+                self._nudge()  # room in the buffer
                 execution: Execution | None = None
                 raised = True
                 if now - refreshed >= HEALTH_CHECK_SECONDS:
@@ -512,7 +523,7 @@ class Worker:
                 self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
         if execution is not None:  # a job given up on past its time limit too, if it ends
             self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
-        self._wake.set()
+        self._nudge()
 
     def _abandon(self, flight: Flight) -> None:
         """From the housekeeper: a job past its hard time limit (`time_limit`).
