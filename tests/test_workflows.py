@@ -525,3 +525,65 @@ def test_inputs_of_no_known_shape_fail_the_job_at_once(inputs):
     second.refresh_from_db()
     assert (second.state, second.attempts) == (JobState.FAILED, 1)  # not retried
     assert "InvalidJobError" in second.last_error
+
+
+def _index_reads() -> dict[str, int]:
+    """Index entries read so far, per index of the job table (this session's flushed)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # flushed as this one ends
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes "
+            "WHERE relname = 'skipqueue_job'"
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_steps_dependents_are_found_by_the_primary_key_where_statistics_are_stale():
+    """ANALYZE ran on a table of finished jobs; then a group of 400 chains of two is
+    enqueued, 400 jobs waiting. Each first step's ack moves its dependent on (the
+    workflow trigger) through the primary key, never by a walk through the index of
+    every waiting job (each walk reads 400 entries: migration 0019)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
+                lease, attempts, max_attempts, expirations, releases, last_error, errors,
+                created_at, finished_at)
+            SELECT 'tests.testapp.tasks.add', '[]', '{}', 'default', 0, 'done', now(),
+                   interval '5 minutes', 1, 5, 0, 0, '', '[]', now(), now()
+            FROM generate_series(1, 20000)
+            """
+        )
+        cursor.execute("ANALYZE skipqueue_job")
+    workflow = group(chain(add.si(1, 2), double.s()) for _ in range(400)).enqueue()
+    claimed = Job.objects.claim(queues=["default"], limit=20)
+    assert len(claimed) == 20
+    before = _index_reads()
+    for job in claimed:
+        assert Job.objects.ack(job.id, job.attempts, 3)
+    after = _index_reads()
+    walked = after["skipqueue_job_waiting_idx"] - before["skipqueue_job_waiting_idx"]
+    assert walked < 400, f"{walked} waiting entries read for 20 acks"
+    assert workflow.jobs.filter(task=double.name, state=JobState.PENDING).count() == 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0019_changes_the_workflow_function_both_ways():
+    from django.core.management import call_command
+
+    def body() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_get_functiondef('skipqueue_workflow_step'::regproc)")
+            return cursor.fetchone()[0]
+
+    assert body().count("(state || '') = 'waiting'") == 3
+    try:
+        call_command("migrate", "skipqueue", "0018", verbosity=0)
+        assert "(state || '')" not in body()
+        assert body().count("AND state = 'waiting'") >= 3
+    finally:
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert body().count("(state || '') = 'waiting'") == 3
