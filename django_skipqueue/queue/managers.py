@@ -248,6 +248,22 @@ def _state_is(state: str) -> Exact:
     return Exact(_NoIndex("state"), state)
 
 
+def _ack_parameters(
+    acks: Sequence[tuple[int, int, JSONValue]], texts: Sequence[str | None]
+) -> list[Any]:
+    """`sql.ACK_MANY`'s parameters for (id, attempt, result) rows and their results'
+    JSON texts: the results as one JSON object by id (None left out), the ids, and the
+    attempts as one JSON object by id. Where an id comes twice, its higher attempt is
+    kept: attempts never go down, so only that one can still hold the job."""
+    chosen: dict[int, tuple[int, str | None]] = {}
+    for (job_id, attempt, _), text in zip(acks, texts, strict=True):
+        if job_id not in chosen or attempt > chosen[job_id][0]:
+            chosen[job_id] = (int(attempt), text)
+    results = ",".join(f'"{i}":{text}' for i, (_, text) in chosen.items() if text is not None)
+    attempts = ",".join(f'"{i}":{attempt}' for i, (attempt, _) in chosen.items())
+    return ["{" + results + "}", [int(i) for i in chosen], "{" + attempts + "}"]
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     """Sets of jobs. These methods filter; they never write."""
 
@@ -1299,10 +1315,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         texts = [None if r is None else encode(r) for _, _, r in acks]
         try:
             with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
-                cursor.execute(
-                    sql.ACK_MANY,
-                    [[ack[0] for ack in acks], [ack[1] for ack in acks], texts],
-                )
+                cursor.execute(sql.ACK_MANY, _ack_parameters(acks, texts))
                 return {row[0] for row in fetch_all(cursor)}
         except DatabaseError as error:
             if is_transient(error) or (len(acks) == 1 and errors is None):
@@ -1315,7 +1328,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for (job_id, attempt, _), text in zip(acks, texts, strict=True):
             try:
                 with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
-                    cursor.execute(sql.ACK_MANY, [[job_id], [attempt], [text]])
+                    cursor.execute(sql.ACK_MANY, _ack_parameters([(job_id, attempt, None)], [text]))
                     done.update(row[0] for row in cursor.fetchall())
             except DatabaseError as error:
                 if is_transient(error) or errors is None:

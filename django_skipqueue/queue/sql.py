@@ -182,15 +182,27 @@ FROM unnest(%s::text[]) AS key
 
 # The fenced ack, raw for the same measured reason as the claim: one statement for one
 # job or many, one row per (id, attempt, result), each with its own fence. The worker
-# acknowledges every job that finished while its previous batch committed. Its state
-# test is `(job.state || '')`, so that each row is found by the primary key, never by a
-# walk through a partial index over running jobs (managers._NoIndex says why).
+# acknowledges every job that finished while its previous batch committed.
+#
+# Its rows are found by the primary key alone, whatever the statistics say:
+# - the state test is `(job.state || '')`, which no partial index matches
+#   (managers._NoIndex says why: the walk through every running job's entry that the
+#   planner otherwise chose);
+# - no join: each row's attempt and result are read by its id from two JSON objects
+#   (a lookup by key in a jsonb object is a binary search). Joined to the unnested
+#   arrays instead, the planner, which guesses one row for the hidden state (and for
+#   the lease where ANALYZE saw no running job), read the whole batch once for each row
+#   found: 2,000 jobs running, an ack of 136 took 10 ms (5 ms before the state was
+#   hidden); with `array_position` into the arrays, 1,500 took 62 ms.
+# Parameters: the results as a JSON object by id (an id whose result is None left out:
+# the column stays NULL), the ids, the attempts as a JSON object by id
+# (managers._ack_parameters).
 ACK_MANY = """
 UPDATE skipqueue_job AS job
-SET state = 'done', result = v.result::jsonb, finished_at = statement_timestamp(),
+SET state = 'done', result = %s::jsonb -> job.id::text, finished_at = statement_timestamp(),
     leased_until = NULL
-FROM unnest(%s::bigint[], %s::integer[], %s::text[]) AS v(id, attempt, result)
-WHERE job.id = v.id AND (job.state || '') = 'running' AND job.attempts = v.attempt
+WHERE job.id = ANY(%s::bigint[]) AND (job.state || '') = 'running'
+  AND job.attempts = (%s::jsonb ->> job.id::text)::integer
   AND job.leased_until > statement_timestamp()
 RETURNING job.id
 """
