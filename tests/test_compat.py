@@ -561,6 +561,116 @@ def test_an_enqueue_goes_straight_to_libpq_where_nothing_can_tell():
     _same_as_loaded(second)
 
 
+def _prepared_runs() -> dict[str, int]:
+    """This session's named statements of django-skipqueue and their runs so far."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, generic_plans + custom_plans FROM pg_prepared_statements "
+            "WHERE name LIKE 'skipqueue%%'"
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.fixture
+def new_session(monkeypatch):
+    """A new server session for `connection`, and the process's record of aliases that
+    lost a named statement restored afterwards."""
+    monkeypatch.setattr(compat, "_UNNAMED_ONLY", set())
+    connection.close()
+    yield
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_run_again_outside_a_transaction_is_prepared_once_on_its_session(
+    new_session,
+):
+    from tests.testapp.tasks import add
+
+    first = add.enqueue(1, 1)
+    assert _prepared_runs() == {}  # a one-off (a connection per request) is never prepared
+    jobs = [add.enqueue(2, 2), add.enqueue(3, 3), add.enqueue(4, 4)]
+    [(name, runs)] = _prepared_runs().items()
+    assert runs == 3  # prepared at its second run, then only run
+    with transaction.atomic():  # inside a transaction: unnamed, as before
+        inside = add.enqueue(5, 5)
+    assert _prepared_runs() == {name: 3}
+    jobs.append(add.using(priority=7).enqueue(6, 6))  # other values, the same statement
+    assert _prepared_runs() == {name: 4}
+    for job in [first, *jobs, inside]:
+        _same_as_loaded(job)
+    assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+    connection.close()  # a new session prepares again, at the statement's second run
+    add.enqueue(7, 7)
+    assert _prepared_runs() == {}
+    add.enqueue(8, 8)
+    assert _prepared_runs() == {name: 1}
+    assert Job.objects.count() == 8
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["deallocated", "taken"])
+def test_a_named_statement_the_session_lost_or_holds_already_is_sent_unnamed(
+    new_session, caplog, how
+):
+    """What a transaction pooler does to a named statement (PgBouncer before 1.21 moves
+    the connection to another server session, which lacks it or holds another client's):
+    the enqueue is sent again unnamed and succeeds, it is logged once, and the alias
+    sends unnamed statements from then on in this process."""
+    from tests.testapp.tasks import add
+
+    add.enqueue(1, 1)
+    if how == "deallocated":
+        add.enqueue(2, 2)
+        [name] = _prepared_runs()
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+    else:
+        name = compat._statement_name(compat._positional(_enqueue_statement())[0]).decode()
+        with connection.cursor() as cursor:
+            cursor.execute(f"PREPARE {name} AS SELECT 1")  # another client's, on this session
+    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+        kept = add.enqueue(3, 3)
+        later = [add.enqueue(4, 4), add.enqueue(5, 5)]
+    _same_as_loaded(kept)
+    assert Job.objects.count() == (3 if how == "taken" else 4) + 1
+    warnings = [r for r in caplog.records if "went missing" in r.getMessage()]
+    assert len(warnings) == 1 and "DISABLE_SERVER_SIDE_CURSORS" in warnings[0].getMessage()
+    assert "'default'" in warnings[0].getMessage()
+    assert compat._UNNAMED_ONLY == {"default"}
+    expected = {} if how == "deallocated" else {name: 0}  # left as it was
+    assert _prepared_runs() == expected
+    assert all(job.id > kept.id for job in later)
+
+
+def _enqueue_statement() -> str:
+    from django_skipqueue.queue import managers, sql
+
+    return sql.enqueue_one_statement(managers._insert_defaults(Job), False, False)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "setting",
+    [{"DISABLE_SERVER_SIDE_CURSORS": True}, {"OPTIONS": {"prepare_threshold": None}}],
+    ids=["pooler", "prepare_threshold_none"],
+)
+def test_no_statement_is_named_where_the_settings_say_so(new_session, monkeypatch, setting):
+    from tests.testapp.tasks import add
+
+    for key, value in setting.items():
+        if key == "OPTIONS":
+            value = {**connection.settings_dict["OPTIONS"], **value}
+        monkeypatch.setitem(connection.settings_dict, key, value)
+    jobs = [add.enqueue(n, n) for n in range(4)]
+    assert _prepared_runs() == {}
+    for job in jobs:
+        _same_as_loaded(job)
+    assert not compat.may_prepare(connection)
+    monkeypatch.undo()
+    assert compat.may_prepare(connection)
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("style", ["postgres", "sql_standard", "iso_8601"])
 def test_a_direct_enqueue_stores_and_returns_what_the_orm_would(style):

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import hashlib
+import logging
 import operator
 import os
 import re
 import struct
 import threading
 import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -33,6 +36,8 @@ from psycopg import pq
 from psycopg.errors import error_from_result
 from psycopg.generators import execute as libpq_execute
 from psycopg.types.datetime import TimestamptzLoader
+
+logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=models.Model)
 T = TypeVar("T")
@@ -478,9 +483,12 @@ def direct_row(
     (otherwise psycopg sends the BEGIN first). What Django's `_execute` does is done:
     `validate_no_broken_transaction`, Django's errors from psycopg's (`error_from_result`
     as psycopg raises them); the connection's lock is held as psycopg's cursor holds it,
-    and `Connection.wait` cancels the statement on Ctrl-C as it does there.
+    and `Connection.wait` cancels the statement on Ctrl-C as it does there. Outside a
+    transaction, a statement run again on its session is named and prepared there
+    (`_run_named`; not where the settings say a transaction pooler stands between).
 
     Relied on (tests/test_compat.py): psycopg's `pq` (`send_query_params`,
+    `send_prepare`, `send_query_prepared`, the result's `error_field`,
     `transaction_status`, `pipeline_status`, `parameter_status`, the result's
     `get_value`), `psycopg.generators.execute`, `Connection.wait`, `Connection.lock`,
     `errors.error_from_result`; Django's `queries_logged`, `execute_wrappers`,
@@ -519,8 +527,12 @@ def direct_row(
         return None
     connection.validate_no_broken_transaction()
     with conn.wrap_database_errors, raw.lock:
-        pgconn.send_query_params(query, values, None, None, 1)
-        results = raw.wait(libpq_execute(pgconn))
+        results = None
+        if status == _IDLE and may_prepare(connection):
+            results = _run_named(connection.alias, raw, pgconn, query, values)
+        if results is None:
+            pgconn.send_query_params(query, values, None, None, 1)
+            results = raw.wait(libpq_execute(pgconn))
         for result in results:
             if result.status != _TUPLES_OK:
                 if result.status == pq.ExecStatus.FATAL_ERROR:
@@ -530,6 +542,104 @@ def direct_row(
             return ()
         last = results[-1]
         return tuple(last.get_value(0, column) for column in range(last.nfields))
+
+
+# Named statements of `direct_row` outside transactions. A statement planned once and
+# kept on the server session skips PostgreSQL's parse, analysis, rewrite and planning at
+# every later run: measured on PostgreSQL 15 (libpq, autocommit, the enqueue's INSERT),
+# 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
+# "ninth pass"). Per psycopg connection: each statement's runs so far, or _READY once
+# prepared on its session.
+_SESSION_STATEMENTS: weakref.WeakKeyDictionary[Any, dict[bytes, int]] = weakref.WeakKeyDictionary()
+_READY = -1
+_PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
+_UNNAMED_ONLY: set[str] = set()  # aliases where a named statement went missing
+_UNNAMED_LOCK = threading.Lock()
+# invalid_sql_statement_name ("does not exist"), duplicate_prepared_statement ("already
+# exists"): the session is not the one the statement was prepared on, or never was.
+_MISSING = frozenset({b"26000", b"42P05"})
+
+
+def may_prepare(connection: BaseDatabaseWrapper) -> bool:
+    """Whether `direct_row` may keep named statements on `connection`'s sessions: not
+    where its settings say that a transaction pooler stands between (Django's
+    `DISABLE_SERVER_SIDE_CURSORS`, which Django's docs ask for behind one), nor where
+    `OPTIONS['prepare_threshold']` is set to None explicitly (psycopg's own switch for
+    prepared statements), nor where one already went missing in this process."""
+    settings = connection.settings_dict
+    if settings.get("DISABLE_SERVER_SIDE_CURSORS") or connection.alias in _UNNAMED_ONLY:
+        return False
+    options = settings.get("OPTIONS") or {}
+    return not ("prepare_threshold" in options and options["prepare_threshold"] is None)
+
+
+@functools.lru_cache(maxsize=32)
+def _statement_name(query: bytes) -> bytes:
+    return b"skipqueue_" + hashlib.blake2b(query, digest_size=8).hexdigest().encode()
+
+
+def _run_named(
+    alias: str, raw: Any, pgconn: Any, query: bytes, values: list[bytes | None]
+) -> list[Any] | None:
+    """`query`'s results run as a named statement of this session, prepared at its second
+    run (`_PREPARE_AT`; a statement run once, as by a connection per request, costs no
+    extra round trip); None, having run nothing, where it must be sent unnamed. Outside
+    a transaction only: where the session lacks the statement or already holds one of
+    that name (a transaction pooler such as PgBouncer before 1.21 moved the connection
+    to another server session, or DEALLOCATE / DISCARD ALL ran), the failed statement
+    changed nothing and is sent again unnamed, and this alias sends unnamed statements
+    from then on in this process (logged once)."""
+    runs = _SESSION_STATEMENTS.setdefault(raw, {})
+    count = runs.get(query, 0)
+    name = _statement_name(query)
+    if count != _READY:
+        if count + 1 < _PREPARE_AT:
+            runs[query] = count + 1
+            return None
+        pgconn.send_prepare(name, query, None)
+        prepared = raw.wait(libpq_execute(pgconn))
+        if _went_missing(alias, raw, prepared):
+            return None
+        for result in prepared:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise error_from_result(result, encoding=raw.info.encoding)
+        runs[query] = _READY
+    pgconn.send_query_prepared(name, values, None, 1)
+    results: list[Any] = raw.wait(libpq_execute(pgconn))
+    if _went_missing(alias, raw, results):
+        return None
+    return results
+
+
+def _went_missing(alias: str, raw: Any, results: list[Any]) -> bool:
+    """Whether `results` say that this session lacks a named statement it was given, or
+    holds one already; if so, stop naming statements on `alias`."""
+    for result in results:
+        if (
+            result.status == pq.ExecStatus.FATAL_ERROR
+            and result.error_field(pq.DiagnosticField.SQLSTATE) in _MISSING
+        ):
+            _SESSION_STATEMENTS.pop(raw, None)
+            with _UNNAMED_LOCK:
+                first = alias not in _UNNAMED_ONLY
+                _UNNAMED_ONLY.add(alias)
+            if not first:  # another thread of this process found it first
+                return True
+            logger.warning(
+                "A prepared statement of django-skipqueue went missing on database %r "
+                "(%s): a transaction pooler (PgBouncer before 1.21, or without "
+                "max_prepared_statements) moved the connection to another server "
+                "session, or DEALLOCATE or DISCARD ALL ran. Its enqueues send unnamed "
+                "statements from now on in this process; behind a transaction pooler, "
+                "set DISABLE_SERVER_SIDE_CURSORS = True on the database entry, as "
+                "Django's documentation asks.",
+                alias,
+                (result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode(
+                    errors="replace"
+                ),
+            )
+            return True
+    return False
 
 
 def _direct_steps() -> bool:

@@ -142,3 +142,52 @@ def _start_pooled(supervisor, url: str):
     )
     supervisor.others.append(handle)
     return handle
+
+
+ENQUEUE_THROUGH_POOLER = """
+import json, threading
+from django.db import connection, transaction
+from tests.testapp import tasks
+ids, errors = [], []
+
+def enqueue_many_times():
+    try:
+        for n in range(60):
+            ids.append(tasks.add.enqueue(n, n).id)  # autocommit: named from its second run
+            if n % 20 == 0:
+                with transaction.atomic():  # in a transaction: unnamed
+                    ids.append(tasks.add.enqueue(n, 0).id)
+    except Exception as exc:
+        errors.append(repr(exc))
+    finally:
+        connection.close()
+
+threads = [threading.Thread(target=enqueue_many_times) for _ in range(6)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps({"ids": ids, "errors": errors}))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_enqueues_through_a_transaction_pooler_that_loses_named_statements(pgbouncer):
+    """PgBouncer 1.18 in transaction mode, the database entry without
+    DISABLE_SERVER_SIDE_CURSORS: six threads share four server sessions, so a statement
+    prepared on one session is run on another (or prepared again on one that holds it).
+    Every enqueue succeeds; the process logs it once and sends unnamed statements."""
+    import json
+
+    from tests.processes import start_python
+
+    url, _ = pgbouncer
+    child = start_python(ENQUEUE_THROUGH_POOLER, DATABASE_URL=url)
+    out, err = child.communicate(timeout=90)
+    assert child.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["errors"] == []
+    assert len(report["ids"]) == 6 * 63 == len(set(report["ids"]))
+    assert Job.objects.filter(id__in=report["ids"], state="pending").count() == 6 * 63
+    assert err.count("went missing") <= 1, err
+    print(f"\nnamed statements lost through the pooler: {err.count('went missing')}")
