@@ -145,8 +145,9 @@ def _start_pooled(supervisor, url: str):
 
 
 ENQUEUE_THROUGH_POOLER = """
-import json, threading
-from django.db import connection, transaction
+import json
+from django.db import transaction
+from tests.processes import run_in_threads
 from tests.testapp import tasks
 ids, errors = [], []
 
@@ -159,14 +160,8 @@ def enqueue_many_times():
                     ids.append(tasks.add.enqueue(n, 0).id)
     except Exception as exc:
         errors.append(repr(exc))
-    finally:
-        connection.close()
 
-threads = [threading.Thread(target=enqueue_many_times) for _ in range(6)]
-for thread in threads:
-    thread.start()
-for thread in threads:
-    thread.join()
+run_in_threads(enqueue_many_times, 6)
 print(json.dumps({"ids": ids, "errors": errors}))
 """
 
