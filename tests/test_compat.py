@@ -609,38 +609,85 @@ def test_an_enqueue_run_again_outside_a_transaction_is_prepared_once_on_its_sess
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("how", ["deallocated", "taken"])
-def test_a_named_statement_the_session_lost_or_holds_already_is_sent_unnamed(
-    new_session, caplog, how
-):
-    """What a transaction pooler does to a named statement (PgBouncer before 1.21 moves
-    the connection to another server session, which lacks it or holds another client's):
-    the enqueue is sent again unnamed and succeeds, it is logged once, and the alias
-    sends unnamed statements from then on in this process."""
+def test_a_name_the_session_holds_already_is_dropped_and_prepared_again(new_session, caplog):
+    """A statement of our name already on the session: a session pooler's earlier client
+    left it, or an interrupt (Ctrl-C, a worker's timeout) cut off the reply to this
+    connection's own PREPARE. Here another text holds the name, the worst case: it is
+    dropped and the statement prepared again, with no warning."""
+    from tests.testapp.tasks import add
+
+    first = add.enqueue(1, 1)
+    name = compat._statement_name(compat._positional(_enqueue_statement())[0]).decode()
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE {name} AS SELECT 1")
+    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+        jobs = [add.enqueue(2, 2), add.enqueue(3, 3)]
+    assert _prepared_runs() == {name: 2}
+    for job in [first, *jobs]:
+        _same_as_loaded(job)
+    assert Job.objects.count() == 3
+    assert not caplog.records and compat.may_prepare(connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_lost_once_is_prepared_again_and_lost_twice_stops_naming(new_session, caplog):
+    """DEALLOCATE ALL (or DISCARD ALL) once on a connection: the enqueue that meets it,
+    which changed nothing, is sent again unnamed, and the statement is prepared again
+    at its second run after. Twice on one connection is what a transaction pooler does
+    (PgBouncer before 1.21 moves the connection between server sessions): the alias
+    sends unnamed statements from then on in this process, logged once."""
     from tests.testapp.tasks import add
 
     add.enqueue(1, 1)
-    if how == "deallocated":
-        add.enqueue(2, 2)
-        [name] = _prepared_runs()
+    add.enqueue(2, 2)
+    [name] = _prepared_runs()
+    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
         with connection.cursor() as cursor:
             cursor.execute("DEALLOCATE ALL")
-    else:
-        name = compat._statement_name(compat._positional(_enqueue_statement())[0]).decode()
+        kept = add.enqueue(3, 3)  # sent again unnamed
+        assert _prepared_runs() == {}
+        add.enqueue(4, 4)
+        assert _prepared_runs() == {}
+        add.enqueue(5, 5)
+        assert _prepared_runs() == {name: 1}
+        assert not caplog.records and compat.may_prepare(connection)
         with connection.cursor() as cursor:
-            cursor.execute(f"PREPARE {name} AS SELECT 1")  # another client's, on this session
-    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
-        kept = add.enqueue(3, 3)
-        later = [add.enqueue(4, 4), add.enqueue(5, 5)]
+            cursor.execute("DEALLOCATE ALL")
+        again = add.enqueue(6, 6)
+        later = [add.enqueue(7, 7), add.enqueue(8, 8)]
     _same_as_loaded(kept)
-    assert Job.objects.count() == (3 if how == "taken" else 4) + 1
-    warnings = [r for r in caplog.records if "went missing" in r.getMessage()]
-    assert len(warnings) == 1 and "DISABLE_SERVER_SIDE_CURSORS" in warnings[0].getMessage()
-    assert "'default'" in warnings[0].getMessage()
-    assert compat._UNNAMED_ONLY == {"default"}
-    expected = {} if how == "deallocated" else {name: 0}  # left as it was
-    assert _prepared_runs() == expected
-    assert all(job.id > kept.id for job in later)
+    _same_as_loaded(again)
+    assert Job.objects.count() == 8
+    assert _prepared_runs() == {}
+    [warning] = caplog.records
+    assert "DISABLE_SERVER_SIDE_CURSORS" in warning.getMessage()
+    assert "'default'" in warning.getMessage()
+    assert compat._UNNAMED_ONLY == {"default"} and not compat.may_prepare(connection)
+    assert all(job.id > again.id for job in later)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_lost_where_psycopg_prepares_its_own_never_stop_the_naming(
+    new_session, caplog, monkeypatch
+):
+    """With OPTIONS['prepare_threshold'] set, psycopg prepares statements of its own and
+    sends DEALLOCATE ALL after a ROLLBACK, an ALTER or a DROP: each time, the enqueue
+    that meets it is sent again unnamed and the statement prepared again later; no
+    warning, and the alias keeps naming it (found by an outside trial)."""
+    from tests.testapp.tasks import add
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection.connection, "prepare_threshold", 0)
+    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+        for _ in range(3):
+            add.enqueue(1, 1)
+            add.enqueue(2, 2)
+            assert len(_prepared_runs()) == 1
+            with connection.cursor() as cursor:
+                cursor.execute("DEALLOCATE ALL")
+            add.enqueue(3, 3)
+    assert Job.objects.count() == 9
+    assert not caplog.records and compat.may_prepare(connection)
 
 
 def _enqueue_statement() -> str:

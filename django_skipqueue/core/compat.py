@@ -548,16 +548,27 @@ def direct_row(
 # kept on the server session skips PostgreSQL's parse, analysis, rewrite and planning at
 # every later run: measured on PostgreSQL 15 (libpq, autocommit, the enqueue's INSERT),
 # 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
-# "ninth pass"). Per psycopg connection: each statement's runs so far, or _READY once
-# prepared on its session.
-_SESSION_STATEMENTS: weakref.WeakKeyDictionary[Any, dict[bytes, int]] = weakref.WeakKeyDictionary()
-_READY = -1
+# "ninth pass").
 _PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
-_UNNAMED_ONLY: set[str] = set()  # aliases where a named statement went missing
+_UNNAMED_ONLY: set[str] = set()  # aliases whose statements went missing again and again
 _UNNAMED_LOCK = threading.Lock()
-# invalid_sql_statement_name ("does not exist"), duplicate_prepared_statement ("already
-# exists"): the session is not the one the statement was prepared on, or never was.
-_MISSING = frozenset({b"26000", b"42P05"})
+_DUPLICATE = b"42P05"  # duplicate_prepared_statement: "already exists"
+_UNDEFINED = b"26000"  # invalid_sql_statement_name: "does not exist"
+
+
+class _Session:
+    """What `_run_named` knows of one psycopg connection's server session: each
+    statement's runs so far, the names prepared there, and how often one went missing."""
+
+    __slots__ = ("losses", "prepared", "runs")
+
+    def __init__(self) -> None:
+        self.runs: dict[bytes, int] = {}
+        self.prepared: set[bytes] = set()
+        self.losses = 0
+
+
+_SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 
 def may_prepare(connection: BaseDatabaseWrapper) -> bool:
@@ -565,7 +576,7 @@ def may_prepare(connection: BaseDatabaseWrapper) -> bool:
     where its settings say that a transaction pooler stands between (Django's
     `DISABLE_SERVER_SIDE_CURSORS`, which Django's docs ask for behind one), nor where
     `OPTIONS['prepare_threshold']` is set to None explicitly (psycopg's own switch for
-    prepared statements), nor where one already went missing in this process."""
+    prepared statements), nor where they kept going missing in this process."""
     settings = connection.settings_dict
     if settings.get("DISABLE_SERVER_SIDE_CURSORS") or connection.alias in _UNNAMED_ONLY:
         return False
@@ -575,6 +586,9 @@ def may_prepare(connection: BaseDatabaseWrapper) -> bool:
 
 @functools.lru_cache(maxsize=32)
 def _statement_name(query: bytes) -> bytes:
+    """The name of `query`'s statement: its text's hash, so that a statement of that name
+    found on a session is this one (prepared by an earlier client of a session pooler,
+    or by this connection before an interrupt cut the reply off)."""
     return b"skipqueue_" + hashlib.blake2b(query, digest_size=8).hexdigest().encode()
 
 
@@ -584,62 +598,84 @@ def _run_named(
     """`query`'s results run as a named statement of this session, prepared at its second
     run (`_PREPARE_AT`; a statement run once, as by a connection per request, costs no
     extra round trip); None, having run nothing, where it must be sent unnamed. Outside
-    a transaction only: where the session lacks the statement or already holds one of
-    that name (a transaction pooler such as PgBouncer before 1.21 moved the connection
-    to another server session, or DEALLOCATE / DISCARD ALL ran), the failed statement
-    changed nothing and is sent again unnamed, and this alias sends unnamed statements
-    from then on in this process (logged once)."""
-    runs = _SESSION_STATEMENTS.setdefault(raw, {})
-    count = runs.get(query, 0)
+    a transaction only, where a statement that fails for want of its name changed
+    nothing and can be sent again: the session may lack it (a transaction pooler such as
+    PgBouncer before 1.21 moved the connection to another server session; DEALLOCATE or
+    DISCARD ALL ran, psycopg's own on a rollback among them) or hold it already (`_prepare`)."""
+    session = _SESSIONS.get(raw)
+    if session is None:
+        session = _SESSIONS[raw] = _Session()
     name = _statement_name(query)
-    if count != _READY:
-        if count + 1 < _PREPARE_AT:
-            runs[query] = count + 1
+    if name not in session.prepared:
+        runs = session.runs.get(query, 0) + 1
+        session.runs[query] = runs
+        if runs < _PREPARE_AT:
             return None
-        pgconn.send_prepare(name, query, None)
-        prepared = raw.wait(libpq_execute(pgconn))
-        if _went_missing(alias, raw, prepared):
+        if not _prepare(raw, pgconn, name, query):
+            _lost(alias, raw, session)
             return None
-        for result in prepared:
-            if result.status == pq.ExecStatus.FATAL_ERROR:
-                raise error_from_result(result, encoding=raw.info.encoding)
-        runs[query] = _READY
+        session.prepared.add(name)
     pgconn.send_query_prepared(name, values, None, 1)
     results: list[Any] = raw.wait(libpq_execute(pgconn))
-    if _went_missing(alias, raw, results):
+    if _sqlstate(results) == _UNDEFINED:
+        _lost(alias, raw, session)
         return None
     return results
 
 
-def _went_missing(alias: str, raw: Any, results: list[Any]) -> bool:
-    """Whether `results` say that this session lacks a named statement it was given, or
-    holds one already; if so, stop naming statements on `alias`."""
-    for result in results:
-        if (
-            result.status == pq.ExecStatus.FATAL_ERROR
-            and result.error_field(pq.DiagnosticField.SQLSTATE) in _MISSING
-        ):
-            _SESSION_STATEMENTS.pop(raw, None)
-            with _UNNAMED_LOCK:
-                first = alias not in _UNNAMED_ONLY
-                _UNNAMED_ONLY.add(alias)
-            if not first:  # another thread of this process found it first
-                return True
-            logger.warning(
-                "A prepared statement of django-skipqueue went missing on database %r "
-                "(%s): a transaction pooler (PgBouncer before 1.21, or without "
-                "max_prepared_statements) moved the connection to another server "
-                "session, or DEALLOCATE or DISCARD ALL ran. Its enqueues send unnamed "
-                "statements from now on in this process; behind a transaction pooler, "
-                "set DISABLE_SERVER_SIDE_CURSORS = True on the database entry, as "
-                "Django's documentation asks.",
-                alias,
-                (result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode(
-                    errors="replace"
-                ),
-            )
+def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
+    """PREPARE `query` as `name` on the session; False where the session lost track of
+    it. A statement of that name there already is dropped and prepared again, once."""
+    for attempt in (1, 2):
+        pgconn.send_prepare(name, query, None)
+        results = raw.wait(libpq_execute(pgconn))
+        state = _sqlstate(results)
+        if state is None:
             return True
+        if state == _DUPLICATE and attempt == 1:
+            pgconn.send_query(b"DEALLOCATE " + name)
+            raw.wait(libpq_execute(pgconn))  # its error too is only a sign of a pooler
+            continue
+        if state not in (_DUPLICATE, _UNDEFINED):
+            for result in results:
+                if result.status == pq.ExecStatus.FATAL_ERROR:
+                    raise error_from_result(result, encoding=raw.info.encoding)
+        return False
     return False
+
+
+def _sqlstate(results: list[Any]) -> bytes | None:
+    """The SQLSTATE of the first failed result, None if none failed."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            return result.error_field(pq.DiagnosticField.SQLSTATE) or b""
+    return None
+
+
+def _lost(alias: str, raw: Any, session: _Session) -> None:
+    """A named statement went missing from this session: start its record afresh. The
+    second time on one connection, where psycopg prepares nothing of its own (so never
+    sends DEALLOCATE ALL), it is a transaction pooler moving the connection between
+    server sessions: `alias` sends unnamed statements from then on in this process,
+    logged once."""
+    session.runs.clear()
+    session.prepared.clear()
+    session.losses += 1
+    if session.losses < 2 or raw.prepare_threshold is not None:
+        return
+    with _UNNAMED_LOCK:
+        first = alias not in _UNNAMED_ONLY
+        _UNNAMED_ONLY.add(alias)
+    if first:
+        logger.warning(
+            "The prepared statements of django-skipqueue's enqueue keep going missing on "
+            "database %r: a transaction pooler (PgBouncer before 1.21, or without "
+            "max_prepared_statements) moves its connections between server sessions. "
+            "Its enqueues send unnamed statements from now on in this process; set "
+            "DISABLE_SERVER_SIDE_CURSORS = True on the database entry behind a "
+            "transaction pooler, as Django's documentation asks.",
+            alias,
+        )
 
 
 def _direct_steps() -> bool:

@@ -184,5 +184,5 @@ def test_enqueues_through_a_transaction_pooler_that_loses_named_statements(pgbou
     assert report["errors"] == []
     assert len(report["ids"]) == 6 * 63 == len(set(report["ids"]))
     assert Job.objects.filter(id__in=report["ids"], state="pending").count() == 6 * 63
-    assert err.count("went missing") <= 1, err
-    print(f"\nnamed statements lost through the pooler: {err.count('went missing')}")
+    assert err.count("going missing") <= 1, err
+    print(f"\nnamed statements lost through the pooler: {err.count('going missing')}")
