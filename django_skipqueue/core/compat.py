@@ -7,6 +7,7 @@ that changes it fails `tests/test_compat.py` first, not a worker in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -531,8 +532,7 @@ def direct_row(
         if status == _IDLE and may_prepare(connection):
             results = _run_named(connection.alias, raw, pgconn, query, values)
         if results is None:
-            pgconn.send_query_params(query, values, None, None, 1)
-            results = raw.wait(libpq_execute(pgconn))
+            results = _exchange(raw, pgconn.send_query_params, query, values, None, None, 1)
         for result in results:
             if result.status != _TUPLES_OK:
                 if result.status == pq.ExecStatus.FATAL_ERROR:
@@ -558,14 +558,13 @@ _UNDEFINED = b"26000"  # invalid_sql_statement_name: "does not exist"
 
 class _Session:
     """What `_run_named` knows of one psycopg connection's server session: each
-    statement's runs so far, the names prepared there, and how often one went missing."""
+    statement's runs so far, and the names prepared there."""
 
-    __slots__ = ("losses", "prepared", "runs")
+    __slots__ = ("prepared", "runs")
 
     def __init__(self) -> None:
         self.runs: dict[bytes, int] = {}
         self.prepared: set[bytes] = set()
-        self.losses = 0
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
@@ -615,8 +614,7 @@ def _run_named(
             _lost(alias, raw, session)
             return None
         session.prepared.add(name)
-    pgconn.send_query_prepared(name, values, None, 1)
-    results: list[Any] = raw.wait(libpq_execute(pgconn))
+    results = _exchange(raw, pgconn.send_query_prepared, name, values, None, 1)
     if _sqlstate(results) == _UNDEFINED:
         _lost(alias, raw, session)
         return None
@@ -624,17 +622,17 @@ def _run_named(
 
 
 def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
-    """PREPARE `query` as `name` on the session; False where the session lost track of
-    it. A statement of that name there already is dropped and prepared again, once."""
+    """PREPARE `query` as `name` on the session; False where a statement of that name
+    is there again right after this connection dropped it (another server session
+    answered, `_lost` asks). A statement of that name there already is dropped and
+    prepared again, once."""
     for attempt in (1, 2):
-        pgconn.send_prepare(name, query, None)
-        results = raw.wait(libpq_execute(pgconn))
+        results = _exchange(raw, pgconn.send_prepare, name, query, None)
         state = _sqlstate(results)
         if state is None:
             return True
         if state == _DUPLICATE and attempt == 1:
-            pgconn.send_query(b"DEALLOCATE " + name)
-            raw.wait(libpq_execute(pgconn))  # its error too is only a sign of a pooler
+            _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)  # an error: a pooler
             continue
         if state not in (_DUPLICATE, _UNDEFINED):
             for result in results:
@@ -653,29 +651,57 @@ def _sqlstate(results: list[Any]) -> bytes | None:
 
 
 def _lost(alias: str, raw: Any, session: _Session) -> None:
-    """A named statement went missing from this session: start its record afresh. The
-    second time on one connection, where psycopg prepares nothing of its own (so never
-    sends DEALLOCATE ALL), it is a transaction pooler moving the connection between
-    server sessions: `alias` sends unnamed statements from then on in this process,
-    logged once."""
+    """A named statement went missing from this session: start its record afresh, to be
+    prepared again. Where the server session answering is still the one this
+    connection opened (its backend's pid), something dropped it there: DEALLOCATE or
+    DISCARD ALL, a user's, a connection pool's reset, psycopg's own after a rollback
+    where it prepares statements. Where it is another one, a transaction pooler
+    (PgBouncer before 1.21, or without max_prepared_statements) moves the connection
+    between server sessions: `alias` sends unnamed statements from then on in this
+    process, logged once. Asked only here, once a statement is missing."""
     session.runs.clear()
     session.prepared.clear()
-    session.losses += 1
-    if session.losses < 2 or raw.prepare_threshold is not None:
+    asked = _exchange(raw, raw.pgconn.send_query, b"SELECT pg_backend_pid()")
+    if (
+        len(asked) == 1
+        and asked[0].status == _TUPLES_OK
+        and asked[0].ntuples == 1
+        and asked[0].get_value(0, 0) == str(raw.info.backend_pid).encode()
+    ):
         return
     with _UNNAMED_LOCK:
         first = alias not in _UNNAMED_ONLY
         _UNNAMED_ONLY.add(alias)
     if first:
         logger.warning(
-            "The prepared statements of django-skipqueue's enqueue keep going missing on "
-            "database %r: a transaction pooler (PgBouncer before 1.21, or without "
-            "max_prepared_statements) moves its connections between server sessions. "
-            "Its enqueues send unnamed statements from now on in this process; set "
-            "DISABLE_SERVER_SIDE_CURSORS = True on the database entry behind a "
-            "transaction pooler, as Django's documentation asks.",
+            "A prepared statement of django-skipqueue's enqueue went missing on database "
+            "%r, whose connection reached another server session than the one it opened: "
+            "a transaction pooler (PgBouncer before 1.21, or without "
+            "max_prepared_statements). Its enqueues send unnamed statements from now on "
+            "in this process; set DISABLE_SERVER_SIDE_CURSORS = True on the database "
+            "entry behind a transaction pooler, as Django's documentation asks.",
             alias,
         )
+
+
+def _exchange(raw: Any, send: Callable[..., None], *args: Any) -> list[Any]:
+    """`send(*args)` on libpq and the results, read as psycopg's cursor reads them. An
+    interrupt (Ctrl-C, a timeout's exception) between the send and the reading, outside
+    psycopg's `Connection.wait`, which cancels and drains only what it was waiting on,
+    leaves the statement in progress: it is cancelled and its results read here before
+    the interrupt goes on, so that the connection's next statement is not refused with
+    "another command is already in progress"."""
+    pgconn = raw.pgconn
+    try:
+        send(*args)
+        return raw.wait(libpq_execute(pgconn))
+    except BaseException:
+        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            with contextlib.suppress(Exception):
+                raw.cancel_safe(timeout=5.0)
+            with contextlib.suppress(Exception):
+                raw.wait(libpq_execute(pgconn), timeout=5.0)
+        raise
 
 
 def _direct_steps() -> bool:
