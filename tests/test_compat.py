@@ -719,6 +719,7 @@ def test_statements_lost_where_psycopg_prepares_its_own_never_stop_the_naming(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120, method="thread")  # SIGALRM is the test's own here
 def test_an_interrupt_at_any_moment_of_an_enqueue_leaves_the_connection_usable(new_session):
     """Ctrl-C (or a timeout's exception) at a random moment of the statement's second run
     on a fresh session, its PREPARE and named run: the interrupted call raises it, and
