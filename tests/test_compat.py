@@ -662,36 +662,119 @@ def test_a_statement_the_session_lost_is_sent_unnamed_then_prepared_again(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_statement_lost_on_another_server_session_stops_the_naming(
+def test_statements_lost_behind_a_session_pooler_never_stop_the_naming(
     new_session, caplog, monkeypatch
 ):
-    """A connection whose server session is not the one it opened (its backend's pid
-    differs from the one the connection reported): a transaction pooler such as
-    PgBouncer before 1.21, which reports a pid of its own. At the first statement gone
-    missing, the alias sends unnamed statements from then on in this process, logged
-    once; the enqueue that met it succeeds. (Through a real PgBouncer:
-    tests/chaos/test_pgbouncer.py.)"""
+    """Behind a session pooler, the connection reports the pooler's pid, not its server
+    session's (PgBouncer does so in session mode too): statements lost there (a pool's
+    DISCARD ALL, a user's DEALLOCATE ALL) come back on the same server session, so the
+    naming goes on, with no warning (found by an outside trial)."""
     import psycopg
 
     from tests.testapp.tasks import add
 
-    add.enqueue(1, 1)
-    add.enqueue(2, 2)
-    assert len(_prepared_runs()) == 1
     monkeypatch.setattr(psycopg.ConnectionInfo, "backend_pid", property(lambda info: 1))
+    kept = []
     with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+        for n in range(3):
+            kept += [add.enqueue(n, 1), add.enqueue(n, 2)]
+            assert len(_prepared_runs()) == 1
+            with connection.cursor() as cursor:
+                cursor.execute("DEALLOCATE ALL")
+            kept.append(add.enqueue(n, 3))  # sent again unnamed
+    for job in kept:
+        _same_as_loaded(job)
+    assert not caplog.records and compat.may_prepare(connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_lost_on_changing_server_sessions_stop_the_naming(new_session, caplog):
+    """A transaction pooler (PgBouncer before 1.21) moves a connection between server
+    sessions: two losses whose server sessions differ (their backend pids, here from a
+    pg_backend_pid() of the test's own that counts up) turn the naming off for the
+    alias in this process, logged once; every enqueue succeeds. (Through a real
+    PgBouncer: tests/chaos/test_pgbouncer.py.)"""
+    from tests.testapp.tasks import add
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SCHEMA skq_fake_pid")
+        cursor.execute("CREATE SEQUENCE skq_fake_pid.pids START 1000000")
+        cursor.execute(
+            "CREATE FUNCTION skq_fake_pid.pg_backend_pid() RETURNS integer LANGUAGE sql "
+            "AS $$ SELECT nextval('skq_fake_pid.pids')::integer $$"
+        )
+        cursor.execute("SET search_path = skq_fake_pid, pg_catalog, public")
+    try:
+        kept = []
+        with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+            for n in range(2):
+                kept += [add.enqueue(n, 1), add.enqueue(n, 2)]
+                assert len(_prepared_runs()) == 1
+                assert not caplog.records
+                with connection.cursor() as cursor:
+                    cursor.execute("DEALLOCATE ALL")
+                kept.append(add.enqueue(n, 3))  # sent again unnamed; the pid asked
+            later = [add.enqueue(9, 1), add.enqueue(9, 2), add.enqueue(9, 3)]
+        assert _prepared_runs() == {}
+        for job in [*kept, *later]:
+            _same_as_loaded(job)
+        [warning] = caplog.records
+        assert "DISABLE_SERVER_SIDE_CURSORS" in warning.getMessage()
+        assert "'default'" in warning.getMessage()
+        assert compat._UNNAMED_ONLY == {"default"} and not compat.may_prepare(connection)
+    finally:
+        connection.close()
         with connection.cursor() as cursor:
-            cursor.execute("DEALLOCATE ALL")
-        kept = add.enqueue(3, 3)
-        later = [add.enqueue(4, 4), add.enqueue(5, 5), add.enqueue(6, 6)]
+            cursor.execute("DROP SCHEMA skq_fake_pid CASCADE")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60, method="thread")  # SIGALRM is the test's own here
+def test_a_second_interrupt_while_an_enqueue_is_cancelled_closes_the_connection(new_session):
+    """A job's timeout (an exception psycopg's wait does not clean up after) stops an
+    enqueue waiting on a lock, and Ctrl-C comes while its statement is being cancelled:
+    the connection is closed, as psycopg closes it when its own cleanup is cut short,
+    never left refusing every statement with "another command is already in progress"
+    (found by an outside trial: 20 of 20)."""
+    import signal
+
+    from tests.testapp.tasks import add
+
+    class Timeout(BaseException):
+        pass
+
+    raised: list[str] = []
+
+    def interrupt(*_: object) -> None:
+        if not raised:
+            raised.append("timeout")
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
+            raise Timeout
+        raised.append("ctrl-c")
+        raise KeyboardInterrupt
+
+    add.enqueue(1, 1)
+    add.enqueue(2, 2)  # prepared: the next runs by name
+    locker = connection.get_new_connection(connection.get_connection_params())
+    locker.autocommit = False
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        locker.execute("LOCK TABLE skipqueue_job IN EXCLUSIVE MODE")
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(BaseException) as stopped:
+            add.enqueue(3, 3)  # waits on the lock until interrupted
+        assert isinstance(stopped.value, (Timeout, KeyboardInterrupt))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        locker.close()
+    assert raised == ["timeout", "ctrl-c"]
+    raw = connection.connection
+    assert raw.closed or raw.pgconn.transaction_status != compat._ACTIVE
+    connection.close()
+    kept = add.enqueue(4, 4)
     _same_as_loaded(kept)
-    assert _prepared_runs() == {}
-    assert Job.objects.count() == 6
-    [warning] = caplog.records
-    assert "DISABLE_SERVER_SIDE_CURSORS" in warning.getMessage()
-    assert "'default'" in warning.getMessage()
-    assert compat._UNNAMED_ONLY == {"default"} and not compat.may_prepare(connection)
-    assert all(job.id > kept.id for job in later)
+    assert Job.objects.filter(id=kept.id).exists()
 
 
 @pytest.mark.django_db(transaction=True)

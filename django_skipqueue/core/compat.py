@@ -387,6 +387,7 @@ _STEPS_OWN = all(_written_in(step, django) for step in _WRAPPER_STEP_FUNCTIONS) 
     _written_in(step, psycopg) for step in (_PSYCOPG_EXECUTE, _PSYCOPG_CURSOR)
 )
 _INTRANS, _IDLE = pq.TransactionStatus.INTRANS, pq.TransactionStatus.IDLE
+_ACTIVE = pq.TransactionStatus.ACTIVE
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
@@ -558,13 +559,15 @@ _UNDEFINED = b"26000"  # invalid_sql_statement_name: "does not exist"
 
 class _Session:
     """What `_run_named` knows of one psycopg connection's server session: each
-    statement's runs so far, and the names prepared there."""
+    statement's runs so far, the names prepared there, and the server's backend pid
+    where it is not the one the connection reported (behind a pooler), once asked."""
 
-    __slots__ = ("prepared", "runs")
+    __slots__ = ("prepared", "runs", "server_pid")
 
     def __init__(self) -> None:
         self.runs: dict[bytes, int] = {}
         self.prepared: set[bytes] = set()
+        self.server_pid: bytes | None = None
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
@@ -652,22 +655,25 @@ def _sqlstate(results: list[Any]) -> bytes | None:
 
 def _lost(alias: str, raw: Any, session: _Session) -> None:
     """A named statement went missing from this session: start its record afresh, to be
-    prepared again. Where the server session answering is still the one this
-    connection opened (its backend's pid), something dropped it there: DEALLOCATE or
-    DISCARD ALL, a user's, a connection pool's reset, psycopg's own after a rollback
-    where it prepares statements. Where it is another one, a transaction pooler
+    prepared again, and ask the server's backend pid (only then). Where it is the one
+    the connection reported when it opened, or the one a pooler's server session gave
+    at the last loss (PgBouncer reports a pid of its own, in session mode too),
+    something dropped the statement on the same session: DEALLOCATE or DISCARD ALL, a
+    user's, a connection pool's reset, psycopg's own after a rollback where it prepares
+    statements. Where it differs from the last one asked, a transaction pooler
     (PgBouncer before 1.21, or without max_prepared_statements) moves the connection
     between server sessions: `alias` sends unnamed statements from then on in this
-    process, logged once. Asked only here, once a statement is missing."""
+    process, logged once. A pid that cannot be read (a timeout) decides nothing."""
     session.runs.clear()
     session.prepared.clear()
     asked = _exchange(raw, raw.pgconn.send_query, b"SELECT pg_backend_pid()")
-    if (
-        len(asked) == 1
-        and asked[0].status == _TUPLES_OK
-        and asked[0].ntuples == 1
-        and asked[0].get_value(0, 0) == str(raw.info.backend_pid).encode()
-    ):
+    if len(asked) != 1 or asked[0].status != _TUPLES_OK or asked[0].ntuples != 1:
+        return
+    pid = asked[0].get_value(0, 0)
+    if pid == str(raw.info.backend_pid).encode():
+        return
+    if session.server_pid is None or session.server_pid == pid:
+        session.server_pid = pid
         return
     with _UNNAMED_LOCK:
         first = alias not in _UNNAMED_ONLY
@@ -675,8 +681,8 @@ def _lost(alias: str, raw: Any, session: _Session) -> None:
     if first:
         logger.warning(
             "A prepared statement of django-skipqueue's enqueue went missing on database "
-            "%r, whose connection reached another server session than the one it opened: "
-            "a transaction pooler (PgBouncer before 1.21, or without "
+            "%r, whose connection reached another server session than before: a "
+            "transaction pooler (PgBouncer before 1.21, or without "
             "max_prepared_statements). Its enqueues send unnamed statements from now on "
             "in this process; set DISABLE_SERVER_SIDE_CURSORS = True on the database "
             "entry behind a transaction pooler, as Django's documentation asks.",
@@ -696,11 +702,15 @@ def _exchange(raw: Any, send: Callable[..., None], *args: Any) -> list[Any]:
         send(*args)
         return raw.wait(libpq_execute(pgconn))
     except BaseException:
-        if pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
-            with contextlib.suppress(Exception):
-                raw.cancel_safe(timeout=5.0)
-            with contextlib.suppress(Exception):
-                raw.wait(libpq_execute(pgconn), timeout=5.0)
+        if pgconn.transaction_status == _ACTIVE:
+            try:
+                with contextlib.suppress(Exception):
+                    raw.cancel_safe(timeout=5.0)
+                with contextlib.suppress(Exception):
+                    raw.wait(libpq_execute(pgconn), timeout=5.0)
+            finally:  # not cleaned up (a second interrupt, a timeout): closed, as
+                if pgconn.transaction_status == _ACTIVE:  # psycopg's wait does then
+                    pgconn.finish()
         raise
 
 
