@@ -490,7 +490,8 @@ def direct_row(
     (`_run_named`; not where the settings say a transaction pooler stands between).
 
     Relied on (tests/test_compat.py): psycopg's `pq` (`send_query_params`,
-    `send_prepare`, `send_query_prepared`, the result's `error_field`,
+    `send_prepare`, `send_query_prepared`, `send_query`, `finish`, the result's
+    `error_field`, `Connection.cancel_safe`, `ConnectionInfo.backend_pid`,
     `transaction_status`, `pipeline_status`, `parameter_status`, the result's
     `get_value`), `psycopg.generators.execute`, `Connection.wait`, `Connection.lock`,
     `errors.error_from_result`; Django's `queries_logged`, `execute_wrappers`,
@@ -551,7 +552,7 @@ def direct_row(
 # 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
 # "ninth pass").
 _PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
-_UNNAMED_ONLY: set[str] = set()  # aliases whose statements went missing again and again
+_UNNAMED_ONLY: set[str] = set()  # aliases seen behind a transaction pooler (`_lost`)
 _UNNAMED_LOCK = threading.Lock()
 _DUPLICATE = b"42P05"  # duplicate_prepared_statement: "already exists"
 _UNDEFINED = b"26000"  # invalid_sql_statement_name: "does not exist"
@@ -578,7 +579,7 @@ def may_prepare(connection: BaseDatabaseWrapper) -> bool:
     where its settings say that a transaction pooler stands between (Django's
     `DISABLE_SERVER_SIDE_CURSORS`, which Django's docs ask for behind one), nor where
     `OPTIONS['prepare_threshold']` is set to None explicitly (psycopg's own switch for
-    prepared statements), nor where they kept going missing in this process."""
+    prepared statements), nor where `_lost` found a transaction pooler in this process."""
     settings = connection.settings_dict
     if settings.get("DISABLE_SERVER_SIDE_CURSORS") or connection.alias in _UNNAMED_ONLY:
         return False
