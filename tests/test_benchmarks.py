@@ -73,3 +73,20 @@ def test_the_relay_benchmark_part_runs_at_smoke_size(tmp_path):
     assert report["relay"]["relayed_jobs_per_s"] > 0
     assert report["relay"]["relayed_deletes_per_job"] == 1.0
     assert report["relay"]["postgres_updates_per_job"] == 2.0
+
+
+@pytest.mark.timeout(120)
+def test_the_large_payloads_benchmark_runs_at_smoke_size():
+    child = child_env()
+    child.pop("DJANGO_SETTINGS_MODULE")  # the script uses benchmarks.settings
+    result = subprocess.run(
+        [sys.executable, "benchmarks/large_payloads.py", "--kib", "4", "--rounds", "2"]
+        + ["--drain", "40"],
+        cwd=REPO_ROOT,
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "claim 10:" in result.stdout and "40 jobs:" in result.stdout, result.stdout

@@ -20,3 +20,9 @@ def recorded(context, ms: int = 5) -> None:  # noqa: ANN001
 
     Execution.objects.create(job_id=context.job_id, attempt=context.attempt)
     time.sleep(ms / 1000)
+
+
+@task
+def sink(data: str) -> None:
+    """A job whose cost is its arguments (benchmarks/large_payloads.py)."""
+    return None

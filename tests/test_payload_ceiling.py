@@ -1,0 +1,143 @@
+"""The database's payload ceiling (T28, migration 0020): 4 MiB of JSON text for a job's
+arguments and for its result, refused where a write sets them, and never measured again
+by the writes that do not (claims, renewals, acks without a result)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
+
+from django_skipqueue.models import Job, JobState
+from tests.testapp import tasks
+
+CEILING = 4 * 1024 * 1024
+OVER = "x" * CEILING  # its JSON text adds the quotes: over the ceiling by two bytes
+
+
+def _constraint_and_triggers() -> tuple[bool | None, set[str]]:
+    """Whether 0003's CHECK is there (and validated), and the payload triggers."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT convalidated FROM pg_constraint WHERE conname = 'skipqueue_job_payload_size'"
+        )
+        row = cursor.fetchone()
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgname IN"
+            " ('skipqueue_job_payload_size', 'skipqueue_job_result_size')"
+        )
+        return (row[0] if row else None), {name for (name,) in cursor.fetchall()}
+
+
+def _store_over_the_ceiling() -> int:
+    """A pending job whose arguments are over the ceiling, as no write could store it
+    now: written with the trigger off (a row from before a lower ceiling, say)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE skipqueue_job DISABLE TRIGGER skipqueue_job_payload_size")
+        job = tasks.add.enqueue(1, 2)
+        cursor.execute(
+            "UPDATE skipqueue_job SET args = jsonb_build_array(%s::text) WHERE id = %s",
+            [OVER, job.id],
+        )
+        cursor.execute("ALTER TABLE skipqueue_job ENABLE TRIGGER skipqueue_job_payload_size")
+    return job.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_update_that_sets_a_payload_over_the_ceiling_is_refused_and_the_row_kept():
+    job = tasks.add.enqueue(1, 2)
+    with transaction.atomic():
+        for columns in ({"args": [OVER]}, {"kwargs": {"a": OVER}}, {"result": OVER}):
+            with (
+                pytest.raises(IntegrityError, match="skipqueue_job_payload_size") as raised,
+                transaction.atomic(),
+            ):
+                Job.objects.filter(id=job.id).update(**columns)
+            assert f"its {'result' if 'result' in columns else 'args and kwargs'} take" in str(
+                raised.value
+            )
+        # the caller's transaction goes on, and a payload at the ceiling is taken
+        # ('[]' and '{"a": "..."}': 11 bytes around the text)
+        assert Job.objects.filter(id=job.id).update(args=[], kwargs={"a": "x" * (CEILING - 11)})
+        assert Job.objects.filter(id=job.id).update(result="x" * (CEILING - 2))
+    job.refresh_from_db()
+    assert (job.args, len(job.kwargs["a"]), len(job.result)) == ([], CEILING - 11, CEILING - 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_insert_with_a_result_over_the_ceiling_is_refused():
+    with (
+        pytest.raises(IntegrityError, match="skipqueue_job_payload_size"),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            "INSERT INTO skipqueue_job (task, args, kwargs, result, queue_name, priority,"
+            " state, lease, attempts, max_attempts, expirations, releases, last_error, errors)"
+            " VALUES ('t', '[]', '{}', to_jsonb(%s::text), 'default', 0, 'done', '1 minute',"
+            " 1, 1, 0, 0, '', '[]')",
+            [OVER],
+        )
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_renew_and_ack_do_not_measure_the_stored_payload_again():
+    """0003's CHECK turned the arguments back into text on every write of the row: a
+    job stored over the ceiling could not be claimed at all, and each write of one
+    under it paid for the conversion (benchmarks/large_payloads.py)."""
+    job_id = _store_over_the_ceiling()
+    [claimed] = Job.objects.claim(queues=["default"])
+    assert claimed.id == job_id and len(claimed.args[0]) == CEILING
+    assert Job.objects.renew(claimed.id, claimed.attempts)
+    assert Job.objects.ack(claimed.id, claimed.attempts, result={"ok": True})
+    assert Job.objects.get(id=job_id).state == JobState.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0020_back_and_forth_keeps_the_ceiling():
+    assert _constraint_and_triggers() == (
+        None,
+        {"skipqueue_job_payload_size", "skipqueue_job_result_size"},
+    )
+    job = tasks.add.enqueue(1, 2)
+    try:
+        call_command("migrate", "skipqueue", "0019", verbosity=0)
+        assert _constraint_and_triggers() == (True, set())
+        with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
+            Job.objects.filter(id=job.id).update(result=OVER)
+    finally:
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert _constraint_and_triggers() == (
+        None,
+        {"skipqueue_job_payload_size", "skipqueue_job_result_size"},
+    )
+    with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
+        Job.objects.filter(id=job.id).update(result=OVER)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0020_gives_up_on_its_lock_after_two_seconds_and_runs_again_later():
+    """Dropping the constraint needs a lock that every write would queue behind: held up
+    by a long transaction, the migration fails within its lock_timeout, changing
+    nothing; run again, it goes through."""
+    call_command("migrate", "skipqueue", "0019", verbosity=0)
+    wrapper = connections["default"]
+    other = wrapper.get_new_connection(wrapper.get_connection_params())
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT 1 FROM skipqueue_job LIMIT 1")  # a long transaction's lock
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="lock timeout"):
+            call_command("migrate", "skipqueue", "0020", verbosity=0)
+        assert time.monotonic() - started < 10
+        assert _constraint_and_triggers() == (True, set())  # unchanged
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert _constraint_and_triggers() == (
+        None,
+        {"skipqueue_job_payload_size", "skipqueue_job_result_size"},
+    )
