@@ -354,25 +354,6 @@ def test_job_str_and_repr_never_show_arguments():
     assert "hunter2" not in repr(job)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_t28_the_database_refuses_an_oversized_payload_written_by_raw_sql():
-    from django.db import IntegrityError
-
-    huge = "x" * (4 * 1024 * 1024)
-    with (
-        pytest.raises(IntegrityError, match="skipqueue_job_payload_size"),
-        connection.cursor() as c,
-    ):
-        c.execute(
-            "INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, lease, "
-            "attempts, max_attempts, expirations, releases, last_error, errors) VALUES "
-            "('t', jsonb_build_array(%s::text), '{}', 'default', 0, 'pending', '1 minute', "
-            "0, 1, 0, 0, '', '[]')",
-            [huge],
-        )
-    assert not Job.objects.exists()
-
-
 def test_t28_a_payload_limit_above_the_ceiling_is_a_check_error(settings):
     from django_skipqueue.checks import check_settings
 

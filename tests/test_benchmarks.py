@@ -23,19 +23,28 @@ SMOKE_SIZES = [
 ]  # fmt: skip
 
 
-def run_parts(tmp_path: Path, parts: list[str], **env: str) -> dict[str, Any]:
-    out = tmp_path / "bench.json"
+def run_script(args: list[str], timeout: float, **env: str) -> str:
+    """A benchmark script of ours on the test database (with benchmarks.settings); its
+    output, asserting it exited 0."""
     child = child_env(**env)
-    child.pop("DJANGO_SETTINGS_MODULE")  # run.py uses benchmarks.settings
+    child.pop("DJANGO_SETTINGS_MODULE")  # the scripts use benchmarks.settings
     result = subprocess.run(
-        [sys.executable, "benchmarks/run.py", *SMOKE_SIZES, "--json", str(out), "--parts", *parts],
+        [sys.executable, *args],
         cwd=REPO_ROOT,
         env=child,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def run_parts(tmp_path: Path, parts: list[str], **env: str) -> dict[str, Any]:
+    out = tmp_path / "bench.json"
+    run_script(
+        ["benchmarks/run.py", *SMOKE_SIZES, "--json", str(out), "--parts", *parts], 280, **env
+    )
     return json.loads(out.read_text())
 
 
@@ -77,16 +86,6 @@ def test_the_relay_benchmark_part_runs_at_smoke_size(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_the_large_payloads_benchmark_runs_at_smoke_size():
-    child = child_env()
-    child.pop("DJANGO_SETTINGS_MODULE")  # the script uses benchmarks.settings
-    result = subprocess.run(
-        [sys.executable, "benchmarks/large_payloads.py", "--kib", "4", "--rounds", "2"]
-        + ["--drain", "40"],
-        cwd=REPO_ROOT,
-        env=child,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "claim 10:" in result.stdout and "40 jobs:" in result.stdout, result.stdout
+    args = ["--kib", "4", "--rounds", "2", "--drain", "40"]
+    out = run_script(["benchmarks/large_payloads.py", *args], 100)
+    assert "claim 10:" in out and "40 jobs:" in out, out

@@ -4,13 +4,12 @@ by the writes that do not (claims, renewals, acks without a result)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.core.management import call_command
-from django.db import IntegrityError, OperationalError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 
 from django_skipqueue.models import Job, JobState
+from tests.locks import migration_held_up_by_a_long_transaction
 from tests.testapp import tasks
 
 CEILING = 4 * 1024 * 1024
@@ -66,20 +65,33 @@ def test_an_update_that_sets_a_payload_over_the_ceiling_is_refused_and_the_row_k
     assert (job.args, len(job.kwargs["a"]), len(job.result)) == ([], CEILING - 11, CEILING - 2)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_an_insert_with_a_result_over_the_ceiling_is_refused():
-    with (
-        pytest.raises(IntegrityError, match="skipqueue_job_payload_size"),
-        connection.cursor() as cursor,
-    ):
+def _insert_raw(args_sql: str, result_sql: str, value: str) -> None:
+    """A job row written by raw SQL (another service's), `value` its one parameter."""
+    with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO skipqueue_job (task, args, kwargs, result, queue_name, priority,"
             " state, lease, attempts, max_attempts, expirations, releases, last_error, errors)"
-            " VALUES ('t', '[]', '{}', to_jsonb(%s::text), 'default', 0, 'done', '1 minute',"
-            " 1, 1, 0, 0, '', '[]')",
-            [OVER],
+            f" VALUES ('t', {args_sql}, '{{}}', {result_sql}, 'default', 0, 'pending',"
+            " '1 minute', 0, 1, 0, 0, '', '[]')",
+            [value],
         )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("args_sql", "result_sql", "around"),
+    # bytes of JSON text around the value: '["..."]' and '{}' (kwargs), or '"..."'
+    [("jsonb_build_array(%s::text)", "NULL", 6), ("'[]'", "to_jsonb(%s::text)", 2)],
+    ids=["arguments", "result"],
+)
+def test_t28_the_database_refuses_an_oversized_payload_written_by_raw_sql(
+    args_sql, result_sql, around
+):
+    with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
+        _insert_raw(args_sql, result_sql, "x" * (CEILING - around + 1))
     assert not Job.objects.exists()
+    _insert_raw(args_sql, result_sql, "x" * (CEILING - around))  # at the ceiling
+    assert Job.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -123,19 +135,10 @@ def test_migration_0020_gives_up_on_its_lock_after_two_seconds_and_runs_again_la
     by a long transaction, the migration fails within its lock_timeout, changing
     nothing; run again, it goes through."""
     call_command("migrate", "skipqueue", "0019", verbosity=0)
-    wrapper = connections["default"]
-    other = wrapper.get_new_connection(wrapper.get_connection_params())
     try:
-        other.execute("BEGIN")
-        other.execute("SELECT 1 FROM skipqueue_job LIMIT 1")  # a long transaction's lock
-        started = time.monotonic()
-        with pytest.raises(OperationalError, match="lock timeout"):
-            call_command("migrate", "skipqueue", "0020", verbosity=0)
-        assert time.monotonic() - started < 10
-        assert _constraint_and_triggers() == (True, set())  # unchanged
-        other.execute("ROLLBACK")
+        with migration_held_up_by_a_long_transaction("0020"):
+            assert _constraint_and_triggers() == (True, set())  # unchanged
     finally:
-        other.close()
         call_command("migrate", "skipqueue", verbosity=0)
     assert _constraint_and_triggers() == (
         None,

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.queue import sql
+from tests.locks import migration_held_up_by_a_long_transaction
 from tests.processes import wait_until
 from tests.testapp import tasks
 
@@ -131,7 +132,6 @@ def test_migration_0018_gives_up_on_its_lock_after_two_seconds_and_runs_again_la
     by a long transaction, the migration fails within its lock_timeout, changing
     nothing, instead of stalling every enqueue; run again, it goes through."""
     from django.core.management import call_command
-    from django.db.utils import OperationalError
 
     def trigger() -> str:
         with connections["default"].cursor() as cursor:
@@ -141,21 +141,11 @@ def test_migration_0018_gives_up_on_its_lock_after_two_seconds_and_runs_again_la
             )
             return cursor.fetchone()[0]
 
-    wrapper = connections["default"]
-    other = wrapper.get_new_connection(wrapper.get_connection_params())
     try:
-        other.execute("BEGIN")
-        other.execute("SELECT 1 FROM skipqueue_job LIMIT 1")  # a long transaction's lock
-        started = time.monotonic()
-        with pytest.raises(OperationalError, match="lock timeout"):
-            call_command("migrate", "skipqueue", "0017", verbosity=0)
-        assert time.monotonic() - started < 10
-        assert "FOR EACH ROW WHEN" in trigger()  # unchanged
-        other.execute("ROLLBACK")
-        call_command("migrate", "skipqueue", "0017", verbosity=0)
+        with migration_held_up_by_a_long_transaction("0017"):
+            assert "FOR EACH ROW WHEN" in trigger()  # unchanged
         assert "FOR EACH STATEMENT" in trigger()
     finally:
-        other.close()
         call_command("migrate", "skipqueue", verbosity=0)
     assert "FOR EACH ROW WHEN" in trigger()
 
