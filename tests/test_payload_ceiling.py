@@ -1,19 +1,24 @@
 """The database's payload ceiling (T28, migration 0020): 4 MiB of JSON text for a job's
 arguments and for its result, refused where a write sets them, and never measured again
-by the writes that do not (claims, renewals, acks without a result)."""
+by the writes that do not (claims, renewals, acks without a result). Several cases here
+came from an outside trial of a first version (BEFORE triggers, one transaction)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.core.management import call_command
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 
 from django_skipqueue.models import Job, JobState
 from tests.locks import migration_held_up_by_a_long_transaction
+from tests.processes import wait_until
 from tests.testapp import tasks
 
 CEILING = 4 * 1024 * 1024
 OVER = "x" * CEILING  # its JSON text adds the quotes: over the ceiling by two bytes
+TRIGGERS = {"skipqueue_job_payload_size", "skipqueue_job_result_size"}
 
 
 def _constraint_and_triggers() -> tuple[bool | None, set[str]]:
@@ -40,7 +45,7 @@ def _store_over_the_ceiling() -> int:
             "UPDATE skipqueue_job SET args = jsonb_build_array(%s::text) WHERE id = %s",
             [OVER, job.id],
         )
-        cursor.execute("ALTER TABLE skipqueue_job ENABLE TRIGGER skipqueue_job_payload_size")
+        cursor.execute("ALTER TABLE skipqueue_job ENABLE ALWAYS TRIGGER skipqueue_job_payload_size")
     return job.id
 
 
@@ -54,9 +59,8 @@ def test_an_update_that_sets_a_payload_over_the_ceiling_is_refused_and_the_row_k
                 transaction.atomic(),
             ):
                 Job.objects.filter(id=job.id).update(**columns)
-            assert f"its {'result' if 'result' in columns else 'args and kwargs'} take" in str(
-                raised.value
-            )
+            what = "result takes" if "result" in columns else "args and kwargs take"
+            assert f"job {job.id}: its {what} " in str(raised.value)
         # the caller's transaction goes on, and a payload at the ceiling is taken
         # ('[]' and '{"a": "..."}': 11 bytes around the text)
         assert Job.objects.filter(id=job.id).update(args=[], kwargs={"a": "x" * (CEILING - 11)})
@@ -109,10 +113,7 @@ def test_claim_renew_and_ack_do_not_measure_the_stored_payload_again():
 
 @pytest.mark.django_db(transaction=True)
 def test_migration_0020_back_and_forth_keeps_the_ceiling():
-    assert _constraint_and_triggers() == (
-        None,
-        {"skipqueue_job_payload_size", "skipqueue_job_result_size"},
-    )
+    assert _constraint_and_triggers() == (None, TRIGGERS)
     job = tasks.add.enqueue(1, 2)
     try:
         call_command("migrate", "skipqueue", "0019", verbosity=0)
@@ -121,10 +122,7 @@ def test_migration_0020_back_and_forth_keeps_the_ceiling():
             Job.objects.filter(id=job.id).update(result=OVER)
     finally:
         call_command("migrate", "skipqueue", verbosity=0)
-    assert _constraint_and_triggers() == (
-        None,
-        {"skipqueue_job_payload_size", "skipqueue_job_result_size"},
-    )
+    assert _constraint_and_triggers() == (None, TRIGGERS)
     with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
         Job.objects.filter(id=job.id).update(result=OVER)
 
@@ -140,7 +138,120 @@ def test_migration_0020_gives_up_on_its_lock_after_two_seconds_and_runs_again_la
             assert _constraint_and_triggers() == (True, set())  # unchanged
     finally:
         call_command("migrate", "skipqueue", verbosity=0)
-    assert _constraint_and_triggers() == (
-        None,
-        {"skipqueue_job_payload_size", "skipqueue_job_result_size"},
-    )
+    assert _constraint_and_triggers() == (None, TRIGGERS)
+
+
+def _superuser() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_payload_grown_by_a_trigger_of_the_projects_own_is_refused():
+    """The check sees the row as stored: after a BEFORE trigger of the project's, here one
+    whose name sorts after ours (BEFORE triggers fire in the order of their names)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION zz_grow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            f" NEW.args := jsonb_build_array(repeat('x', {CEILING})); RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER zz_grow BEFORE INSERT OR UPDATE ON skipqueue_job"
+            " FOR EACH ROW EXECUTE FUNCTION zz_grow()"
+        )
+    try:
+        with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
+            tasks.add.enqueue(1, 2)
+        assert not Job.objects.exists()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER zz_grow ON skipqueue_job")
+            cursor.execute("DROP FUNCTION zz_grow()")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ceiling_holds_for_a_writer_in_replica_mode():
+    """Logical replication's apply and restores with --disable-triggers write with
+    session_replication_role = replica, which skips ordinary triggers (not constraints)."""
+    if not _superuser():
+        pytest.skip("session_replication_role needs a superuser")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        with (
+            pytest.raises(IntegrityError, match="skipqueue_job_payload_size"),
+            transaction.atomic(),
+        ):
+            _insert_raw("jsonb_build_array(%s::text)", "NULL", OVER)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0020_waits_for_a_transaction_that_read_the_job_table_and_then_writes_it():
+    """A transaction that read the job table (an atomic() block that looked before it
+    enqueues) and writes it while the migration waits for its lock: the migration takes
+    the table's strongest lock before anything else, so it waits for that transaction
+    instead of holding a weaker lock that the write would wait on (a deadlock, which
+    PostgreSQL settled by aborting the user's transaction or the migration)."""
+    call_command("migrate", "skipqueue", "0019", verbosity=0)
+    wrapper = connections["default"]
+    other = wrapper.get_new_connection(wrapper.get_connection_params())
+    other.autocommit = True
+    failures: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            call_command("migrate", "skipqueue", "0020", verbosity=0)
+        except BaseException as error:  # noqa: BLE001 - asserted below
+            failures.append(error)
+        finally:
+            connections.close_all()
+
+    migrating = threading.Thread(target=migrate)
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT count(*) FROM skipqueue_job")
+        migrating.start()
+        wait_until(
+            lambda: (
+                other.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                    " AND relation = 'skipqueue_job'::regclass"
+                ).fetchone()[0]
+                > 0
+            ),
+            timeout=10,
+        )
+        other.execute(
+            "INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state,"
+            " lease, attempts, max_attempts, expirations, releases, last_error, errors)"
+            " VALUES ('t', '[]', '{}', 'default', 0, 'pending', '1 minute', 0, 1, 0, 0, '',"
+            " '[]')"
+        )
+        other.execute("COMMIT")
+        migrating.join(30)
+        assert not migrating.is_alive() and not failures, failures
+        assert _constraint_and_triggers() == (None, TRIGGERS)
+        assert Job.objects.count() == 1
+    finally:
+        other.close()
+        migrating.join(30)
+        call_command("migrate", "skipqueue", verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_going_back_over_0020_names_a_job_over_the_ceiling_and_runs_again_once_it_is_gone():
+    job_id = _store_over_the_ceiling()
+    try:
+        with pytest.raises(IntegrityError, match=f"job {job_id} holds more than {CEILING} bytes"):
+            call_command("migrate", "skipqueue", "0019", verbosity=0)
+        # the constraint is back, NOT VALID, and holds for every write from now on
+        assert _constraint_and_triggers() == (False, set())
+        with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
+            _insert_raw("jsonb_build_array(%s::text)", "NULL", OVER)
+        Job.objects.filter(id=job_id).delete()
+        call_command("migrate", "skipqueue", "0019", verbosity=0)
+        assert _constraint_and_triggers() == (True, set())
+    finally:
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert _constraint_and_triggers() == (None, TRIGGERS)

@@ -5,36 +5,61 @@
 # PostgreSQL checks every CHECK constraint on every new version of a row, whatever
 # columns the UPDATE set, so each claim, lease renewal, ack, release and retry of a job
 # turned its arguments back into text: measured on PostgreSQL 15 with 250 KiB arguments
-# (benchmarks/large_payloads.py), 2.3 ms of the server's CPU for one renewal, 21 ms for
-# a claim of 10, 2.4 ms of database CPU a job for a worker's drain; the row without
-# the constraint takes 0.1 ms a write.
+# (benchmarks/large_payloads.py), 2.3 ms of the server's CPU for one renewal, 8 ms for
+# an ack of 10, 2.4 ms of database CPU a job for a worker's drain; the row without the
+# constraint takes 0.1 ms a write.
 #
-# The same ceiling as two BEFORE triggers that fire only on an INSERT, or an UPDATE
-# whose SET names the payload's columns (`UPDATE OF`), with the test in their WHEN
-# clause: the function is called only to refuse the row, with the error the constraint
+# The same ceiling as two row triggers that fire only on an INSERT, or an UPDATE whose
+# SET names the payload's columns (`UPDATE OF`), with the test in their WHEN clause:
+# their function is called only to refuse the row, with the error the constraint
 # raised (check_violation, 23514, naming skipqueue_job_payload_size, which Django raises
-# as IntegrityError). A trigger of a project's own that rewrites `args` on another
-# column's UPDATE is not re-checked (PostgreSQL's rule for `UPDATE OF`); our writes set
-# the payload columns by name, and the rows already stored met the constraint.
+# as IntegrityError). They are AFTER triggers, for three reasons found by an outside
+# trial of a first version with BEFORE triggers:
+# - an AFTER trigger sees the row as stored, after every BEFORE trigger of a project's
+#   own has changed it (BEFORE triggers fire in the order of their names, so one named
+#   after ours could have grown the payload past a test already made);
+# - a BEFORE ROW UPDATE trigger makes PostgreSQL lock each row before updating it,
+#   whether or not the trigger fires: one more WAL record a renewal and an ack;
+# - a BEFORE ROW INSERT trigger turns off COPY's batched inserts.
+# They are ENABLE ALWAYS, so that they hold, as the constraint did, for writers in
+# `session_replication_role = replica` (logical replication's apply, a restore with
+# --disable-trigger): a table owner can still disable them, as they could drop the
+# constraint.
 #
-# Like 0018, replacing the constraint takes a lock on the job table that conflicts with
-# every write: it waits at most LOCK_TIMEOUT, then fails changing nothing, and
-# `migrate` can be run again. Going back re-adds the constraint NOT VALID and validates
-# it, as 0003 did (the validation reads the table under a lock that writes pass).
+# What this does not check, and the constraint did: a payload changed by a BEFORE
+# trigger of a project's own on an UPDATE whose SET does not name it (PostgreSQL's rule
+# for `UPDATE OF`). Our writes set the payload columns by name. A later migration that
+# changes one of these columns' type must drop the triggers first (PostgreSQL refuses
+# to alter a column that a trigger's definition uses).
+#
+# Applying it takes the strongest lock on the job table first, waiting at most
+# LOCK_TIMEOUT (0018): past that it fails changing nothing, and `migrate` can be run
+# again. Taken first, and not by the DROP CONSTRAINT at the end, because CREATE TRIGGER's
+# weaker lock, once held, would close a cycle with any transaction that had read the job
+# table and then writes it (a deadlock, which PostgreSQL may settle by aborting that
+# transaction rather than the migration).
+#
+# Going back re-adds the constraint NOT VALID (it holds for every write from then on),
+# and validates it in a transaction of its own, under a lock that writes pass (as 0003
+# did). A row over the ceiling stops that validation, which names it.
 
 import importlib
 
 from django.db import migrations
 
-CEILING = importlib.import_module(
+_PAYLOAD_CEILING = importlib.import_module(
     "django_skipqueue.migrations.0003_payload_ceiling_autovacuum"
-).CEILING
+)
+CEILING = _PAYLOAD_CEILING.CEILING
 LOCK_TIMEOUT = importlib.import_module(
     "django_skipqueue.migrations.0018_notify_update_per_row"
 ).LOCK_TIMEOUT
+LOCK = LOCK_TIMEOUT + "\nLOCK TABLE skipqueue_job IN ACCESS EXCLUSIVE MODE;\n"
+ARGUMENTS = "octet_length(NEW.args::text) + octet_length(NEW.kwargs::text)"
+RESULT = "octet_length(NEW.result::text)"
 
 FORWARD = (
-    LOCK_TIMEOUT
+    LOCK
     + f"""
 CREATE OR REPLACE FUNCTION skipqueue_refuse_payload() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -42,17 +67,17 @@ DECLARE
     what text;
 BEGIN
     IF TG_NAME = 'skipqueue_job_result_size' THEN
-        size := octet_length(NEW.result::text);
-        what := 'result';
+        size := {RESULT};
+        what := 'result takes';
     ELSE
-        size := octet_length(NEW.args::text) + octet_length(NEW.kwargs::text);
-        what := 'args and kwargs';
+        size := {ARGUMENTS};
+        what := 'args and kwargs take';
     END IF;
     RAISE EXCEPTION USING
         MESSAGE = format(
             'new row for relation "%s" violates check constraint "skipqueue_job_payload_size": '
-            || 'its %s take %s bytes of JSON text, over the ceiling of {CEILING}',
-            TG_TABLE_NAME, what, size),
+            || 'job %s: its %s %s bytes of JSON text, over the ceiling of {CEILING}',
+            TG_TABLE_NAME, NEW.id, what, size),
         ERRCODE = 'check_violation', CONSTRAINT = 'skipqueue_job_payload_size',
         TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
 END;
@@ -60,21 +85,23 @@ $$;
 
 DROP TRIGGER IF EXISTS skipqueue_job_payload_size ON skipqueue_job;
 CREATE TRIGGER skipqueue_job_payload_size
-    BEFORE INSERT OR UPDATE OF args, kwargs ON skipqueue_job
-    FOR EACH ROW WHEN (octet_length(NEW.args::text) + octet_length(NEW.kwargs::text) > {CEILING})
+    AFTER INSERT OR UPDATE OF args, kwargs ON skipqueue_job
+    FOR EACH ROW WHEN ({ARGUMENTS} > {CEILING})
     EXECUTE FUNCTION skipqueue_refuse_payload();
+ALTER TABLE skipqueue_job ENABLE ALWAYS TRIGGER skipqueue_job_payload_size;
 DROP TRIGGER IF EXISTS skipqueue_job_result_size ON skipqueue_job;
 CREATE TRIGGER skipqueue_job_result_size
-    BEFORE INSERT OR UPDATE OF result ON skipqueue_job
-    FOR EACH ROW WHEN (octet_length(NEW.result::text) > {CEILING})
+    AFTER INSERT OR UPDATE OF result ON skipqueue_job
+    FOR EACH ROW WHEN ({RESULT} > {CEILING})
     EXECUTE FUNCTION skipqueue_refuse_payload();
+ALTER TABLE skipqueue_job ENABLE ALWAYS TRIGGER skipqueue_job_result_size;
 
 ALTER TABLE skipqueue_job DROP CONSTRAINT IF EXISTS skipqueue_job_payload_size;
 """
 )
 
 BACKWARD = (
-    LOCK_TIMEOUT
+    LOCK
     + f"""
 ALTER TABLE skipqueue_job DROP CONSTRAINT IF EXISTS skipqueue_job_payload_size;
 ALTER TABLE skipqueue_job ADD CONSTRAINT skipqueue_job_payload_size CHECK (
@@ -84,12 +111,42 @@ ALTER TABLE skipqueue_job ADD CONSTRAINT skipqueue_job_payload_size CHECK (
 DROP TRIGGER IF EXISTS skipqueue_job_payload_size ON skipqueue_job;
 DROP TRIGGER IF EXISTS skipqueue_job_result_size ON skipqueue_job;
 DROP FUNCTION IF EXISTS skipqueue_refuse_payload();
-ALTER TABLE skipqueue_job VALIDATE CONSTRAINT skipqueue_job_payload_size;
+"""
+)
+
+# Its own transaction (the migration is not atomic): SHARE UPDATE EXCLUSIVE, which
+# enqueues, claims and acks pass, while it reads the whole table.
+VALIDATE = (
+    LOCK_TIMEOUT
+    + f"""
+DO $$
+BEGIN
+    ALTER TABLE skipqueue_job VALIDATE CONSTRAINT skipqueue_job_payload_size;
+EXCEPTION WHEN check_violation THEN
+    RAISE EXCEPTION USING
+        MESSAGE = format(
+            'job %s holds more than {CEILING} bytes of JSON text in its args and kwargs '
+            || 'or in its result: migration 0003''s constraint skipqueue_job_payload_size '
+            || 'refuses it; shrink or delete that job and migrate again',
+            (SELECT id FROM skipqueue_job
+             WHERE NOT (octet_length(args::text) + octet_length(kwargs::text) <= {CEILING}
+                        AND (result IS NULL OR octet_length(result::text) <= {CEILING}))
+             ORDER BY id LIMIT 1)),
+        ERRCODE = 'check_violation', CONSTRAINT = 'skipqueue_job_payload_size';
+END;
+$$;
 """
 )
 
 
 class Migration(migrations.Migration):
+    atomic = False  # going back, VALIDATE runs in a transaction of its own
+
     dependencies = [("skipqueue", "0019_workflow_step_by_primary_key")]
 
-    operations = [migrations.RunSQL(FORWARD, BACKWARD)]
+    # Each RunSQL is one statement string: one transaction (PostgreSQL runs a string of
+    # several statements as one). In reverse, BACKWARD first, then VALIDATE.
+    operations = [
+        migrations.RunSQL(migrations.RunSQL.noop, VALIDATE),
+        migrations.RunSQL(FORWARD, BACKWARD),
+    ]

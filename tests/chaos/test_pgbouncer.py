@@ -147,6 +147,7 @@ def _start_pooled(supervisor, url: str):
 ENQUEUE_THROUGH_POOLER = """
 import json
 from django.db import transaction
+from django_skipqueue.core import compat
 from tests.processes import run_in_threads
 from tests.testapp import tasks
 ids, errors = [], []
@@ -161,8 +162,13 @@ def enqueue_many_times():
     except Exception as exc:
         errors.append(repr(exc))
 
-run_in_threads(enqueue_many_times, 6)
-print(json.dumps({"ids": ids, "errors": errors}))
+# Rounds until the pooler has been found (at most five): on a loaded machine the six
+# threads may take turns on one server session, where nothing goes missing.
+for rounds in range(1, 6):
+    run_in_threads(enqueue_many_times, 6)
+    if "default" in compat._UNNAMED_ONLY:
+        break
+print(json.dumps({"ids": ids, "errors": errors, "rounds": rounds}))
 """
 
 
@@ -184,7 +190,8 @@ def test_enqueues_through_a_transaction_pooler_that_loses_named_statements(pgbou
     assert child.returncode == 0, err
     report = json.loads(out.strip().splitlines()[-1])
     assert report["errors"] == []
-    assert len(report["ids"]) == 6 * 63 == len(set(report["ids"]))
-    assert Job.objects.filter(id__in=report["ids"], state="pending").count() == 6 * 63
+    enqueued = 6 * 63 * report["rounds"]
+    assert len(report["ids"]) == enqueued == len(set(report["ids"]))
+    assert Job.objects.filter(id__in=report["ids"], state="pending").count() == enqueued
     assert err.count("another server session") == 1, err  # the pooler, found once
-    print(f"\nnamed statements lost through the pooler: {err.count('another server session')}")
+    print(f"\nthe pooler found in round {report['rounds']} of at most 5")
