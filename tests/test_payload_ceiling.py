@@ -5,6 +5,7 @@ came from an outside trial of a first version (BEFORE triggers, one transaction)
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import pytest
@@ -91,8 +92,9 @@ def _insert_raw(args_sql: str, result_sql: str, value: str) -> None:
 def test_t28_the_database_refuses_an_oversized_payload_written_by_raw_sql(
     args_sql, result_sql, around
 ):
-    with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
+    with pytest.raises(IntegrityError, match="skipqueue_job_payload_size") as raised:
         _insert_raw(args_sql, result_sql, "x" * (CEILING - around + 1))
+    assert "a new job of task 't': its " in str(raised.value)  # it has no id to name
     assert not Job.objects.exists()
     _insert_raw(args_sql, result_sql, "x" * (CEILING - around))  # at the ceiling
     assert Job.objects.count() == 1
@@ -240,16 +242,36 @@ def test_migration_0020_waits_for_a_transaction_that_read_the_job_table_and_then
 
 
 @pytest.mark.django_db(transaction=True)
-def test_going_back_over_0020_names_a_job_over_the_ceiling_and_runs_again_once_it_is_gone():
+def test_going_back_over_0020_names_a_job_over_the_ceiling_before_changing_anything():
     job_id = _store_over_the_ceiling()
     try:
-        with pytest.raises(IntegrityError, match=f"job {job_id} holds more than {CEILING} bytes"):
+        named = f"job {job_id}: its args and kwargs take {CEILING + 6} bytes of JSON text"
+        with pytest.raises(IntegrityError, match=named):
             call_command("migrate", "skipqueue", "0019", verbosity=0)
-        # the constraint is back, NOT VALID, and holds for every write from now on
-        assert _constraint_and_triggers() == (False, set())
+        assert _constraint_and_triggers() == (None, TRIGGERS)  # nothing changed
+        Job.objects.filter(id=job_id).delete()
+        call_command("migrate", "skipqueue", "0019", verbosity=0)
+        assert _constraint_and_triggers() == (True, set())
+    finally:
+        call_command("migrate", "skipqueue", verbosity=0)
+    assert _constraint_and_triggers() == (None, TRIGGERS)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_going_back_over_0020_interrupted_between_its_steps_runs_again():
+    """Going back is two transactions (the validation must not hold the lock that blocks
+    every write): stopped after the first, with 0020 still recorded, `migrate skipqueue
+    0019` runs both again and ends as 0019 does."""
+    migration = importlib.import_module(
+        "django_skipqueue.migrations.0020_payload_ceiling_on_change"
+    )
+    tasks.add.enqueue(1, 2)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(migration.BACKWARD)
+        assert _constraint_and_triggers() == (False, set())  # the constraint holds already
         with pytest.raises(IntegrityError, match="skipqueue_job_payload_size"):
             _insert_raw("jsonb_build_array(%s::text)", "NULL", OVER)
-        Job.objects.filter(id=job_id).delete()
         call_command("migrate", "skipqueue", "0019", verbosity=0)
         assert _constraint_and_triggers() == (True, set())
     finally:

@@ -39,9 +39,15 @@
 # table and then writes it (a deadlock, which PostgreSQL may settle by aborting that
 # transaction rather than the migration).
 #
-# Going back re-adds the constraint NOT VALID (it holds for every write from then on),
-# and validates it in a transaction of its own, under a lock that writes pass (as 0003
-# did). A row over the ceiling stops that validation, which names it.
+# Going back first looks for a job over the ceiling (only a writer that disabled the
+# triggers can have stored one) and stops there, naming it, before anything changes.
+# Then it re-adds the constraint NOT VALID (it holds for every write from then on), and
+# validates it in a transaction of its own, under a lock that writes pass (as 0003 did).
+# Interrupted between those two transactions, the table holds the constraint and no
+# triggers while Django still records 0020 as applied: run `migrate skipqueue 0019`
+# again (each step can run again), or `migrate` forward after a `migrate skipqueue
+# 0019` that went through. The forward SQL run by hand (`sqlmigrate`) must run as one
+# transaction (`psql -1`): LOCK TABLE and SET LOCAL need one.
 
 import importlib
 
@@ -65,6 +71,8 @@ CREATE OR REPLACE FUNCTION skipqueue_refuse_payload() RETURNS trigger LANGUAGE p
 DECLARE
     size bigint;
     what text;
+    who text := CASE TG_OP WHEN 'INSERT' THEN format('a new job of task %L', NEW.task)
+                           ELSE format('job %s', NEW.id) END;
 BEGIN
     IF TG_NAME = 'skipqueue_job_result_size' THEN
         size := {RESULT};
@@ -76,8 +84,8 @@ BEGIN
     RAISE EXCEPTION USING
         MESSAGE = format(
             'new row for relation "%s" violates check constraint "skipqueue_job_payload_size": '
-            || 'job %s: its %s %s bytes of JSON text, over the ceiling of {CEILING}',
-            TG_TABLE_NAME, NEW.id, what, size),
+            || '%s: its %s %s bytes of JSON text, over the ceiling of {CEILING}',
+            TG_TABLE_NAME, who, what, size),
         ERRCODE = 'check_violation', CONSTRAINT = 'skipqueue_job_payload_size',
         TABLE = TG_TABLE_NAME, SCHEMA = TG_TABLE_SCHEMA;
 END;
@@ -114,25 +122,57 @@ DROP FUNCTION IF EXISTS skipqueue_refuse_payload();
 """
 )
 
-# Its own transaction (the migration is not atomic): SHARE UPDATE EXCLUSIVE, which
-# enqueues, claims and acks pass, while it reads the whole table.
+OVER_THE_CEILING = f"""
+NOT (octet_length(args::text) + octet_length(kwargs::text) <= {CEILING}
+     AND (result IS NULL OR octet_length(result::text) <= {CEILING}))
+"""
+
+
+def _refuse_the_first_job_over_the_ceiling(otherwise: str) -> str:
+    """PL/pgSQL: raise a check violation naming the first job over 0003's ceiling, its
+    sizes and what to do; `otherwise` where there is none."""
+    return f"""
+    SELECT id, octet_length(args::text) + octet_length(kwargs::text) AS arguments,
+           octet_length(result::text) AS result
+      INTO job FROM skipqueue_job WHERE {OVER_THE_CEILING} ORDER BY id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING
+            MESSAGE = format(
+                'job %s: its args and kwargs take %s bytes of JSON text and its result %s, '
+                || 'over the ceiling of {CEILING} to which migration 0003''s constraint '
+                || 'skipqueue_job_payload_size holds every row; shrink or delete that job, '
+                || 'then migrate again',
+                job.id, job.arguments, coalesce(job.result::text, 'none')),
+            ERRCODE = 'check_violation', CONSTRAINT = 'skipqueue_job_payload_size';
+    END IF;
+    {otherwise}
+"""
+
+
+# Going back, first (its own transaction, reading the table with no lock that writes
+# wait on): a job over the ceiling, which only a writer that disabled the triggers can
+# have stored, stops the migration here, named, before anything has changed.
+FIND_FIRST = f"""
+DO $$
+DECLARE job record;
+BEGIN
+{_refuse_the_first_job_over_the_ceiling("")}
+END;
+$$;
+"""
+
+# Going back, last (its own transaction): SHARE UPDATE EXCLUSIVE, which enqueues, claims
+# and acks pass, while it reads the whole table. A job stored over the ceiling since
+# FIND_FIRST stops it, named.
 VALIDATE = (
     LOCK_TIMEOUT
     + f"""
 DO $$
+DECLARE job record;
 BEGIN
     ALTER TABLE skipqueue_job VALIDATE CONSTRAINT skipqueue_job_payload_size;
 EXCEPTION WHEN check_violation THEN
-    RAISE EXCEPTION USING
-        MESSAGE = format(
-            'job %s holds more than {CEILING} bytes of JSON text in its args and kwargs '
-            || 'or in its result: migration 0003''s constraint skipqueue_job_payload_size '
-            || 'refuses it; shrink or delete that job and migrate again',
-            (SELECT id FROM skipqueue_job
-             WHERE NOT (octet_length(args::text) + octet_length(kwargs::text) <= {CEILING}
-                        AND (result IS NULL OR octet_length(result::text) <= {CEILING}))
-             ORDER BY id LIMIT 1)),
-        ERRCODE = 'check_violation', CONSTRAINT = 'skipqueue_job_payload_size';
+{_refuse_the_first_job_over_the_ceiling("RAISE;")}
 END;
 $$;
 """
@@ -145,8 +185,9 @@ class Migration(migrations.Migration):
     dependencies = [("skipqueue", "0019_workflow_step_by_primary_key")]
 
     # Each RunSQL is one statement string: one transaction (PostgreSQL runs a string of
-    # several statements as one). In reverse, BACKWARD first, then VALIDATE.
+    # several statements as one). In reverse: FIND_FIRST, BACKWARD, VALIDATE.
     operations = [
         migrations.RunSQL(migrations.RunSQL.noop, VALIDATE),
         migrations.RunSQL(FORWARD, BACKWARD),
+        migrations.RunSQL(migrations.RunSQL.noop, FIND_FIRST),
     ]
