@@ -9,8 +9,8 @@ Each round enqueues 10 jobs whose one argument is `--kib` KiB of text, claims th
 statement, renews each lease once, and acks them in one statement, timing each of the
 three calls (wall, milliseconds, the statement's round trip included). Prints the medians.
 Then drains `--drain` such jobs with `runworker --concurrency 4 --burst` and prints its
-jobs a second and the database server's CPU a job (its backends' time, from /proc, where
-the server runs on this machine).
+jobs a second and the database server's CPU a job (`benchmarks/run.py
+server_cpu_seconds`: the whole server's, where it runs on this machine).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 
 from benchmarks.benchapp.tasks import sink  # noqa: E402
+from benchmarks.run import server_cpu_seconds  # noqa: E402
 from django_skipqueue.models import Job  # noqa: E402
 
 
@@ -65,37 +66,18 @@ def drain(kib: int, jobs: int) -> tuple[float, float]:
     Job.objects.all().delete()
     for start in range(0, jobs, 500):
         sink.enqueue_many([((blob,), {}) for _ in range(min(500, jobs - start))], ids_only=True)
+    cpu_before = server_cpu_seconds()[0]
     started = time.perf_counter()
     worker = subprocess.Popen(
         [sys.executable, "-m", "django", "runworker", "--concurrency", "4", "--burst"],
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
     )
-    # The worker's backends come and go with it: sample their CPU while it runs.
-    seen: dict[int, float] = {}
-    while worker.poll() is None:
-        _sample(seen)
-        time.sleep(0.05)
+    worker.wait()
     elapsed = time.perf_counter() - started
+    cpu = server_cpu_seconds()[0] - cpu_before
     assert Job.objects.filter(state="done").count() == jobs
-    return jobs / elapsed, sum(seen.values()) / jobs * 1000
-
-
-def _sample(seen: dict[int, float]) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()"
-        )
-        pids = [row[0] for row in cursor.fetchall()]
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seen[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return jobs / elapsed, cpu / jobs * 1000
 
 
 def main() -> None:
