@@ -63,6 +63,11 @@ LOCK_TIMEOUT = importlib.import_module(
 LOCK = LOCK_TIMEOUT + "\nLOCK TABLE skipqueue_job IN ACCESS EXCLUSIVE MODE;\n"
 ARGUMENTS = "octet_length(NEW.args::text) + octet_length(NEW.kwargs::text)"
 RESULT = "octet_length(NEW.result::text)"
+# 0003's CHECK constraint, as going back re-adds it
+WITHIN_THE_CEILING = (
+    f"octet_length(args::text) + octet_length(kwargs::text) <= {CEILING}"
+    f" AND (result IS NULL OR octet_length(result::text) <= {CEILING})"
+)
 
 FORWARD = (
     LOCK
@@ -113,8 +118,7 @@ BACKWARD = (
     + f"""
 ALTER TABLE skipqueue_job DROP CONSTRAINT IF EXISTS skipqueue_job_payload_size;
 ALTER TABLE skipqueue_job ADD CONSTRAINT skipqueue_job_payload_size CHECK (
-    octet_length(args::text) + octet_length(kwargs::text) <= {CEILING}
-    AND (result IS NULL OR octet_length(result::text) <= {CEILING})
+    {WITHIN_THE_CEILING}
 ) NOT VALID;
 DROP TRIGGER IF EXISTS skipqueue_job_payload_size ON skipqueue_job;
 DROP TRIGGER IF EXISTS skipqueue_job_result_size ON skipqueue_job;
@@ -122,10 +126,7 @@ DROP FUNCTION IF EXISTS skipqueue_refuse_payload();
 """
 )
 
-OVER_THE_CEILING = f"""
-NOT (octet_length(args::text) + octet_length(kwargs::text) <= {CEILING}
-     AND (result IS NULL OR octet_length(result::text) <= {CEILING}))
-"""
+OVER_THE_CEILING = f"NOT ({WITHIN_THE_CEILING})"
 
 
 def _refuse_the_first_job_over_the_ceiling(otherwise: str) -> str:
