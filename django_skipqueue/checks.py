@@ -22,7 +22,6 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register  # n
 from django.db import connections
 from django.utils import timezone
 
-from django_skipqueue.broker.topology import pika_module
 from django_skipqueue.conf import (
     KNOWN_KEYS,
     get_settings,
@@ -156,6 +155,10 @@ def check_relay(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         return []  # E002 says what is wrong with the settings first
     try:
         if relay_config().enabled:
+            # Imported here: a project without relayed queues (and each of its web
+            # processes, which run no checks) does not import the broker layer.
+            from django_skipqueue.broker.topology import pika_module
+
             pika_module()
     except ConfigurationError as error:
         return [Error("The relay to RabbitMQ cannot run.", hint=f"{error}.", id="skipqueue.E012")]

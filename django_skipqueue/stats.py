@@ -15,7 +15,6 @@ from django.db import connections
 from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from django_skipqueue.broker.topology import broker_depths
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import QueueLimit, queue_limits
 from django_skipqueue.conf.relay import RelayConfig, relay_config
@@ -116,7 +115,14 @@ def queue_stats(
         relay = relay_config()
     except ConfigurationError:  # reported by the system check skipqueue.E012
         relay = RelayConfig()
-    depths = broker_depths(relay) if relay.enabled and broker else {}
+    depths = {}
+    if relay.enabled and broker:
+        # Imported here (as checks.py does): the admin, which every process of a project
+        # with django.contrib.admin imports at start-up, needs the broker layer only
+        # where queues are relayed.
+        from django_skipqueue.broker.topology import broker_depths
+
+        depths = broker_depths(relay)
     for name in relay.queues:
         entry = row(name)
         entry.relayed = True

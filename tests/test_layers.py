@@ -30,8 +30,16 @@ BEFORE_THE_REGISTRY = {
 
 
 #: Modules that import an optional extra at their top (prometheus_client): imported
-#: inside the function that needs them, so that nothing else imports the extra.
-OPTIONAL_EXTRAS = {"django_skipqueue.runtime.prometheus"}
+#: inside the function that needs them, so that nothing else imports the extra. And
+#: the broker layer's modules that the rabbitmq extra's modes use (pika, relayed
+#: queues): imported by those modes only, so that a plain worker starts without them
+#: and a check or the admin imports them only where queues are relayed.
+OPTIONAL_EXTRAS = {
+    "django_skipqueue.runtime.prometheus",
+    "django_skipqueue.broker.consumer",
+    "django_skipqueue.broker.relay",
+    "django_skipqueue.broker.topology",
+}
 
 
 def modules() -> dict[str, ast.Module]:
@@ -158,6 +166,34 @@ def test_function_local_imports_only_where_the_app_registry_requires_them():
         and (local := function_local_imports(tree, names) - {name} - OPTIONAL_EXTRAS)
     }
     assert offenders == {}
+
+
+def test_a_plain_worker_starts_without_the_broker_layer_or_opentelemetry():
+    """What a worker of a project without relayed queues imports before its first job
+    (setup, the checks, the command, a job run): not the broker layer, and not
+    OpenTelemetry (core/tracing.py) while nothing traced. A relayed project's check
+    still imports it (and finds pika)."""
+    code = (
+        "import sys, django; django.setup()\n"
+        "from django.core.management import call_command\n"
+        "call_command('check', verbosity=0)\n"
+        "import django_skipqueue.management.commands.runworker\n"
+        "from django_skipqueue.core import tracing\n"
+        "from django_skipqueue.models import Job\n"
+        "tracing.start_run(Job(id=1, task='t', queue_name='q', attempts=1))\n"
+        "print('loaded', sorted(m for m in sys.modules\n"
+        "      if m.startswith(('django_skipqueue.broker', 'opentelemetry', 'pika'))))\n"
+        "from django.conf import settings\n"
+        "relay = {'URL': 'amqp://127.0.0.1', 'QUEUES': ['mail']}\n"
+        "settings.SKIPQUEUE = {**settings.SKIPQUEUE, 'RELAY': relay}\n"
+        "call_command('check', verbosity=0)\n"
+        "print('pika', 'pika' in sys.modules)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if line.startswith(("loaded", "pika"))]
+    assert said == ["loaded []", "pika True"]
 
 
 def test_a_project_without_schedules_never_imports_croniter():

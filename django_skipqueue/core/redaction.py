@@ -16,11 +16,34 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from django_skipqueue.conf import get_settings
 
 MASK = "***"
+
+
+class _LazyPattern:
+    """A regular expression compiled on its first use. The patterns below take about
+    5 ms to compile, and every process that imports the job manager imports this
+    module, while most (a worker before its first failure, a web process that enqueues)
+    never redact anything."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern: str, flags: int) -> None:
+        self._args = (pattern, flags)
+        self._compiled: re.Pattern[str] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._compiled is None:
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, name)
+
+
+def _lazy(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    return cast("re.Pattern[str]", _LazyPattern(pattern, flags))
+
 
 #: Names of at most this many characters match whole words only (see the docstring).
 WORD_MATCH_MAX_LENGTH = 4
@@ -47,18 +70,18 @@ _VALUE = (
     r"|\([^()]{0,4000}\)|\[[^\[\]]{0,4000}\]|\{[^{}]{0,4000}\}"
     r"|[^\s,;&)}\]]"
 )
-_BARE = re.compile(r"[^\s,;&)}\]]*")
-_LINE = re.compile(r"""[^\r\n;"'<>]*""")
+_BARE = _lazy(r"[^\s,;&)}\]]*")
+_LINE = _lazy(r"""[^\r\n;"'<>]*""")
 #: A key's name, bare or quoted (`password`, `"password"`, `\"password\"`), never
 #: the tail of a longer name (which would make a long word cost its length squared).
 _NAME = r"""(?<![A-Za-z0-9_.-])(?P<quote>\\?["']|)(?P<name>[A-Za-z0-9_.-]+)(?P=quote)"""
 
-_KEY_VALUE = re.compile(
+_KEY_VALUE = _lazy(
     rf"(?P<prefix>{_NAME}\s*(?:=>|[:=])\s*{_SCHEME}?)(?P<value>{_VALUE})", re.IGNORECASE
 )
 
 #: The words of a key name: `userPass` -> user, Pass; `X-API-Key` -> X, API, Key.
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+_WORD = _lazy(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 def _normal(name: str) -> str:
@@ -150,7 +173,7 @@ TEXT_RULES: list[Rule] = [
     (
         "a PEM private key (PKCS#8, RSA, EC, DSA, OPENSSH, ENCRYPTED) or a PGP private key "
         "block, to its END line or, cut short, to the end of its base64",
-        re.compile(
+        _lazy(
             r"(?P<begin>-----BEGIN (?P<kind>[A-Z0-9 ]{0,20})PRIVATE KEY(?P<block>(?: BLOCK)?)-----)"
             r"(?:(?s:.{0,10000}?)(?P<end>-----END (?P=kind)PRIVATE KEY(?P=block)-----)"
             r"|(?:(?:\s|\\[nr])*[A-Za-z0-9+/=]{16,})*)"
@@ -160,7 +183,7 @@ TEXT_RULES: list[Rule] = [
     (
         "the password of a URL, with or without a user name (redis://:secret@host), up to "
         "its last `@` (postgres://user:p@ss@host hides `p@ss`)",
-        re.compile(
+        _lazy(
             r"(?P<head>(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://[^:/@\s]*:)"  # a scheme's start
             r"""[^\s/?#'"]+@""",
             re.IGNORECASE,
@@ -170,7 +193,7 @@ TEXT_RULES: list[Rule] = [
     (
         "a URL's user name that looks like a token (https://<token>@github.com/...): 20 "
         "characters or more, no password",
-        re.compile(
+        _lazy(
             r"(?P<head>(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://)[A-Za-z0-9_.~%+-]{20,}@",
             re.IGNORECASE,
         ),
@@ -179,7 +202,7 @@ TEXT_RULES: list[Rule] = [
     (
         "a URL's query parameter that looks secret (`?api_key=`, `&access_token=`, "
         "`?sig=`, `?key=`)",
-        re.compile(r"""(?P<prefix>[?&](?P<name>[A-Za-z0-9_.%\[\]-]+)=)(?P<value>[^&#\s'"<>]+)"""),
+        _lazy(r"""(?P<prefix>[?&](?P<name>[A-Za-z0-9_.%\[\]-]+)=)(?P<value>[^&#\s'"<>]+)"""),
         _query_value,
     ),
     (
@@ -191,12 +214,12 @@ TEXT_RULES: list[Rule] = [
     (
         "a pair whose first item names a secret: `(password, x)`, `('password', 'x')`, "
         '`["password", "x"]`',
-        re.compile(rf"(?P<prefix>[(\[]\s*{_NAME}\s*,\s*{_SCHEME}?)(?P<value>{_VALUE})"),
+        _lazy(rf"(?P<prefix>[(\[]\s*{_NAME}\s*,\s*{_SCHEME}?)(?P<value>{_VALUE})"),
         _key_value,
     ),
     (
         "a command line's `--password hunter2`",
-        re.compile(
+        _lazy(
             r"(?P<prefix>(?<![\w-])--(?P<name>[A-Za-z][A-Za-z0-9_-]*)[ \t]+)"
             r"(?P<value>[^\s-]\S*)"
         ),
@@ -204,13 +227,13 @@ TEXT_RULES: list[Rule] = [
     ),
     (
         "credentials after an authentication scheme anywhere (`Bearer <token>`)",
-        re.compile(rf"(?P<scheme>\b(?:{'|'.join(AUTH_SCHEMES)})\s+)(?!\*\*\*)[^\s,;\"']+"),
+        _lazy(rf"(?P<scheme>\b(?:{'|'.join(AUTH_SCHEMES)})\s+)(?!\*\*\*)[^\s,;\"']+"),
         _scheme_credentials,
     ),
     (
         "tokens whose format gives them away without a key name: Stripe secret keys, "
         "GitHub and Slack tokens, AWS access key ids, JWTs",
-        re.compile(
+        _lazy(
             r"\b(?:[sr]k_(?:live|test)_[0-9A-Za-z]{10,}|gh[pousr]_[0-9A-Za-z]{30,}"
             r"|github_pat_[0-9A-Za-z_]{30,}|xox[abposr]-[0-9A-Za-z-]{10,}|AKIA[0-9A-Z]{16}"
             r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
@@ -272,8 +295,8 @@ def _apply(pattern: re.Pattern[str], replace: Replace, text: str, keys: tuple[st
 #: A unique key's runs between separators, and what in a run may be a token: a part
 #: (between `-` and `_`) of 8 or more characters that mixes letters and digits, or of 16
 #: or more of any kind (a reset token, a session id, a digest, a UUID, a card number).
-_KEY_RUN = re.compile(r"[^\s:/|,;.=@]+")
-_TOKEN_PART = re.compile(
+_KEY_RUN = _lazy(r"[^\s:/|,;.=@]+")
+_TOKEN_PART = _lazy(
     r"(?=[^-_]*[A-Za-z])(?=[^-_]*[0-9])[^-_]{8,}|[^-_]{16,}",
 )
 

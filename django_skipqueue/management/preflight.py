@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections
-from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 
 from django_skipqueue.conf import task_backends_of_ours
@@ -35,6 +34,8 @@ def require_migrated(alias: str) -> None:
     try:
         if _all_applied(alias):
             return
+        from django.db.migrations.loader import MigrationLoader  # the long way only
+
         loader = MigrationLoader(connection, ignore_no_migrations=True)
     except DatabaseError as error:
         if is_transient(error):

@@ -14,14 +14,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_skipqueue.broker.consumer import Consumer
-from django_skipqueue.broker.relay import Relay
 from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
@@ -43,6 +41,9 @@ from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.pool import WorkerPool
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.worker import Worker
+
+if TYPE_CHECKING:
+    from django_skipqueue.broker.relay import Relay
 
 logger = logging.getLogger("django_skipqueue")
 
@@ -301,6 +302,10 @@ class Command(BaseCommand):
                 f"--broker runs relayed queues only; not relayed: {', '.join(strangers)} "
                 f"(SKIPQUEUE['RELAY']['QUEUES'] is {list(config.queues)})"
             )
+        # The broker's modules are imported by the modes that use them only: a plain
+        # worker's start-up, before its first job, does not pay for them.
+        from django_skipqueue.broker.consumer import Consumer
+
         meter = None
         if options["metrics_port"] is not None:
             from django_skipqueue.runtime.prometheus import worker_series
@@ -330,6 +335,8 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         if not config.enabled:
             raise CommandError("--relay: no relayed queue (SKIPQUEUE['RELAY']['QUEUES'])")
+        from django_skipqueue.broker.relay import Relay  # see run_consumer
+
         relay = Relay(config, listen=not options["no_listen"])
         relay.thread = threading.Thread(target=relay.run, name="skipqueue-relay", daemon=True)
         relay.thread.start()
