@@ -52,6 +52,14 @@ def worker_spans(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def printed_by(code: str, **env: str) -> list[str]:
+    """The words `code` prints in a fresh interpreter (Django set up, `env` added)."""
+    child = start_python(code, **env)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    return out.split()
+
+
 def hex_id(value: int, width: int) -> str:
     return f"0x{value:0{width}x}"
 
@@ -227,10 +235,7 @@ def test_without_an_sdk_a_job_with_no_context_makes_no_span_and_a_carried_one_go
         "print(started is not None and started[0].is_recording())\n"
         "tracing.end_run(started, 'succeeded')\n"
     )
-    child = start_python(code)
-    out, err = child.communicate(timeout=60)
-    assert child.returncode == 0, err
-    assert out.split() == ["True", "bob", "True", "False", "True"]
+    assert printed_by(code) == ["True", "bob", "True", "False", "True"]
 
 
 def test_every_enqueue_path_returns_and_stores_the_same_trace_context():
@@ -281,10 +286,7 @@ def test_a_process_that_never_imported_opentelemetry_does_not_import_it_for_plai
         "tracing.end_run(started, 'succeeded')\n"
         "print(f'{seen:032x}' == parent.split('-')[1])\n"
     )
-    child = start_python(code)
-    out, err = child.communicate(timeout=60)
-    assert child.returncode == 0, err
-    assert out.split() == ["True", "True", "True", "True", "True"]
+    assert printed_by(code) == ["True", "True", "True", "True", "True"]
 
     code = (
         "from django_skipqueue.core import tracing\n"
@@ -293,7 +295,4 @@ def test_a_process_that_never_imported_opentelemetry_does_not_import_it_for_plai
         "print(started is not None and started[0].is_recording())\n"
         "tracing.end_run(started, 'succeeded')\n"
     )
-    child = start_python(code, OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider")
-    out, err = child.communicate(timeout=60)
-    assert child.returncode == 0, err
-    assert out.split() == ["True"]
+    assert printed_by(code, OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider") == ["True"]
