@@ -327,3 +327,19 @@ def test_redacting_a_long_adversarial_text_takes_well_under_a_second(text):
     started = time.perf_counter()
     redact_text(text)
     assert time.perf_counter() - started < 1.0
+
+
+def test_the_rules_compile_on_first_use_and_survive_a_copy_and_pickling():
+    """The patterns compile on first use (redaction.py's _LazyPattern); a deep copy of
+    the table (a project's settings may copy it) and a pickled pattern still mask."""
+    import copy
+    import pickle
+
+    from django_skipqueue.core import redaction
+
+    copied = copy.deepcopy(redaction.TEXT_RULES)
+    _, pattern, _ = copied[1]
+    assert pattern.search("dsn redis://:pw@host") is not None
+    again = pickle.loads(pickle.dumps(redaction.TEXT_RULES[1][1]))  # noqa: S301  (our own)
+    assert again.search("dsn redis://:pw@host") is not None
+    assert redaction.redact_text("redis://:pw@host") == "redis://:***@host"

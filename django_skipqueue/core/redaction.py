@@ -36,6 +36,9 @@ class _LazyPattern:
         self._compiled: re.Pattern[str] | None = None
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in self.__slots__:
+            # Not a pattern's: a copy or an unpickling asks before the slots are set.
+            raise AttributeError(name)
         if self._compiled is None:
             self._compiled = re.compile(*self._args)
         return getattr(self._compiled, name)
