@@ -296,3 +296,30 @@ def test_a_process_that_never_imported_opentelemetry_does_not_import_it_for_plai
         "tracing.end_run(started, 'succeeded')\n"
     )
     assert printed_by(code, OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider") == ["True"]
+
+
+def test_an_api_that_refuses_to_load_fails_no_enqueue_and_no_job():
+    """OTEL_PROPAGATORS naming a propagator that is not installed makes the API's import
+    raise ValueError: said once in the log, then no tracing; the enqueue and the job (one
+    that carries a context, which needs the import) go on."""
+    code = (
+        "from django_skipqueue.core import tracing\n"
+        "from django_skipqueue.models import Job\n"
+        "from opentelemetry import trace\n"  # a span could be current: the enqueue imports
+        "from tests.testapp import tasks\n"
+        "job = tasks.add.enqueue(1, 2)\n"
+        "print(Job.objects.get(id=job.id).trace_context is None, end=' ')\n"
+        "parent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'\n"
+        "carried = Job(id=2, task='t', queue_name='q', attempts=1,\n"
+        "              trace_context={'traceparent': parent})\n"
+        "print(tracing.start_run(carried) is None)\n"
+        "from django_skipqueue.testing import run_jobs\n"
+        "Job.objects.filter(id=job.id).update(trace_context={'traceparent': parent})\n"
+        "run_jobs()\n"
+        "print(Job.objects.get(id=job.id).state)\n"
+    )
+    child = start_python(code, OTEL_PROPAGATORS="no_such_propagator")
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out.split() == ["True", "True", "done"]
+    assert err.count("OpenTelemetry could not be loaded") == 1

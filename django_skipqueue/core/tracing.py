@@ -42,6 +42,12 @@ def _otel() -> Any:
             from opentelemetry import context, propagate, trace
         except ImportError:
             _api = False
+        except Exception:  # noqa: BLE001
+            # The API refuses to load as configured (OTEL_PROPAGATORS naming a
+            # propagator that is not installed raises ValueError): said once, then no
+            # tracing in this process. Tracing never fails an enqueue or a job.
+            logger.warning("tracing: OpenTelemetry could not be loaded; no spans", exc_info=True)
+            _api = False
         else:
             _api = (trace, propagate, context)
     return _api
