@@ -323,3 +323,21 @@ def test_an_api_that_refuses_to_load_fails_no_enqueue_and_no_job():
     assert child.returncode == 0, err
     assert out.split() == ["True", "True", "done"]
     assert err.count("OpenTelemetry could not be loaded") == 1
+
+
+def test_a_relayed_message_keeps_the_stored_context_and_baggage():
+    """The relay sends the row's whole trace_context as headers; the consumer reads
+    back each header a context may hold, baggage included (the traces guide's promise
+    for relayed jobs too)."""
+    from django_skipqueue.broker.message import Message
+
+    stored = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "vendor=x",
+        "baggage": "user=bob",
+    }
+    message = Message(
+        job_id=1, task="t", queue="q", args=[], kwargs={}, attempt=1, max_attempts=3,
+        lease_seconds=30.0, trace=stored,
+    )  # fmt: skip
+    assert Message.decode(message.body(), message.properties().headers).trace == stored

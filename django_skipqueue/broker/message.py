@@ -28,7 +28,8 @@ class Message:
     max_attempts: int
     lease_seconds: float
     #: The W3C trace context of the span that enqueued the job (OpenTelemetry), sent
-    #: as the message's `traceparent` and `tracestate` headers; None: untraced.
+    #: as the message's `traceparent`, `tracestate` and `baggage` headers; None:
+    #: untraced.
     trace: dict[str, str] | None = None
 
     def body(self) -> bytes:
@@ -89,8 +90,9 @@ class Message:
             raise InvalidJobError(f"a broker message is not a job: {error!r}") from None
 
 
-#: The W3C trace context's headers, as OpenTelemetry's propagator names them.
-TRACE_HEADERS = ("traceparent", "tracestate")
+#: The W3C trace context's headers and W3C baggage's, as OpenTelemetry's default
+#: propagators name them: what a job row's `trace_context` holds.
+TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 def _trace_of(headers: dict[str, Any]) -> dict[str, str] | None:
