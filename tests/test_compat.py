@@ -269,6 +269,44 @@ def test_the_kept_cursor_refuses_an_async_context_as_django_does():
         asyncio.run(enqueue_from_a_coroutine())
 
 
+@pytest.mark.django_db(transaction=True)
+def test_direct_row_refuses_a_coroutine_on_an_open_connection_as_django_does():
+    import asyncio
+
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    from tests.testapp.tasks import add
+
+    add.enqueue(1, 1)  # open, in this thread: the short way past ensure_connection
+    opened = connections["default"]
+
+    async def from_a_coroutine() -> Any:
+        return compat.direct_row(opened, "SELECT %(x)s::int", {"x": 1})
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(from_a_coroutine())
+    assert compat.direct_row(opened, "SELECT %(x)s::int", {"x": 1}) == (b"\x00\x00\x00\x01",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_direct_row_takes_a_connection_shared_between_threads_as_django_does():
+    from tests.testapp.tasks import add
+
+    add.enqueue(1, 1)
+    opened = connections["default"]
+    found: list[Any] = []
+    opened.inc_thread_sharing()  # Django's own check lets another thread use it then
+    try:
+        thread = threading.Thread(
+            target=lambda: found.append(compat.direct_row(opened, "SELECT %(x)s::int", {"x": 1}))
+        )
+        thread.start()
+        thread.join()
+    finally:
+        opened.dec_thread_sharing()
+    assert found == [(b"\x00\x00\x00\x01",)]
+
+
 def test_has_receivers_answers_as_has_listeners():
     from django.db.models import signals
 

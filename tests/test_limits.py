@@ -45,6 +45,24 @@ def test_a_far_future_run_after_is_refused(settings):
 
 
 @pytest.mark.django_db
+def test_a_task_that_passed_its_bounds_is_checked_again_under_new_settings(settings):
+    late = tasks.add.using(run_after=timedelta(hours=2), max_attempts=11)
+    late.enqueue(1, 2)
+    late.enqueue(1, 2)  # passed twice: kept beside these settings
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_DELAY_SECONDS": 3600}
+    with pytest.raises(InvalidJobError, match="run_after is 2:00:00 ahead"):
+        late.enqueue(1, 2)
+    settings.SKIPQUEUE = {
+        **settings.SKIPQUEUE,
+        "MAX_DELAY_SECONDS": 10**6,
+        "MAX_ATTEMPTS_LIMIT": 10,
+    }
+    with pytest.raises(InvalidJobError, match="MAX_ATTEMPTS_LIMIT"):
+        late.enqueue(1, 2)
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
 def test_a_full_queue_refuses_more_and_other_queues_are_unaffected(settings):
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, "MAX_PENDING_PER_QUEUE": 5}
     tasks.add.enqueue_many([((n, n), {}) for n in range(4)])

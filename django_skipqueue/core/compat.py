@@ -383,6 +383,10 @@ _WRAPPER_STEP_FUNCTIONS = tuple(_WRAPPER_STEPS.values())
 _DJANGO_CURSORS = (DjangoPsycopgCursor, ServerBindingCursor)
 _PSYCOPG_EXECUTE = psycopg.Cursor.execute
 _PSYCOPG_CURSOR = psycopg.Connection.cursor  # what Django's create_cursor calls
+# Django's own, as found at import: `direct_row` calls them only where they can do
+# something (see `_ready_for_this_thread`).
+_ENSURE_CONNECTION = PostgresWrapper.ensure_connection
+_VALIDATE_THREAD_SHARING = PostgresWrapper.validate_thread_sharing
 _STEPS_OWN = all(_written_in(step, django) for step in _WRAPPER_STEP_FUNCTIONS) and all(
     _written_in(step, psycopg) for step in (_PSYCOPG_EXECUTE, _PSYCOPG_CURSOR)
 )
@@ -501,8 +505,7 @@ def direct_row(
     if not apps.ready:
         return None
     conn: Any = connection
-    connection.ensure_connection()  # first: a connection_created receiver may install
-    connection.validate_thread_sharing()  # an execute wrapper or a cursor of its own
+    _ready_for_this_thread(connection)  # first: a connection_created receiver may install
     if connection.queries_logged or connection.execute_wrappers or not _direct_steps():
         return None
     if conn.timezone is not datetime.timezone.utc or not plain_cursor_path(connection):
@@ -524,8 +527,11 @@ def direct_row(
     if pgconn.pipeline_status or pgconn.parameter_status(b"client_encoding") != b"UTF8":
         return None
     query, names = _positional(statement)
-    try:
-        values = [_text_parameter(params[name]) for name in names]
+    try:  # a spec's shared parameters come encoded already (`text_parameters`)
+        values = [
+            value if type(value) is bytes else _text_parameter(value)
+            for value in map(params.__getitem__, names)
+        ]
     except TypeError:
         return None
     connection.validate_no_broken_transaction()
@@ -543,7 +549,32 @@ def direct_row(
         if not results or not results[-1].ntuples:
             return ()
         last = results[-1]
-        return tuple(last.get_value(0, column) for column in range(last.nfields))
+        return tuple([last.get_value(0, column) for column in range(last.nfields)])
+
+
+def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:
+    """`ensure_connection()` and `validate_thread_sharing()`, as Django's cursor calls
+    them, each skipped only where Django's own would do nothing: a connection already
+    open, outside a running event loop (where `ensure_connection` refuses), in the
+    thread that opened it, neither method replaced on the class (pytest-django's
+    database blocker replaces `ensure_connection`) or on the object, which is no
+    proxy. Their wrappers (the event-loop check, the thread-sharing lock) were about
+    5 % of an enqueue's instructions (benchmarks/RESULTS.md, "twelfth pass")."""
+    conn: Any = connection
+    cls, own = type(connection), conn.__dict__
+    if (
+        conn.connection is None
+        or getattr(cls, "ensure_connection", None) is not _ENSURE_CONNECTION
+        or "ensure_connection" in own
+        or asyncio._get_running_loop() is not None
+    ):
+        connection.ensure_connection()
+    if (
+        conn._thread_ident != threading.get_ident()
+        or getattr(cls, "validate_thread_sharing", None) is not _VALIDATE_THREAD_SHARING
+        or "validate_thread_sharing" in own
+    ):
+        connection.validate_thread_sharing()
 
 
 # Named statements of `direct_row` outside transactions. A statement planned once and

@@ -194,7 +194,10 @@ def encode_arguments(
             raise InvalidJobError(f"the keyword argument name {name!r} is not a string")
         _check_text(name, f"the keyword argument name {name!r}")
         plain_kwargs[name] = normalize(value, f"argument {name!r}")
-    args_json, kwargs_json = encode(plain_args), encode(plain_kwargs)
+    # A call without positional or without keyword arguments (most have one of the two)
+    # encodes that side as the text jsonb prints for it, without the encoder.
+    args_json = encode(plain_args) if plain_args else "[]"
+    kwargs_json = encode(plain_kwargs) if plain_kwargs else "{}"
     size = stored_size(args_json) + stored_size(kwargs_json)
     if size > limit:
         raise InvalidJobError(

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from django_skipqueue.conf import get_settings
+from django_skipqueue.conf import SkipQueueSettings, get_settings
 from django_skipqueue.conf.limits import MAX_CONCURRENCY
 from django_skipqueue.core.states import UNIQUE_KEY_MAX_LENGTH
 from django_skipqueue.exceptions import InvalidJobError
@@ -271,12 +271,18 @@ class JobSpec:
             raise InvalidJobError(f"{self.name} has no {option}")
         return rule
 
-    def check_bounds(self) -> None:
+    def check_bounds(self, conf: SkipQueueSettings | None = None) -> None:
         """The per-task volume guards (case S11, docs/explanation/failure-model.md):
         max_attempts and run_after against SKIPQUEUE's caps. A run_after datetime is
         compared with this process's clock: a bound of days or more, not a lease
-        decision. The queue's pending cap is the queue layer's to count."""
-        conf = get_settings()
+        decision. The queue's pending cap is the queue layer's to count.
+
+        A spec whose bounds are durations (or unset) passes or fails the same way for a
+        given SKIPQUEUE: its pass is kept beside those settings (a tenth of a plain
+        enqueue's Python, measured in instructions; benchmarks/RESULTS.md, "twelfth pass")."""
+        conf = conf or get_settings()
+        if self.__dict__.get("_bounds_passed") is conf:
+            return
         if self.max_attempts > conf.MAX_ATTEMPTS_LIMIT:
             raise InvalidJobError(
                 f"max_attempts {self.max_attempts} is over SKIPQUEUE['MAX_ATTEMPTS_LIMIT'] "
@@ -300,6 +306,8 @@ class JobSpec:
             raise InvalidJobError(
                 f"{self.name} would never run: run_after ({start}) is not before its expiry ({end})"
             )
+        if not isinstance(start, datetime) and not isinstance(end, datetime):
+            object.__setattr__(self, "_bounds_passed", conf)  # a frozen dataclass
 
     def shared_columns(self) -> dict[str, Any]:
         """The columns every job of this spec holds alike."""

@@ -49,6 +49,19 @@ def loaded_jobs(
     return [instance_from_row(model, alias, row) for row in rows]
 
 
+def loaded_job(
+    model: type[M], alias: str, names: list[str], row: dict[str, Any], own: dict[str, Any]
+) -> M:
+    """`loaded_jobs` of one row given in two parts, `own` laid over `row` (which holds
+    every concrete column): an enqueued job, whose spec's columns are shared, is built
+    without merging them into a new row first."""
+    if has_receivers(signals.pre_init, model) or has_receivers(signals.post_init, model):
+        return loaded_jobs(model, alias, names, (row | own,))[0]
+    instance = instance_from_row(model, alias, row)
+    instance.__dict__.update(own)
+    return instance
+
+
 @async_unsafe("You cannot call this from an async context - use a thread or sync_to_async.")
 def job_cursor(alias: str) -> Any:
     """`with job_cursor(alias) as cursor:` a cursor of `alias` for the statements of the

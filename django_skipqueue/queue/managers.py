@@ -40,7 +40,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Concat, Greatest, JSONObject, Least, Now
 from django.db.models.lookups import Exact
 
-from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, SkipQueueSettings, get_settings
 from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core import tracing
@@ -53,6 +53,7 @@ from django_skipqueue.core.compat import (
     has_receivers,
     quote_parameters,
     text_parameters,
+    thread_connection,
 )
 from django_skipqueue.core.payload import (
     encode,
@@ -82,7 +83,7 @@ from django_skipqueue.exceptions import (
 from django_skipqueue.faults import is_transient
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import bounded
-from django_skipqueue.queue.loading import fetch_jobs, job_cursor, loaded_jobs
+from django_skipqueue.queue.loading import fetch_jobs, job_cursor, loaded_job, loaded_jobs
 
 if TYPE_CHECKING:
     import uuid
@@ -859,17 +860,23 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             job.expires_at = _run_at(spec.expires)
         return job
 
-    def _check_room(self, spec: JobSpec, adding: int) -> None:
+    def _check_room(
+        self, spec: JobSpec, adding: int, conf: SkipQueueSettings | None = None
+    ) -> None:
         """The volume guards before any write (case S11, docs/explanation/failure-model.md):
         the spec's own bounds, then, with MAX_PENDING_PER_QUEUE, the queue's pending jobs,
-        counted up to the cap only (an index scan of at most that many entries)."""
-        spec.check_bounds()
-        self.check_room(spec.queue_name, adding)
+        counted up to the cap only (an index scan of at most that many entries). `conf`:
+        the settings the caller read already."""
+        conf = conf or get_settings()
+        spec.check_bounds(conf)
+        self.check_room(spec.queue_name, adding, conf)
 
-    def check_room(self, queue_name: str, adding: int) -> None:
+    def check_room(
+        self, queue_name: str, adding: int, conf: SkipQueueSettings | None = None
+    ) -> None:
         """With MAX_PENDING_PER_QUEUE, QueueFullError if `adding` more jobs would pass it
         (the queue's pending jobs counted up to the cap only)."""
-        cap = get_settings().MAX_PENDING_PER_QUEUE
+        cap = (conf or get_settings()).MAX_PENDING_PER_QUEUE
         if cap is not None:
             pending = self.pending_up_to(queue_name, cap)
             if pending + adding > cap:
@@ -913,7 +920,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             params = shared | {"args": args_json, "kwargs": kwargs_json}
             if trace is not None:
                 params["trace"] = json.dumps(trace)
-            direct = direct_row(connections[self.db], statement, params)
+            direct = direct_row(thread_connection(self.db), statement, params)
         if direct is not None:
             if not direct:
                 raise _no_row_returned(task)
@@ -933,7 +940,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             if returned is None:
                 raise _no_row_returned(task)
             job_id, run_at, created_at = returned
-        row = base_row | {
+        own = {
             "id": job_id,
             "args": plain_args,
             "kwargs": plain_kwargs,
@@ -943,7 +950,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "expires_at": _expires_at(task.expires, created_at),
             "trace_context": trace,
         }
-        return loaded_jobs(self.model, self.db, _job_template(self.model)[0], (row,))[0]
+        return loaded_job(self.model, self.db, _job_template(self.model)[0], base_row, own)
 
     @overload
     def enqueue_many(
@@ -1231,7 +1238,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for args, kwargs in calls:
             task.check_call(args, kwargs)
             checked.append(encode_arguments(args, kwargs, limit=limit))
-        self._check_room(task, len(checked))
+        self._check_room(task, len(checked), settings)
         return checked
 
     def _insert(
