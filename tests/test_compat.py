@@ -307,6 +307,75 @@ def test_direct_row_takes_a_connection_shared_between_threads_as_django_does():
     assert found == [(b"\x00\x00\x00\x01",)]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_wrapper_of_djangos_connection_checks_made_before_our_import_sees_every_enqueue():
+    import subprocess
+
+    from tests.processes import REPO_ROOT, child_env
+
+    code = """
+import functools
+from django.db.backends.base.base import BaseDatabaseWrapper as Base
+seen = []
+for name in ("ensure_connection", "validate_thread_sharing"):
+    original = getattr(Base, name)
+    def counted(self, *args, _original=original, _name=name, **kwargs):
+        seen.append(_name)
+        return _original(self, *args, **kwargs)
+    setattr(Base, name, functools.wraps(original)(counted))  # as an app's guard does
+import django
+django.setup()
+from django.db import transaction
+from tests.testapp.tasks import add
+with transaction.atomic():
+    add.enqueue(0, 0)
+    before = len(seen)
+    for n in range(3):
+        add.enqueue(n, n)
+    transaction.set_rollback(True)
+calls = seen[before:]
+print(calls.count("ensure_connection"), calls.count("validate_thread_sharing"))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    ensured, validated = (int(word) for word in done.stdout.split())
+    assert ensured >= 3 and validated >= 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_patch_of_the_connection_handlers_lookups_sees_the_enqueue_and_the_worker(
+    monkeypatch,
+):
+    from tests.testapp.tasks import add
+
+    handler = type(connections)
+    looked_up: list[str] = []
+    original = handler.__getitem__
+
+    def counted(self, alias):  # type: ignore[no-untyped-def]
+        looked_up.append(alias)
+        return original(self, alias)
+
+    add.enqueue(0, 0)
+    monkeypatch.setattr(handler, "__getitem__", counted)
+    add.enqueue(1, 1)
+    assert looked_up.count("default") >= 1
+    assert compat.thread_connection("default") is connections["default"]
+    listed: list[bool] = []
+    every = connections.all
+    monkeypatch.setattr(connections, "all", lambda **kw: listed.append(True) or every(**kw))
+    assert compat.initialized_connections() == every(initialized_only=True)
+    assert listed
+
+
 def test_has_receivers_answers_as_has_listeners():
     from django.db.models import signals
 

@@ -65,7 +65,17 @@ def quote_parameters(connection: BaseDatabaseWrapper, statement: str, params: An
 def _thread_storage() -> Any:
     """This thread's own store of Django's connections (a threading.local), or None where
     it cannot be read directly: inside a running event loop (asgiref then keeps them in
-    a context variable), or with an asgiref or Django laid out otherwise."""
+    a context variable), with an asgiref or Django laid out otherwise, or where the
+    handler's lookups are not Django's own (a subclass or a patch of `__getitem__` or
+    `all` that routes or counts them: it must see every lookup)."""
+    cls = type(connections)
+    if (
+        not _HANDLER_OWN
+        or cls.__getitem__ is not _HANDLER_GETITEM
+        or cls.all is not _HANDLER_ALL
+        or "all" in vars(connections)
+    ):
+        return None
     local = getattr(connections, "_connections", None)  # asgiref's Local (not in the stubs)
     storage = getattr(local, "_storage", None)
     if type(storage) is not threading.local or asyncio._get_running_loop() is not None:
@@ -188,6 +198,13 @@ def _written_in(function: object, package: types.ModuleType) -> bool:
         return False
     root = os.path.dirname(package.__file__ or "") + os.sep
     return function.__code__.co_filename.startswith(root)
+
+
+# The connection handler's own lookups, as Django defines them (a patch made before this
+# import is found by `_written_in`).
+_HANDLER_GETITEM = type(connections).__getitem__
+_HANDLER_ALL = type(connections).all
+_HANDLER_OWN = _written_in(_HANDLER_GETITEM, django) and _written_in(_HANDLER_ALL, django)
 
 
 _DJANGOS_OWN = all(  # not already patched before this import
@@ -384,9 +401,13 @@ _DJANGO_CURSORS = (DjangoPsycopgCursor, ServerBindingCursor)
 _PSYCOPG_EXECUTE = psycopg.Cursor.execute
 _PSYCOPG_CURSOR = psycopg.Connection.cursor  # what Django's create_cursor calls
 # Django's own, as found at import: `direct_row` calls them only where they can do
-# something (see `_ready_for_this_thread`).
+# something (see `_ready_for_this_thread`), and always where either was replaced before
+# this import (an app's `ready()` wrapping it: the code found is not Django's).
 _ENSURE_CONNECTION = PostgresWrapper.ensure_connection
 _VALIDATE_THREAD_SHARING = PostgresWrapper.validate_thread_sharing
+_CONNECTION_CHECKS_OWN = _written_in(_ENSURE_CONNECTION, django) and _written_in(
+    _VALIDATE_THREAD_SHARING, django
+)
 _STEPS_OWN = all(_written_in(step, django) for step in _WRAPPER_STEP_FUNCTIONS) and all(
     _written_in(step, psycopg) for step in (_PSYCOPG_EXECUTE, _PSYCOPG_CURSOR)
 )
@@ -557,11 +578,16 @@ def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:
     them, each skipped only where Django's own would do nothing: a connection already
     open, outside a running event loop (where `ensure_connection` refuses), in the
     thread that opened it, neither method replaced on the class (pytest-django's
-    database blocker replaces `ensure_connection`) or on the object, which is no
-    proxy. Their wrappers (the event-loop check, the thread-sharing lock) were about
-    5 % of an enqueue's instructions (benchmarks/RESULTS.md, "twelfth pass")."""
+    database blocker replaces `ensure_connection`), on the object, which is no proxy,
+    or before this module's import. Their wrappers (the event-loop check, the
+    thread-sharing lock) were about 5 % of an enqueue's instructions
+    (benchmarks/RESULTS.md, "twelfth pass")."""
     conn: Any = connection
     cls, own = type(connection), conn.__dict__
+    if not _CONNECTION_CHECKS_OWN:
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        return
     if (
         conn.connection is None
         or getattr(cls, "ensure_connection", None) is not _ENSURE_CONNECTION
