@@ -579,12 +579,14 @@ def part_memory(opts: argparse.Namespace) -> dict[str, float]:
     reset()
     fill(opts.memory_jobs)
     proc = worker("--concurrency", "4", "--no-listen", "--reap-interval", "0")
-    warm = None
+    warm = half = None
     try:
         while True:
             done = Job.objects.filter(state="done").count()
             if warm is None and done >= min(20_000, opts.memory_jobs // 10):
                 warm = rss_mb(proc.pid)
+            if half is None and done >= opts.memory_jobs // 2:
+                half = rss_mb(proc.pid)
             if done >= opts.memory_jobs:
                 break
             time.sleep(0.5)
@@ -596,6 +598,11 @@ def part_memory(opts: argparse.Namespace) -> dict[str, float]:
         "rss_warm_mb": warm,
         "rss_final_mb": final,
         "growth": final / warm - 1,
+        # A leak grows with the jobs run; a worker's ramp-up (its allocator's arenas, the
+        # adaptive prefetch's batches) is over in the first half (benchmarks/RESULTS.md,
+        # "twelfth pass").
+        "rss_half_mb": half,
+        "growth_second_half": final / half - 1,
         "jobs": opts.memory_jobs,
     }
 
