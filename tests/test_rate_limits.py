@@ -4,7 +4,9 @@ token bucket (one per task, in skipqueue_ratebucket)."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db.models import F
@@ -73,22 +75,34 @@ def test_a_rate_limited_task_is_refused_on_a_relayed_queue(relayed):
 @pytest.mark.slow
 def test_two_worker_processes_together_keep_a_tasks_rate(start_worker):
     """30 jobs of a 5-a-second task, two worker processes of 4 threads: the starts never
-    outrun the bucket (5 at once, then 5 a second), whichever worker makes them."""
-    tasks.five_a_second.enqueue_many([((n,), {}) for n in range(30)])
+    outrun the bucket (5 at once, then 5 a second), whichever worker makes them.
+
+    Which worker wins each token is a race that one worker can win every time (seen once
+    in about 20 runs): a round that only one worker served shows nothing about sharing
+    the bucket, so it is run again, up to three rounds, until both took part."""
     plain = tasks.add.enqueue(1, 2)
     for _ in range(2):
         start_worker("--concurrency", "4")
-    wait_until(
-        lambda: Job.objects.filter(state=JobState.DONE).count() == 31,
-        timeout=30,
-        message="the rate-limited jobs did not all run",
-    )
-    starts = sorted(Span.objects.filter(key="five").values_list("started_at", flat=True))
-    assert len(starts) == 30
-    origin = starts[0]
-    for count, moment in enumerate(starts, start=1):
-        allowed = 5 + 5 * (moment - origin).total_seconds() + 1  # +1: clock granularity
-        assert count <= allowed, (count, (moment - origin).total_seconds())
-    assert (starts[-1] - origin).total_seconds() >= 4.0  # 25 after the first 5, at 5/s
+    served_by: set[Any] = set()
+    for round_number in range(3):
+        if round_number:
+            time.sleep(1.2)  # the bucket refills: each round starts with its burst of 5
+        ids = [job.id for job in tasks.five_a_second.enqueue_many([((n,), {}) for n in range(30)])]
+        wait_until(
+            lambda ids=ids: Job.objects.filter(id__in=ids, state=JobState.DONE).count() == 30,
+            timeout=30,
+            message="the rate-limited jobs did not all run",
+        )
+        spans = Span.objects.filter(key="five", job_id__in=ids)
+        starts = sorted(spans.values_list("started_at", flat=True))
+        assert len(starts) == 30
+        origin = starts[0]
+        for count, moment in enumerate(starts, start=1):
+            allowed = 5 + 5 * (moment - origin).total_seconds() + 1  # +1: clock granularity
+            assert count <= allowed, (count, (moment - origin).total_seconds())
+        assert (starts[-1] - origin).total_seconds() >= 4.0  # 25 after the first 5, at 5/s
+        served_by = set(Job.objects.filter(id__in=ids).values_list("worker_id", flat=True))
+        if len(served_by) == 2:
+            break
     assert Job.objects.get(id=plain.id).state == JobState.DONE
-    assert len({job.worker_id for job in Job.objects.filter(rate_key__isnull=False)}) == 2
+    assert len(served_by) == 2
