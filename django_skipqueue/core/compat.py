@@ -583,24 +583,26 @@ def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:
     thread-sharing lock) were about 5 % of an enqueue's instructions
     (benchmarks/RESULTS.md, "twelfth pass")."""
     conn: Any = connection
-    cls, own = type(connection), conn.__dict__
-    if not _CONNECTION_CHECKS_OWN:
-        connection.ensure_connection()
-        connection.validate_thread_sharing()
-        return
     if (
         conn.connection is None
-        or getattr(cls, "ensure_connection", None) is not _ENSURE_CONNECTION
-        or "ensure_connection" in own
         or asyncio._get_running_loop() is not None
+        or _replaced(connection, "ensure_connection", _ENSURE_CONNECTION)
     ):
         connection.ensure_connection()
-    if (
-        conn._thread_ident != threading.get_ident()
-        or getattr(cls, "validate_thread_sharing", None) is not _VALIDATE_THREAD_SHARING
-        or "validate_thread_sharing" in own
+    if conn._thread_ident != threading.get_ident() or _replaced(
+        connection, "validate_thread_sharing", _VALIDATE_THREAD_SHARING
     ):
         connection.validate_thread_sharing()
+
+
+def _replaced(connection: BaseDatabaseWrapper, name: str, django_own: object) -> bool:
+    """Whether `connection`'s method `name` may not be Django's `django_own`: replaced on
+    its class or on the object, or before this module's import."""
+    return (
+        not _CONNECTION_CHECKS_OWN
+        or getattr(type(connection), name, None) is not django_own
+        or name in vars(connection)
+    )
 
 
 # Named statements of `direct_row` outside transactions. A statement planned once and
