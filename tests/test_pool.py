@@ -216,18 +216,3 @@ def test_a_sigterm_to_the_whole_process_group_drains_each_child_once(tmp_path):
     assert "second signal" not in text, text[-2000:]
     states = set(Job.objects.filter(id__in=[j.id for j in jobs]).values_list("state", flat=True))
     assert states == {JobState.DONE}  # drained, not left to the reaper
-
-
-@pytest.mark.parametrize("processes", ["1", "2"])
-def test_a_workers_start_up_objects_are_out_of_later_collections(start_worker, processes):
-    """runworker sets the objects of its start-up aside from the cycle collector's full
-    collections (runtime/collector.py), in a single worker and in each child of a pool;
-    a cycle a job makes is collected as before."""
-    jobs = tasks.collector_state.enqueue_many([((), {})] * 4)
-    worker = start_worker("--processes", processes, "--burst")
-    assert worker.wait(timeout=60) == 0
-    for job in jobs:
-        job.refresh_from_db()
-        assert job.state == JobState.DONE
-        assert job.result["enabled"] and job.result["cycle_freed"]
-        assert job.result["frozen"] > 10_000  # Django's and our modules, at least

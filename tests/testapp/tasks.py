@@ -547,25 +547,3 @@ async def async_progress(context: TaskContext, steps: int) -> int:
         await asyncio.sleep(0)
         context.set_progress(done + 1, steps)
     return steps
-
-
-@task
-def collector_state() -> dict[str, object]:
-    """How the worker process left Python's cycle collector: objects set aside at its
-    start-up, and whether a cycle made now is still collected."""
-    import gc
-    import weakref
-
-    class Node:
-        pass
-
-    node = Node()
-    node.itself = node  # type: ignore[attr-defined]
-    ref = weakref.ref(node)
-    del node
-    gc.collect()
-    return {
-        "frozen": gc.get_freeze_count(),
-        "enabled": gc.isenabled(),
-        "cycle_freed": ref() is None,
-    }

@@ -36,7 +36,6 @@ from django_skipqueue.management.arguments import (
 from django_skipqueue.management.preflight import queue_warnings, require_migrated
 from django_skipqueue.models import Job
 from django_skipqueue.queue.connections import Backoff, discard_connection
-from django_skipqueue.runtime.collector import freeze_start_up_objects
 from django_skipqueue.runtime.executor import Outcome
 from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.pool import WorkerPool
@@ -230,7 +229,6 @@ class Command(BaseCommand):
                     replace=not options["burst"],
                     helper=helper,
                 )
-                freeze_start_up_objects()  # before the fork: see runtime/collector.py
                 code = pool.run()
             if code:
                 sys.exit(code)
@@ -358,7 +356,6 @@ class Command(BaseCommand):
             progress = BurstProgress(worker, self)
             progress.start()
         relay = self.start_relay(options)
-        freeze_start_up_objects()  # the start-up's objects, out of later collections
         try:
             code = worker.run()
         finally:
