@@ -452,3 +452,24 @@ def test_retry_refuses_a_spend_attempt_that_is_not_a_bool():
 
     with pytest.raises(InvalidJobError, match="spend_attempt must be True or False"):
         Retry(1, spend_attempt="no")
+
+
+def test_the_check_for_a_transaction_left_open_reads_a_sqlite_connection_too():
+    """A task may use another alias of another backend (a SQLite file beside the
+    PostgreSQL database): the check after the task reads SQLite's own flag instead of
+    failing on psycopg's attributes (which broke the worker's thread for every later
+    job), and leaves a driver that says nothing alone."""
+    import sqlite3
+
+    from django_skipqueue.runtime.runner import _transaction_status
+
+    raw = sqlite3.connect(":memory:", isolation_level=None)  # Django's autocommit
+    try:
+        assert _transaction_status(raw) == 0
+        raw.execute("BEGIN")
+        assert _transaction_status(raw) == 2  # INTRANS: closed by the check
+        raw.execute("ROLLBACK")
+        assert _transaction_status(raw) == 0
+    finally:
+        raw.close()
+    assert _transaction_status(object()) is None

@@ -444,7 +444,7 @@ def end_open_transactions() -> list[str]:
         if raw is None or connection.in_atomic_block or not connection.autocommit:
             continue
         status = _transaction_status(raw)
-        if status == 0:  # IDLE: nothing open
+        if status is None or status == 0:  # IDLE, or a driver that does not say
             continue
         if status not in (1, 2, 3):  # UNKNOWN: the connection is broken, nothing is open
             discard(connection)
@@ -455,13 +455,21 @@ def end_open_transactions() -> list[str]:
     return found
 
 
-def _transaction_status(raw: Any) -> int:
+def _transaction_status(raw: Any) -> int | None:
     """libpq's PQtransactionStatus of a psycopg connection (0 idle, 1 active, 2 in a
-    transaction, 3 in a failed one, 4 unknown)."""
+    transaction, 3 in a failed one, 4 unknown). A task may use another alias of another
+    backend: SQLite's connection says only whether it is in a transaction (0 or 2);
+    another driver's state is not known here (None), and it is left alone."""
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is not None:
         return int(pgconn.transaction_status)
-    return int(raw.info.transaction_status)
+    status = getattr(getattr(raw, "info", None), "transaction_status", None)
+    if status is not None:  # psycopg2's
+        return int(status)
+    in_transaction = getattr(raw, "in_transaction", None)  # sqlite3's
+    if isinstance(in_transaction, bool):
+        return 2 if in_transaction else 0
+    return None
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
