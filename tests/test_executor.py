@@ -473,3 +473,26 @@ def test_the_check_for_a_transaction_left_open_reads_a_sqlite_connection_too():
     finally:
         raw.close()
     assert _transaction_status(object()) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_block_a_job_started_receiver_leaves_open_fails_that_job_only():
+    """A receiver of job_started that enters atomic() and never exits: its block is
+    rolled back after the task like the task's own (before, it counted as the caller's
+    and the outcome's write retried for ever), and the next jobs run as usual."""
+    from django.db import transaction
+
+    def leaves_atomic_open(sender, job, **kwargs):
+        if job.task == tasks.add.name:
+            transaction.atomic().__enter__()
+
+    signals.job_started.connect(leaves_atomic_open, weak=False)
+    try:
+        tasks.add.enqueue(1, 2)
+        job, outcome = run()
+    finally:
+        signals.job_started.disconnect(leaves_atomic_open)
+    assert (outcome, job.state) == (Outcome.FAILED, JobState.FAILED)
+    assert "1 atomic() block(s) on 'default'" in job.last_error
+    tasks.record.enqueue()
+    assert run()[1] is Outcome.SUCCEEDED

@@ -132,6 +132,11 @@ def run_and_decide(
     decide its outcome. Sends `job_started`; never raises for what the task does."""
     attempt = job.attempts
     started = time.monotonic()  # durations only; no decision uses the process clock
+    connection = thread_connection(database)  # looked up once a job
+    # Read before job_started's receivers run: an atomic() block one of them leaves
+    # open is rolled back after the task as the task's own would be. Read after them,
+    # it counted as the caller's, and the job's outcome write retried for ever.
+    depth = len(connection.atomic_blocks)
     signals.job_started.send(sender=Job, job=job)
     logger.debug(
         "job started id=%s task=%s attempt=%d%s",
@@ -142,8 +147,6 @@ def run_and_decide(
     )
     task: Task[Any, Any] | None = None
     past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
-    connection = thread_connection(database)  # looked up once a job
-    depth = len(connection.atomic_blocks)
     try:
         task = registry.get(job.task)
         if cancel is not None and cancel.is_set():  # cancelled before it started
