@@ -167,7 +167,8 @@ def run_and_decide(
         result = _return_value(task, value)
         if check_size:
             limit = get_settings().MAX_PAYLOAD_BYTES
-            size = 4 if result is None else encoded_size(result)  # None is stored as null
+            # None counts as jsonb's `null`, 4 bytes, as encoded_size(None) says.
+            size = 4 if result is None else encoded_size(result)
             if size > limit:
                 raise InvalidJobError(
                     f"the return value takes {size} bytes as stored (jsonb text), over the "
