@@ -23,17 +23,17 @@ def held() -> InFlight:
 def test_a_claimed_job_is_held_and_due_for_renewal_after_a_third_of_its_lease(held):
     flight = held.add(job(1, lease=3.0), now=100.0, timeout=None)
     assert (len(held), held.held(), flight.attempt) == (1, 1, 1)
-    assert held.next_renewal() == 101.0
+    assert held.plan_pass() == 101.0
     assert held.due_renewals(100.9) == []
     assert held.due_renewals(101.0) == [flight]
     held.renewed(flight, now=101.0)
-    assert held.next_renewal() == 102.0
+    assert held.plan_pass() == 102.0
 
 
 def test_a_refused_renewal_is_never_tried_again(held):
     flight = held.add(job(1), now=0.0, timeout=None)
     held.renewal_refused(flight)
-    assert held.due_renewals(1e9) == [] and held.next_renewal() == NEVER
+    assert held.due_renewals(1e9) == [] and held.plan_pass() == NEVER
 
 
 def test_a_timeout_counts_from_the_start_not_the_claim(held):
@@ -43,6 +43,27 @@ def test_a_timeout_counts_from_the_start_not_the_claim(held):
     assert held.timed_out(54.9) == []
     assert held.timed_out(55.0) == [flight]
     assert held.due_renewals(56.0) == []  # past its timeout: no longer renewed
+
+
+def test_the_housekeepers_pass_is_planned_for_renewals_time_limits_and_its_own_schedule(held):
+    wake = threading.Event()
+    held.wakes(wake)
+    first = held.add(job(1, lease=30.0), now=0.0, timeout=5.0)
+    assert held.plan_pass(20.0) == 10.0  # its renewal; buffered, its limit not counted yet
+    held.start(first.job, threading.current_thread(), now=1.0)
+    assert wake.is_set()  # its limit, 6.0, falls before the planned pass: woken
+    wake.clear()
+    assert held.plan_pass(20.0) == 6.0
+    late = held.add(job(2, lease=30.0), now=1.0, timeout=60.0)
+    held.start(late.job, threading.current_thread(), now=2.0)
+    assert not wake.is_set()  # 62.0 falls after the planned pass: left asleep
+    short = held.add(job(3, lease=30.0), now=2.0, timeout=0.5)
+    held.start(short.job, threading.current_thread(), now=3.0)
+    assert wake.is_set()  # 3.5
+    assert held.plan_pass(20.0) == 3.5
+    held.queue_ack(Finished(short.job, 1, None, 0.1))
+    assert held.plan_pass(20.0) == 6.0  # a success waiting for its ack is never timed out
+    assert held.plan_pass(1.5) == 1.5  # the housekeeper's own schedule first
 
 
 def test_a_success_waits_for_its_ack_and_is_not_counted_as_held_meanwhile(held):

@@ -84,6 +84,35 @@ def test_a_looping_task_is_stopped_at_its_hard_limit_and_retried_as_its_policy_s
     assert worker.stuck_threads == 0 and not worker.stuck_exit
 
 
+def test_a_hard_limit_is_acted_on_when_it_falls_not_at_the_housekeepers_next_pass():
+    """The housekeeper sleeps up to MAX_WAIT (1 s) between passes; a job started with a
+    limit that falls before its planned pass wakes it. Three 0.3 s limits in a row (each
+    job starts at a random point of the housekeeper's sleep; found by an outside trial,
+    where a 0.25 s limit stopped its task after up to 1.2 s): each attempt ends within
+    0.4 s of its limit. Before, a pass came within that window for about two jobs in five."""
+    jobs = [tasks.loops_past_a_short_limit.enqueue() for _ in range(3)]
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (
+                Job.objects.filter(id__in=[job.id for job in jobs], state="failed").count() == 3
+            ),
+            timeout=15,
+            message="the jobs were not stopped",
+        )
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    ran = []
+    for job in jobs:
+        job.refresh_from_db()
+        assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
+        ran.append((job.finished_at - job.started_at).total_seconds())
+    assert all(0.3 <= seconds < 0.7 for seconds in ran), ran
+
+
 def test_a_threaded_worker_whose_threads_are_stuck_past_their_limit_exits_to_be_restarted():
     """Blocked in C, the task cannot be interrupted: a new thread takes its place, and
     once more than half the worker's threads are stuck it stops with EXIT_TIME_LIMIT,

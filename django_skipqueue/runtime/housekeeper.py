@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: The longest the housekeeper sleeps between passes: a renewal due sooner than this
-#: after a claim needs a wake-up (Worker._claim), a later one is found by a pass.
+#: after a claim needs a wake-up (Worker._hand_over), a later one is found by a pass. A
+#: time limit is planned for to the millisecond: a job started with one that falls
+#: before the planned pass wakes the housekeeper (InFlight.start).
 MAX_WAIT = 1.0
 
 
@@ -79,6 +81,7 @@ class Housekeeper:
         self.renew_leases = True
         self.process: WorkerProcess | None = None  # set once the worker is registered
         self.wake = threading.Event()  # new jobs to schedule, or halted
+        held.wakes(self.wake)  # a time limit that falls before the planned pass
 
     def run(self) -> None:
         reaper = Reaper(database=self.database)
@@ -116,8 +119,7 @@ class Housekeeper:
                         self.meter.flush(self.database)
                     self.probe_keyed()
                     backoff.reset()
-                    soonest = min(
-                        self.held.next_renewal(),
+                    soonest = self.held.plan_pass(  # renewals and time limits too
                         next_beat,
                         next_reap if self.reap_interval else next_beat,
                         self.progress.next_at if self.progress is not None else next_beat,

@@ -66,6 +66,10 @@ class InFlight:
         self._timed_out: set[int] = set()  # the same ids, until their outcome is in
         self._running: dict[threading.Thread, int] = {}  # executor thread -> its job
         self.busy = 0  # executor threads inside a job
+        #: When the housekeeper's next pass is planned (`plan_pass`), and the event that
+        #: wakes it: a job started with a time limit that falls before that pass wakes it.
+        self._next_pass_at = NEVER
+        self._wake_housekeeper: threading.Event | None = None
 
     # -- reads -----------------------------------------------------------------------
 
@@ -78,9 +82,26 @@ class InFlight:
         with self._lock:
             return len(self._flights) - len(self._acking)
 
-    def next_renewal(self) -> float:
+    # -- the housekeeper -------------------------------------------------------------
+
+    def wakes(self, event: threading.Event) -> None:
+        """The housekeeper's wake-up: set when a job starts whose time limit falls before
+        the housekeeper's planned pass."""
+        self._wake_housekeeper = event
+
+    def plan_pass(self, *others: float) -> float:
+        """When the housekeeper's next pass is due: the next renewal, the next time limit
+        of a running job, or the soonest of `others` (its own schedule). Recorded under
+        the lock that `start` takes, so that a job started after this is compared with
+        it, and one started before it is in it."""
         with self._lock:
-            return min((flight.renew_at for flight in self._flights.values()), default=NEVER)
+            soonest = min(others, default=NEVER)
+            for job_id, flight in self._flights.items():
+                soonest = min(soonest, flight.renew_at)
+                if job_id not in self._acking:  # a success waiting for its ack: not timed
+                    soonest = min(soonest, flight.timeout_at)  # out (see timed_out)
+            self._next_pass_at = soonest
+            return soonest
 
     # -- the dispatcher --------------------------------------------------------------
 
@@ -116,6 +137,12 @@ class InFlight:
                 return 0.0
             if flight.timeout is not None:
                 flight.timeout_at = now + flight.timeout
+                if flight.timeout_at < self._next_pass_at:
+                    # Its limit falls before the housekeeper's planned pass: wake it to
+                    # plan again (else a limit is acted on up to MAX_WAIT late).
+                    self._next_pass_at = flight.timeout_at
+                    if self._wake_housekeeper is not None:
+                        self._wake_housekeeper.set()
             return now - flight.claimed_at
 
     def stop_running(self, thread: threading.Thread) -> None:

@@ -453,6 +453,13 @@ def loops_forever() -> None:
         sum(range(100))
 
 
+@task(time_limit=0.3, lease=30.0, max_attempts=1)
+def loops_past_a_short_limit() -> None:
+    """Pure Python, under a limit far shorter than the housekeeper's longest sleep."""
+    while True:
+        sum(range(100))
+
+
 @task(time_limit=0.5, lease=2.0, max_attempts=1)
 def sleeps_past_its_limit(seconds: float = 30.0) -> None:
     """Blocked in C (time.sleep): an interrupt lands only when the sleep ends."""
