@@ -496,3 +496,36 @@ def test_an_atomic_block_a_job_started_receiver_leaves_open_fails_that_job_only(
     assert "1 atomic() block(s) on 'default'" in job.last_error
     tasks.record.enqueue()
     assert run()[1] is Outcome.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_started_receiver_that_raises_fails_the_attempt_and_the_task_is_not_called():
+    """A receiver's exception is the attempt's failure, retried by the task's policy, as
+    the task raising it would be (before, it escaped execute() and the job waited for its
+    lease to run out). One that also left atomic() open has that block rolled back and
+    named, and the job failed."""
+    from django.db import transaction
+
+    def raises(sender, job, **kwargs):
+        if job.task == tasks.record.name:
+            if job.kwargs.get("first_only"):  # the second job: leaves atomic() open too
+                transaction.atomic().__enter__()
+            raise ValueError("tenant not found")
+
+    signals.job_started.connect(raises, weak=False)
+    try:
+        tasks.record.enqueue()
+        job, outcome = run()
+        assert (outcome, job.state) == (Outcome.RETRYING, JobState.PENDING)
+        assert job.errors[0]["type"] == "builtins.ValueError"
+        assert "tenant not found" in job.last_error
+        assert not Run.objects.exists()  # the task never ran
+        Job.objects.all().delete()
+        tasks.record.enqueue(first_only=True)
+        job, outcome = run()
+        assert (outcome, job.state) == (Outcome.FAILED, JobState.FAILED)
+        assert "1 atomic() block(s) on 'default'" in job.last_error
+    finally:
+        signals.job_started.disconnect(raises)
+    tasks.record.enqueue()
+    assert run()[1] is Outcome.SUCCEEDED and Run.objects.count() == 1

@@ -129,7 +129,8 @@ def run_and_decide(
     check_size: bool = True,
 ) -> Decision:
     """Run `job` (a claimed row, or an unsaved Job made from a broker message) and
-    decide its outcome. Sends `job_started`; never raises for what the task does."""
+    decide its outcome. Sends `job_started`; never raises for what the task, or a
+    `job_started` receiver, does."""
     attempt = job.attempts
     started = time.monotonic()  # durations only; no decision uses the process clock
     connection = thread_connection(database)  # looked up once a job
@@ -137,17 +138,25 @@ def run_and_decide(
     # open is rolled back after the task as the task's own would be. Read after them,
     # it counted as the caller's, and the job's outcome write retried for ever.
     depth = len(connection.atomic_blocks)
-    signals.job_started.send(sender=Job, job=job)
-    logger.debug(
-        "job started id=%s task=%s attempt=%d%s",
-        job.id,
-        job.task,
-        attempt,
-        " broker" if brokered else "",
-    )
     task: Task[Any, Any] | None = None
     past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
     try:
+        try:
+            signals.job_started.send(sender=Job, job=job)
+        except BaseException:
+            # A receiver that raises fails the attempt, as the task raising would (a
+            # pre_save receiver's exception stops the save the same way), retried by the
+            # task's policy. Before, it escaped, and the job waited for its lease.
+            _roll_back_left_open(connection, depth)  # one it left open is named instead
+            task = registry.get(job.task) if job.task in registry else None
+            raise
+        logger.debug(
+            "job started id=%s task=%s attempt=%d%s",
+            job.id,
+            job.task,
+            attempt,
+            " broker" if brokered else "",
+        )
         task = registry.get(job.task)
         if cancel is not None and cancel.is_set():  # cancelled before it started
             raise JobCancelled(job.id)
