@@ -66,7 +66,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 
 @register()
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Error]:
-    """The queue's database alias exists and is PostgreSQL. Not tagged `database`: the
+    """The queue's database alias exists, is PostgreSQL and commits in autocommit (E013:
+    with AUTOCOMMIT = False every claim and outcome would wait in a transaction nobody
+    commits; the worker would report successes while every job stayed pending, found by
+    an outside trial). Not tagged `database`: the
     vendor is known from settings without connecting, so plain `check` (and every
     command) catches SQLite before `migrate` does."""
     alias = get_settings().DATABASE_ALIAS
@@ -89,6 +92,17 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
                 hint="django-skipqueue needs PostgreSQL: point SKIPQUEUE['DATABASE_ALIAS'] "
                 "at a PostgreSQL entry of DATABASES (the job table lives there).",
                 id="skipqueue.E005",
+            )
+        ]
+    if connection.settings_dict.get("AUTOCOMMIT", True) is False:
+        return [
+            Error(
+                f"Database {alias!r} has AUTOCOMMIT = False: a worker's claims and "
+                f"outcomes would never commit.",
+                hint=f"Remove AUTOCOMMIT from DATABASES[{alias!r}] (Django's default, True, "
+                "with atomic() for your own transactions), or give django-skipqueue its "
+                "own entry through SKIPQUEUE['DATABASE_ALIAS'].",
+                id="skipqueue.E013",
             )
         ]
     return []

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from django.core.checks import run_checks
 
 from django_skipqueue.checks import check_database, check_settings
@@ -38,6 +39,30 @@ def test_skipqueue_must_be_a_dict(settings):
 def test_an_unknown_database_alias_is_reported(settings):
     settings.SKIPQUEUE = {"DATABASE_ALIAS": "queue"}
     assert ids(check_database()) == ["skipqueue.E004"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_database_without_autocommit_is_refused_and_the_worker_does_not_start(
+    monkeypatch,
+):
+    """With AUTOCOMMIT = False the worker claimed and acked in a transaction nobody
+    committed: it reported successes while every job stayed pending."""
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+    from django.db import connection
+
+    from django_skipqueue.models import Job
+    from tests.testapp import tasks
+
+    job = tasks.add.enqueue(1, 2)
+    monkeypatch.setitem(connection.settings_dict, "AUTOCOMMIT", False)
+    [error] = check_database()
+    assert error.id == "skipqueue.E013" and "'default' has AUTOCOMMIT = False" in error.msg
+    with pytest.raises(SystemCheckError, match="skipqueue.E013"):
+        call_command("runworker", "--burst", skip_checks=False)
+    monkeypatch.undo()
+    assert Job.objects.get(id=job.id).state == "pending"  # nothing ran
+    assert check_database() == []
 
 
 def test_checks_run_through_djangos_framework(settings):

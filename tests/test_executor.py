@@ -272,6 +272,32 @@ def test_a_raw_transaction_left_open_is_rolled_back_and_fails_the_job(fail_in_it
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_task_that_turns_autocommit_off_and_leaves_its_writes_uncommitted_fails():
+    """set_autocommit(False), a write, no commit: the write is rolled back and the job
+    fails, named (before, the worker acked a success on another connection and the
+    write vanished when the thread's connection was recycled; found by an outside
+    trial). Committed but left off, the job succeeds with its write, and the next jobs on
+    the thread run in autocommit again."""
+    from django.db import connection
+
+    leaky = tasks.turns_autocommit_off.enqueue()
+    committed = tasks.turns_autocommit_off.enqueue(commit=True)
+    after = tasks.record.enqueue()
+
+    job, outcome = run()
+    assert job.id == leaky.id
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    assert "set_autocommit(False) on 'default'" in job.last_error
+    job, outcome = run()
+    assert (job.id, outcome) == (committed.id, Outcome.SUCCEEDED)
+    connection.close()  # as the worker's refresh after a job does: autocommit was left off
+    assert run()[1] is Outcome.SUCCEEDED
+    connection.close()  # read from a new session: only committed rows are there
+    assert set(Run.objects.values_list("job_id", flat=True)) == {committed.id, after.id}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_task_that_returns_inside_its_own_atomic_block_is_still_caught():
     tasks.leaves_transaction_open.enqueue()
     job, outcome = run()

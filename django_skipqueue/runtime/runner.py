@@ -442,10 +442,12 @@ def _roll_back_left_open(connection: BaseDatabaseWrapper, depth: int) -> None:
 
 def end_open_transactions() -> list[str]:
     """Close this thread's connections that the server says are inside a transaction
-    Django did not open (outside atomic(), in autocommit); one line for each.
+    Django did not open (outside atomic(): a raw BEGIN in autocommit, or autocommit
+    turned off by `set_autocommit(False)` and not committed); one line for each.
 
     Closing makes the server roll the transaction back. A connection in atomic() (the
-    caller's own transaction, in tests) is left alone.
+    caller's own transaction, in tests) is left alone, and so is an alias whose
+    settings turn autocommit off (its code commits its own transactions).
     """
     found = []
     for connection in initialized_connections():
@@ -454,7 +456,14 @@ def end_open_transactions() -> list[str]:
         # returns (its ensure_connection() then does nothing but cost 1.5 us). libpq's
         # status is read as an int, not through psycopg's `info` (a new ConnectionInfo
         # and an enum a read): 5.2 us a job became 1.4 (measured, Python 3.11).
-        if raw is None or connection.in_atomic_block or not connection.autocommit:
+        if raw is None or connection.in_atomic_block:
+            continue
+        # Autocommit off on an alias configured with it on: the task called
+        # set_autocommit(False). A transaction it left uncommitted would hold the next
+        # jobs' writes on this thread, and vanish with them when the connection is
+        # recycled. An alias configured without autocommit runs its own transactions.
+        turned_off = not connection.autocommit
+        if turned_off and not connection.settings_dict["AUTOCOMMIT"]:
             continue
         status = _transaction_status(raw)
         if status is None or status == 0:  # IDLE, or a driver that does not say
@@ -463,7 +472,8 @@ def end_open_transactions() -> list[str]:
             discard(connection)
             continue
         name = {1: "ACTIVE", 2: "INTRANS", 3: "INERROR"}[status]
-        found.append(f"a transaction outside atomic() on {connection.alias!r}, status {name}")
+        how = "after set_autocommit(False)" if turned_off else "outside atomic()"
+        found.append(f"a transaction left uncommitted {how} on {connection.alias!r}, status {name}")
         discard(connection)
     return found
 

@@ -180,6 +180,19 @@ def outlives_its_timeout() -> str:
     return "late"
 
 
+@task(takes_context=True)
+def turns_autocommit_off(context: TaskContext, commit: bool = False) -> str:
+    """Turn autocommit off (Django's set_autocommit) and write; commit only if asked, and
+    never turn it back on. Its Run row must commit only when it commits."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if commit:
+        transaction.commit()
+    return "autocommit off"
+
+
 @task
 def repeats(text: str, times: int) -> str:
     return text * times
