@@ -297,6 +297,43 @@ def test_a_task_that_turns_autocommit_off_and_leaves_its_writes_uncommitted_fail
     assert set(Run.objects.values_list("job_id", flat=True)) == {committed.id, after.id}
 
 
+@pytest.fixture
+def second_alias():
+    """A second alias on this thread: another connection to the same PostgreSQL database
+    (made here, not in DATABASES, so that the test case's guard of other aliases lets it
+    connect)."""
+    from django.db import connections
+    from django.db.utils import load_backend
+
+    settings_dict = connections.settings["default"]
+    other = load_backend(settings_dict["ENGINE"]).DatabaseWrapper({**settings_dict}, "second")
+    connections["second"] = other
+    yield "second"
+    other.close()
+    del connections["second"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_block_left_open_on_another_alias_is_rolled_back_and_fails_the_job(
+    second_alias,
+):
+    """Before, only the job's own alias was looked at: the block stayed open on the
+    thread's other connection, its write never committed, the job succeeded, and every
+    later job's writes on that alias joined the same transaction (found by an outside
+    trial)."""
+    from django.db import connections
+
+    leaky = tasks.leaves_atomic_open_on.enqueue(second_alias)
+    job, outcome = run()
+    assert (job.id, outcome, job.state) == (leaky.id, Outcome.FAILED, JobState.FAILED)
+    assert "1 atomic() block(s) on 'second', entered and never exited" in job.last_error
+    other = connections[second_alias]
+    assert not other.in_atomic_block and other.atomic_blocks == []
+    Run.objects.using(second_alias).create(job_id=-1, attempt=1, pid=0)  # autocommit again
+    other.close()
+    assert list(Run.objects.values_list("job_id", flat=True)) == [-1]  # not the task's
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_task_that_returns_inside_its_own_atomic_block_is_still_caught():
     tasks.leaves_transaction_open.enqueue()

@@ -566,3 +566,33 @@ def test_a_worker_opens_no_more_connections_than_its_budget(start_worker):
     budget = connection_budget(3, listen=True, schedules=True)
     assert budget == 3 + 4
     assert 3 + 2 <= max(seen) <= budget, seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_block_a_job_failed_receiver_leaves_open_never_holds_the_next_jobs_writes(
+    caplog,
+):
+    """A receiver of the outcome's signal runs in the executor thread after the outcome is
+    written, so no job can be blamed for a block it leaves open: the thread rolls it back
+    and logs it before the next job, which runs and commits as usual (counted as the
+    caller's block, it once held the next job's writes uncommitted for ever)."""
+    from django.db import transaction
+
+    from django_skipqueue import signals
+
+    def leaves_atomic_open(sender, job, **kwargs):
+        transaction.atomic().__enter__()
+
+    failing = tasks.leaks_a_secret.enqueue("postgres://example")  # 1 attempt: job_failed
+    after = tasks.record.enqueue()  # next, on the same (only) executor thread
+    signals.job_failed.connect(leaves_atomic_open, weak=False)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_skipqueue"):
+            Worker(concurrency=1, listen=False, poll_interval=0.05, burst=True).run()
+    finally:
+        signals.job_failed.disconnect(leaves_atomic_open)
+    assert Job.objects.get(id=failing.id).state == JobState.FAILED
+    assert Job.objects.get(id=after.id).state == JobState.DONE
+    connection.close()  # a new session sees committed rows only
+    assert Run.objects.filter(job_id=after.id).count() == 1
+    assert "left open by a signal receiver" in caplog.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 from django_skipqueue.runtime.runner import (  # noqa: F401  (this module's face too)
     OUTCOME_LABELS,
+    OUTSIDE_ATOMIC,
     Decision,
     Outcome,
     decide_failure,
@@ -84,6 +85,7 @@ def execute(
     database: str | None = None,
     defer_ack: None = None,
     cancel: CancelFlag | None = None,
+    depths: Mapping[str, int] | None = None,
 ) -> Execution: ...
 
 
@@ -94,6 +96,7 @@ def execute(
     database: str | None = None,
     defer_ack: DeferredAck,
     cancel: CancelFlag | None = None,
+    depths: Mapping[str, int] | None = None,
 ) -> Execution | None: ...
 
 
@@ -103,6 +106,7 @@ def execute(
     database: str | None = None,
     defer_ack: DeferredAck | None = None,
     cancel: CancelFlag | None = None,
+    depths: Mapping[str, int] | None = None,
 ) -> Execution | None:
     """Run `job`, a row just returned by `Job.objects.claim()`, and record its outcome.
 
@@ -110,6 +114,7 @@ def execute(
     worker acknowledges the jobs that finished meanwhile in one fenced statement), and
     None is returned: the outcome is known once the ack is. `cancel` is the worker's
     flag of a cancel request for this job (the task's `context.cancel_requested`).
+    `depths`: see `run_and_decide` (a worker's executor threads pass OUTSIDE_ATOMIC).
     """
     database = database or get_settings().DATABASE_ALIAS
     jobs = _job_manager(database)
@@ -117,7 +122,7 @@ def execute(
     if cancel is None:  # outside a worker: the flag still carries the task's progress
         cancel = CancelFlag()
     span = tracing.start_run(job)  # None without OpenTelemetry
-    decision = run_and_decide(job, database=database, cancel=cancel)
+    decision = run_and_decide(job, database=database, cancel=cancel, depths=depths)
     if span is not None:
         tracing.end_run(
             span, _span_outcome(job, decision), decision.error if decision.failed else None

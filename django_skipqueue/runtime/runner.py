@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
@@ -127,17 +128,21 @@ def run_and_decide(
     cancel: CancelFlag | None = None,
     brokered: bool = False,
     check_size: bool = True,
+    depths: Mapping[str, int] | None = None,
 ) -> Decision:
     """Run `job` (a claimed row, or an unsaved Job made from a broker message) and
     decide its outcome. Sends `job_started`; never raises for what the task, or a
-    `job_started` receiver, does."""
+    `job_started` receiver, does. `depths` are the thread's atomic() depths before the
+    job (`atomic_depths()`, read here if not given): blocks deeper than those after it
+    are the job's, rolled back and named."""
     attempt = job.attempts
     started = time.monotonic()  # durations only; no decision uses the process clock
     connection = thread_connection(database)  # looked up once a job
     # Read before job_started's receivers run: an atomic() block one of them leaves
     # open is rolled back after the task as the task's own would be. Read after them,
     # it counted as the caller's, and the job's outcome write retried for ever.
-    depth = len(connection.atomic_blocks)
+    if depths is None:  # every alias's: a task may use several
+        depths = atomic_depths()
     task: Task[Any, Any] | None = None
     past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
     try:
@@ -147,7 +152,7 @@ def run_and_decide(
             # A receiver that raises fails the attempt, as the task raising would (a
             # pre_save receiver's exception stops the save the same way), retried by the
             # task's policy. Before, it escaped, and the job waited for its lease.
-            _roll_back_left_open(connection, depth)  # one it left open is named instead
+            _roll_back_left_open(depths)  # one it left open is named instead
             task = registry.get(job.task) if job.task in registry else None
             raise
         logger.debug(
@@ -169,8 +174,11 @@ def run_and_decide(
                 finally:
                     interrupted = interrupt.leave(ident, job.id)
         finally:
-            _roll_back_left_open(connection, depth)
+            # The limit first: a transaction the interrupt left half-open (it can land
+            # inside atomic()'s own exit, after autocommit went off) is its consequence,
+            # and the attempt ends with TimeLimitExceeded, the rollback as its cause.
             past = interrupted
+            _roll_back_left_open(depths)
         if past is not None:  # the task caught TimeLimitExceeded and returned: still past it
             raise TimeLimitExceeded(past)
         result = _return_value(task, value)
@@ -414,25 +422,30 @@ class SessionWatch:
         return execute(sql, params, many, context)
 
 
-def _roll_back_left_open(connection: BaseDatabaseWrapper, depth: int) -> None:
+#: The atomic() depths of a thread outside any block: a worker's executor threads, where
+#: nothing but a job's code enters one (`run_and_decide`'s `depths`).
+OUTSIDE_ATOMIC: Mapping[str, int] = MappingProxyType({})
+
+
+def atomic_depths() -> Mapping[str, int]:
+    """How deep in atomic() blocks each of this thread's connections is, for those in one,
+    read before a job's code runs (2 us: a worker's executor threads pass
+    OUTSIDE_ATOMIC instead)."""
+    return {c.alias: len(c.atomic_blocks) for c in initialized_connections() if c.atomic_blocks}
+
+
+def _roll_back_left_open(depths: Mapping[str, int]) -> None:
     """Roll back every transaction the task left open on this thread, and say so.
 
-    Two ways to leave one: atomic() blocks entered and never exited (the stack is
-    deeper than before the task), or a transaction begun behind Django's back (a raw
-    `BEGIN`), which only the server's status shows. Either way the connection is
-    closed (the server rolls back) and Django's bookkeeping reset, so the fenced write
-    that follows, and the next job, run on a clean connection in autocommit. Raises
-    TransactionLeftOpenError naming what was rolled back.
+    Two ways to leave one: atomic() blocks entered and never exited, on any alias (a
+    connection deeper than `depths`, read before the task), or a transaction begun
+    behind Django's back (a raw `BEGIN`, or `set_autocommit(False)`), which only the
+    server's status shows. Either way the connection is closed (the server rolls back)
+    and Django's bookkeeping reset, so the fenced write that follows, and the next job,
+    run on a clean connection in autocommit. Raises TransactionLeftOpenError naming
+    what was rolled back.
     """
-    left = []
-    if len(connection.atomic_blocks) > depth:
-        left.append(
-            f"{len(connection.atomic_blocks) - depth} atomic() block(s) on {connection.alias!r}, "
-            f"entered and never exited"
-        )
-        discard(connection)
-        drop_atomic_blocks(connection, depth)
-    left.extend(end_open_transactions())
+    left = end_open_transactions(depths)
     if left:
         raise TransactionLeftOpenError(
             f"the task left a transaction open ({'; '.join(left)}); its writes were rolled "
@@ -440,10 +453,12 @@ def _roll_back_left_open(connection: BaseDatabaseWrapper, depth: int) -> None:
         )
 
 
-def end_open_transactions() -> list[str]:
+def end_open_transactions(depths: Mapping[str, int] | None = None) -> list[str]:
     """Close this thread's connections that the server says are inside a transaction
     Django did not open (outside atomic(): a raw BEGIN in autocommit, or autocommit
-    turned off by `set_autocommit(False)` and not committed); one line for each.
+    turned off by `set_autocommit(False)` and not committed); one line for each. With
+    `depths` (`atomic_depths()` before a job), atomic() blocks deeper than those are
+    closed and named too, on every alias.
 
     Closing makes the server roll the transaction back. A connection in atomic() (the
     caller's own transaction, in tests) is left alone, and so is an alias whose
@@ -451,6 +466,16 @@ def end_open_transactions() -> list[str]:
     """
     found = []
     for connection in initialized_connections():
+        if depths is not None:
+            depth = depths.get(connection.alias, 0)
+            if len(connection.atomic_blocks) > depth:
+                found.append(
+                    f"{len(connection.atomic_blocks) - depth} atomic() block(s) on "
+                    f"{connection.alias!r}, entered and never exited"
+                )
+                discard(connection)
+                drop_atomic_blocks(connection, depth)
+                continue
         raw = connection.connection
         # With a connection open, Django's `autocommit` attribute is what get_autocommit()
         # returns (its ensure_connection() then does nothing but cost 1.5 us). libpq's

@@ -51,6 +51,7 @@ from django_skipqueue.queue.connections import (
 )
 from django_skipqueue.queue.managers import JobManager
 from django_skipqueue.runtime.executor import (
+    OUTSIDE_ATOMIC,
     Execution,
     Success,
     acknowledge,
@@ -483,6 +484,7 @@ class Worker:
                         database=self.database,
                         defer_ack=self._defer_ack,
                         cancel=self.held.cancel_event(job.id),
+                        depths=OUTSIDE_ATOMIC,  # this loop never enters atomic()
                     )
                     raised = False
                 except Exception:

@@ -151,6 +151,15 @@ def leaves_transaction_open() -> None:
     Run.objects.create(job_id=0, attempt=0, pid=os.getpid())  # must be rolled back
 
 
+@task(takes_context=True)
+def leaves_atomic_open_on(context: TaskContext, alias: str) -> None:
+    """Enter atomic() on another alias, write there, never exit: must be rolled back."""
+    from django.db import transaction
+
+    transaction.atomic(using=alias).__enter__()  # never exited
+    Run.objects.using(alias).create(job_id=context.job_id, attempt=context.attempt, pid=0)
+
+
 @task(retry=RetryPolicy(base=0.2, cap=2.0, jitter=0.1), max_attempts=5)
 def t22_always_raises() -> None:
     raise RuntimeError("always")
