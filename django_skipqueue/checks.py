@@ -94,10 +94,10 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
                 id="skipqueue.E005",
             )
         ]
-    if connection.settings_dict.get("AUTOCOMMIT", True) is False:
+    if not connection.settings_dict.get("AUTOCOMMIT", True):  # Django reads it as a bool
         return [
             Error(
-                f"Database {alias!r} has AUTOCOMMIT = False: a worker's claims and "
+                f"Database {alias!r} has AUTOCOMMIT off: a worker's claims and "
                 f"outcomes would never commit.",
                 hint=f"Remove AUTOCOMMIT from DATABASES[{alias!r}] (Django's default, True, "
                 "with atomic() for your own transactions), or give django-skipqueue its "

@@ -48,7 +48,7 @@ def test_a_queue_database_without_autocommit_is_refused_and_the_worker_does_not_
     """With AUTOCOMMIT = False the worker claimed and acked in a transaction nobody
     committed: it reported successes while every job stayed pending."""
     from django.core.management import call_command
-    from django.core.management.base import SystemCheckError
+    from django.core.management.base import CommandError, SystemCheckError
     from django.db import connection
 
     from django_skipqueue.models import Job
@@ -57,9 +57,13 @@ def test_a_queue_database_without_autocommit_is_refused_and_the_worker_does_not_
     job = tasks.add.enqueue(1, 2)
     monkeypatch.setitem(connection.settings_dict, "AUTOCOMMIT", False)
     [error] = check_database()
-    assert error.id == "skipqueue.E013" and "'default' has AUTOCOMMIT = False" in error.msg
+    assert error.id == "skipqueue.E013" and "'default' has AUTOCOMMIT off" in error.msg
     with pytest.raises(SystemCheckError, match="skipqueue.E013"):
         call_command("runworker", "--burst", skip_checks=False)
+    with pytest.raises(CommandError, match="has AUTOCOMMIT off"):  # checks skipped
+        call_command("runworker", "--burst")
+    monkeypatch.setitem(connection.settings_dict, "AUTOCOMMIT", 0)  # falsy is off too
+    assert [error.id for error in check_database()] == ["skipqueue.E013"]
     monkeypatch.undo()
     assert Job.objects.get(id=job.id).state == "pending"  # nothing ran
     assert check_database() == []

@@ -314,6 +314,55 @@ def second_alias():
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["set", "one"])
+def test_a_transaction_left_open_after_a_session_change_still_fails_the_job(how):
+    """A session change (a SET, several statements in one call) made the watch close the
+    connection before the check for an open transaction looked at it: the task's writes
+    vanished and the job succeeded (found by an outside trial)."""
+    leaky = tasks.turns_autocommit_off.enqueue(how=how)
+    job, outcome = run()
+    assert (job.id, outcome, job.state) == (leaky.id, Outcome.FAILED, JobState.FAILED)
+    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    assert not Run.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_left_open_that_only_read_is_ended_quietly():
+    """No transaction id was assigned: nothing was written, nothing is lost; the job
+    succeeds, and the next one runs in autocommit."""
+    tasks.turns_autocommit_off.enqueue(how="read")
+    job, outcome = run()
+    assert (outcome, job.state) == (Outcome.SUCCEEDED, JobState.DONE)
+    tasks.record.enqueue()
+    assert run()[1] is Outcome.SUCCEEDED
+    assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_alias_configured_without_autocommit_never_carries_a_jobs_writes_to_the_next(
+    second_alias,
+):
+    """Such an alias's code commits its own writes. Uncommitted ones are rolled back and
+    fail the job (before, the next job's commit carried them, or they vanished); a job
+    that only read there succeeds, and its transaction is ended."""
+    from django.db import connections
+
+    other = connections[second_alias]
+    other.settings_dict["AUTOCOMMIT"] = False
+    uncommitted = tasks.turns_autocommit_off.enqueue(how="plain", alias=second_alias)
+    reads = tasks.turns_autocommit_off.enqueue(how="read", alias=second_alias)
+    committed = tasks.turns_autocommit_off.enqueue(how="plain", alias=second_alias, commit=True)
+    job, outcome = run()
+    assert (job.id, outcome) == (uncommitted.id, Outcome.FAILED)
+    assert "on an alias whose AUTOCOMMIT is off on 'second'" in job.last_error
+    job, outcome = run()
+    assert (job.id, outcome) == (reads.id, Outcome.SUCCEEDED)
+    job, outcome = run()
+    assert (job.id, outcome) == (committed.id, Outcome.SUCCEEDED)
+    assert list(Run.objects.values_list("job_id", flat=True)) == [committed.id]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_atomic_block_left_open_on_another_alias_is_rolled_back_and_fails_the_job(
     second_alias,
 ):

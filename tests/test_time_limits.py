@@ -113,6 +113,37 @@ def test_a_hard_limit_is_acted_on_when_it_falls_not_at_the_housekeepers_next_pas
     assert all(0.3 <= seconds < 0.7 for seconds in ran), ran
 
 
+def test_a_limit_that_falls_while_job_started_receivers_run_stops_the_task_as_it_starts():
+    """The limit counts from the job's start, before its `job_started` receivers run; the
+    interrupt lands only inside the task's call. One that fell while a slow receiver ran
+    found the thread outside it, and the task then ran with no limit at all (found by an
+    outside trial). It is raised as the task's call begins: the task never runs."""
+    from django_skipqueue import signals
+
+    def slow(sender, job, **kwargs):
+        if job.task == tasks.loops_past_a_short_limit.name:
+            time.sleep(0.6)  # past the task's 0.3 s limit
+
+    job = tasks.loops_past_a_short_limit.enqueue()  # loops for ever, 1 attempt
+    signals.job_started.connect(slow, weak=False)
+    worker = Worker(concurrency=2, listen=False, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: Job.objects.get(id=job.id).state == JobState.FAILED,
+            timeout=10,
+            message="the task ran past its limit",
+        )
+    finally:
+        signals.job_started.disconnect(slow)
+        worker.stop()
+        thread.join(timeout=20)
+    job.refresh_from_db()
+    assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
+    assert (job.attempts, job.expirations) == (1, 0)  # through the fence, not the reaper
+
+
 def test_a_threaded_worker_whose_threads_are_stuck_past_their_limit_exits_to_be_restarted():
     """Blocked in C, the task cannot be interrupted: a new thread takes its place, and
     once more than half the worker's threads are stuck it stops with EXIT_TIME_LIMIT,

@@ -568,31 +568,77 @@ def test_a_worker_opens_no_more_connections_than_its_budget(start_worker):
     assert 3 + 2 <= max(seen) <= budget, seen
 
 
-@pytest.mark.django_db(transaction=True)
-def test_an_atomic_block_a_job_failed_receiver_leaves_open_never_holds_the_next_jobs_writes(
-    caplog,
-):
-    """A receiver of the outcome's signal runs in the executor thread after the outcome is
-    written, so no job can be blamed for a block it leaves open: the thread rolls it back
-    and logs it before the next job, which runs and commits as usual (counted as the
-    caller's block, it once held the next job's writes uncommitted for ever)."""
+def _leave_open(how: str) -> None:
+    """What a careless signal receiver leaves on the thread's default connection: an
+    atomic() block, or a raw transaction (BEGIN), with a write in it."""
     from django.db import transaction
 
+    if how == "atomic":
+        transaction.atomic().__enter__()
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+    Run.objects.create(job_id=-1, attempt=1, pid=0)  # must never commit
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["atomic", "raw"])
+def test_what_a_job_failed_receiver_leaves_open_never_holds_the_next_jobs_writes(how, caplog):
+    """A receiver of an outcome's signal runs after the outcome is written, so no job can
+    be blamed for what it leaves open: the executor thread rolls it back and logs it
+    before its next job, which runs and commits as usual (a block counted as the
+    caller's once held the next job's writes uncommitted for ever; a raw transaction
+    failed the next job, found by an outside trial)."""
     from django_skipqueue import signals
 
-    def leaves_atomic_open(sender, job, **kwargs):
-        transaction.atomic().__enter__()
+    def leaves_open(sender, job, **kwargs):
+        _leave_open(how)
 
     failing = tasks.leaks_a_secret.enqueue("postgres://example")  # 1 attempt: job_failed
     after = tasks.record.enqueue()  # next, on the same (only) executor thread
-    signals.job_failed.connect(leaves_atomic_open, weak=False)
+    signals.job_failed.connect(leaves_open, weak=False)
     try:
         with caplog.at_level(logging.ERROR, logger="django_skipqueue"):
             Worker(concurrency=1, listen=False, poll_interval=0.05, burst=True).run()
     finally:
-        signals.job_failed.disconnect(leaves_atomic_open)
+        signals.job_failed.disconnect(leaves_open)
     assert Job.objects.get(id=failing.id).state == JobState.FAILED
     assert Job.objects.get(id=after.id).state == JobState.DONE
     connection.close()  # a new session sees committed rows only
-    assert Run.objects.filter(job_id=after.id).count() == 1
-    assert "left open by a signal receiver" in caplog.text
+    assert list(Run.objects.values_list("job_id", flat=True)) == [after.id]
+    assert "left by a signal receiver" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["atomic", "raw"])
+def test_what_a_job_succeeded_receiver_leaves_open_never_wedges_the_dispatcher(how, caplog):
+    """job_succeeded's receivers run on the dispatcher's thread after a batch's ack: a
+    block one left open there held every later claim and ack in a transaction nobody
+    committed, so the worker counted successes while its jobs went back to pending
+    (found by an outside trial). It is rolled back and logged after the receivers."""
+    from django_skipqueue import signals
+
+    left = []
+
+    def leaves_open(sender, job, **kwargs):
+        if not left:
+            left.append(job.id)
+            _leave_open(how)
+
+    jobs = [tasks.record.enqueue() for _ in range(5)]
+    signals.job_succeeded.connect(leaves_open, weak=False)
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, burst=True, prefetch=1)
+    runner = threading.Thread(target=worker.run)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_skipqueue"):
+            runner.start()
+            runner.join(timeout=30)
+    finally:
+        signals.job_succeeded.disconnect(leaves_open)
+        if runner.is_alive():
+            worker.stop()
+            runner.join(timeout=10)
+    connection.close()  # a new session sees committed rows only
+    assert Job.objects.filter(id__in=[job.id for job in jobs], state="done").count() == 5
+    assert Run.objects.filter(job_id=-1).count() == 0
+    assert "left by a signal receiver" in caplog.text

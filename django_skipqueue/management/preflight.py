@@ -25,12 +25,19 @@ logger = logging.getLogger("django_skipqueue")
 
 
 def require_migrated(alias: str) -> None:
-    """CommandError unless every migration of django_skipqueue is applied on `alias`.
+    """CommandError unless every migration of django_skipqueue is applied on `alias`,
+    and `alias` commits in autocommit (system check E013, here for a command run with
+    its checks skipped or E013 silenced).
 
     A database that cannot be reached for a passing reason (not up yet, restarting) is
     not checked here: the worker waits for it with backoff, as it does for any outage.
     """
     connection = connections[alias]
+    if not connection.settings_dict.get("AUTOCOMMIT", True):  # also with checks skipped
+        raise CommandError(
+            f"database {alias!r} has AUTOCOMMIT off: claims and outcomes would never "
+            f"commit (skipqueue.E013); leave AUTOCOMMIT at Django's default"
+        )
     try:
         if _all_applied(alias):
             return

@@ -21,7 +21,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core.compat import (
     check_health_before_next_use,
-    drop_atomic_blocks,
     initialized_connections,
     mark_healthy,
 )
@@ -44,22 +43,8 @@ def refresh_connections() -> None:
     CONN_HEALTH_CHECKS pings before a job's first query at most once a second per
     connection (measured: a ping per job cost a round trip per job at full speed); a
     connection that broke in a job is checked or closed after it in any case.
-
-    A worker's threads are outside atomic() between jobs: a block still open here was
-    left by a signal receiver after the job's outcome (the job's own are rolled back
-    before it, `run_and_decide`). It is rolled back and logged, so that it never holds
-    the next job's writes (the next job counts its thread as outside every block).
     """
     for connection in initialized_connections():
-        if connection.atomic_blocks:
-            logger.error(
-                "worker rolled back %d atomic() block(s) on %r, left open by a signal receiver",
-                len(connection.atomic_blocks),
-                connection.alias,
-            )
-            discard(connection)
-            drop_atomic_blocks(connection, 0)
-            continue
         if connection.connection is None:
             continue
         if connection.settings_dict["CONN_MAX_AGE"] != 0:

@@ -270,9 +270,10 @@ def acknowledge(successes: Sequence[Success], database: str) -> list[Execution |
         except Exception:
             logger.exception("worker could not record job id=%s", job.id)
             executions.append(None)
-    # The success signals' receivers ran on this thread: nothing they left open may
-    # hold the next batch's acks uncommitted.
-    for left in end_open_transactions():
+    # The success signals' receivers ran on this thread (the dispatcher's, outside any
+    # atomic() block): nothing they left open, a block or a raw transaction, may hold
+    # the next claims and acks uncommitted (a block left open once wedged the worker).
+    for left in end_open_transactions(OUTSIDE_ATOMIC):
         logger.error("worker rolled back %s, left by a signal receiver", left)
     return executions
 

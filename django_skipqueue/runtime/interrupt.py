@@ -22,6 +22,9 @@ from django_skipqueue.exceptions import TimeLimitExceeded
 _lock = threading.Lock()
 _inside: dict[int, int] = {}  # thread ident -> the id of the job whose task it runs
 _raised: dict[int, float] = {}  # job id -> the limit of an interrupt raised into it
+#: thread ident -> (job id, limit): a limit that fell before the thread entered the job's
+#: task call (its `job_started` receivers were still running): raised by `enter`.
+_due: dict[int, tuple[int, float]] = {}
 
 
 def _set_async_exc(ident: int, exception: type[BaseException] | None) -> int:
@@ -35,6 +38,9 @@ def enter(job_id: int) -> int:
     Returns the thread's ident, for `leave`."""
     ident = threading.get_ident()
     with _lock:
+        due = _due.pop(ident, None)
+        if due is not None and due[0] == job_id:  # past its limit before the call began
+            raise TimeLimitExceeded(due[1])
         _inside[ident] = job_id
     return ident
 
@@ -51,6 +57,7 @@ def leave(ident: int, job_id: int) -> float | None:
     code is as short as the context manager's exit was."""
     with _lock:
         _inside.pop(ident, None)
+        _due.pop(ident, None)
         past = _raised.pop(job_id, None)
         if past is not None:
             # Raised and perhaps too late to land: taken back (nothing if it landed).
@@ -60,14 +67,18 @@ def leave(ident: int, job_id: int) -> float | None:
 
 def interrupt(thread: threading.Thread, job_id: int, limit: float) -> bool:
     """Make `thread` raise TimeLimitExceeded (naming `limit`, in seconds) if it is still
-    inside job `job_id`'s task call. False if it is not (it finished meanwhile), or if
-    the lock is not had within a second (the caller, the housekeeper, must not wait on
-    a thread it gives up on)."""
+    inside job `job_id`'s task call, or as it enters it (`enter`) if it has not yet: a
+    slow `job_started` receiver once let the task run with no limit at all. False if
+    the interrupt will not be raised, or if the lock is not had within a second (the
+    caller, the housekeeper, must not wait on a thread it gives up on)."""
     ident = thread.ident
     if ident is None or not _lock.acquire(timeout=1.0):
         return False
     try:
         if _inside.get(ident) != job_id:
+            # Not inside the call: before it (raised by `enter`), or past it (the next
+            # `enter` or `leave` of this thread drops the mark).
+            _due[ident] = (job_id, limit)
             return False
         if _set_async_exc(ident, _exceeded(limit)) != 1:
             return False

@@ -409,12 +409,20 @@ class SessionWatch:
             self._connection.execute_wrappers.remove(self._watch)
         except ValueError:  # the task replaced the list
             pass
-        if self.changed and not self._connection.in_atomic_block:
+        connection = self._connection
+        if (
+            self.changed
+            and not connection.in_atomic_block
+            # A transaction still open is the check's after this (_roll_back_left_open):
+            # it closes the connection too, and names what it rolled back. Closed here,
+            # the task's uncommitted writes vanished and the job succeeded.
+            and (connection.connection is None or not _transaction_status(connection.connection))
+        ):
             logger.warning(
                 "the task changed its database session (SET); the connection is closed "
                 "so that later jobs do not inherit it"
             )
-            discard(self._connection)
+            discard(connection)
 
     def _watch(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
         if not self.changed and isinstance(sql, str) and changes_session(sql):
@@ -455,14 +463,16 @@ def _roll_back_left_open(depths: Mapping[str, int]) -> None:
 
 def end_open_transactions(depths: Mapping[str, int] | None = None) -> list[str]:
     """Close this thread's connections that the server says are inside a transaction
-    Django did not open (outside atomic(): a raw BEGIN in autocommit, or autocommit
-    turned off by `set_autocommit(False)` and not committed); one line for each. With
+    Django did not open (outside atomic(): a raw BEGIN in autocommit, autocommit turned
+    off by `set_autocommit(False)`, or an alias configured without it) and that wrote
+    and did not commit; one line for each. With
     `depths` (`atomic_depths()` before a job), atomic() blocks deeper than those are
     closed and named too, on every alias.
 
     Closing makes the server roll the transaction back. A connection in atomic() (the
-    caller's own transaction, in tests) is left alone, and so is an alias whose
-    settings turn autocommit off (its code commits its own transactions).
+    caller's own transaction, in tests) is left alone. A transaction that wrote nothing
+    is ended without a line (`_wrote`), on an alias configured without autocommit too,
+    whose code must commit what it writes.
     """
     found = []
     for connection in initialized_connections():
@@ -483,24 +493,56 @@ def end_open_transactions(depths: Mapping[str, int] | None = None) -> list[str]:
         # and an enum a read): 5.2 us a job became 1.4 (measured, Python 3.11).
         if raw is None or connection.in_atomic_block:
             continue
-        # Autocommit off on an alias configured with it on: the task called
-        # set_autocommit(False). A transaction it left uncommitted would hold the next
-        # jobs' writes on this thread, and vanish with them when the connection is
-        # recycled. An alias configured without autocommit runs its own transactions.
-        turned_off = not connection.autocommit
-        if turned_off and not connection.settings_dict["AUTOCOMMIT"]:
-            continue
         status = _transaction_status(raw)
         if status is None or status == 0:  # IDLE, or a driver that does not say
             continue
         if status not in (1, 2, 3):  # UNKNOWN: the connection is broken, nothing is open
             discard(connection)
             continue
+        # Open outside atomic(): a raw BEGIN, autocommit turned off by the task
+        # (set_autocommit(False)), or an alias configured without autocommit. A
+        # transaction that wrote nothing (no transaction id assigned) is rolled back
+        # quietly; one that wrote is rolled back and named: left, it would hold the next
+        # jobs' writes on this thread and vanish with them when the connection closes.
+        if status == 2 and not _wrote(connection, raw):
+            _roll_back_quietly(connection, raw)
+            continue
         name = {1: "ACTIVE", 2: "INTRANS", 3: "INERROR"}[status]
-        how = "after set_autocommit(False)" if turned_off else "outside atomic()"
+        if not connection.settings_dict["AUTOCOMMIT"]:
+            how = "on an alias whose AUTOCOMMIT is off"
+        elif not connection.autocommit:
+            how = "after set_autocommit(False)"
+        else:
+            how = "outside atomic()"
         found.append(f"a transaction left uncommitted {how} on {connection.alias!r}, status {name}")
         discard(connection)
     return found
+
+
+def _wrote(connection: BaseDatabaseWrapper, raw: Any) -> bool:
+    """Whether the open transaction on `raw` wrote (or locked rows): PostgreSQL assigns a
+    transaction id only then. True where that cannot be asked (another backend, an error)."""
+    if connection.vendor != "postgresql":
+        return True
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+            return bool(cursor.fetchone()[0])
+    except Exception:  # noqa: BLE001  (an old server, a broken connection: count it)
+        return True
+
+
+def _roll_back_quietly(connection: BaseDatabaseWrapper, raw: Any) -> None:
+    """End a transaction that wrote nothing. An alias configured without autocommit keeps
+    its connection (its code opens a transaction with every first query); any other is
+    closed, as the task changed how it commits."""
+    if connection.settings_dict["AUTOCOMMIT"]:
+        discard(connection)
+        return
+    try:
+        raw.rollback()
+    except Exception:  # noqa: BLE001
+        discard(connection)
 
 
 def _transaction_status(raw: Any) -> int | None:

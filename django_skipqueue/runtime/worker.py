@@ -55,6 +55,7 @@ from django_skipqueue.runtime.executor import (
     Execution,
     Success,
     acknowledge,
+    end_open_transactions,
     execute,
     release_on_shutdown,
 )
@@ -490,6 +491,13 @@ class Worker:
                 except Exception:
                     logger.exception("worker could not record job id=%s", job.id)
                 finally:
+                    if execution is not None or raised:
+                        # The outcome was written here, and its signal's receivers ran
+                        # here: nothing they left open (an atomic() block, a raw or
+                        # autocommit-off transaction) may hold the next job's writes. A
+                        # deferred success signals on the dispatcher's thread instead.
+                        for left in end_open_transactions(OUTSIDE_ATOMIC):
+                            logger.error("worker rolled back %s, left by a signal receiver", left)
                     refresh_connections()
                     refreshed = time.monotonic()
                     self.held.stop_running(me)
@@ -558,7 +566,9 @@ class Worker:
             job.task,
             flight.attempt,
             limit,
-            "TimeLimitExceeded raised in its thread" if interrupted else "its thread is not in it",
+            "TimeLimitExceeded raised in its thread"
+            if interrupted
+            else "its thread is not in its task yet (raised as it enters it) or any more",
             "its lease is kept while its thread runs (a concurrency limit holds its slot)"
             if limited
             else "lease no longer renewed",

@@ -190,15 +190,35 @@ def outlives_its_timeout() -> str:
 
 
 @task(takes_context=True)
-def turns_autocommit_off(context: TaskContext, commit: bool = False) -> str:
-    """Turn autocommit off (Django's set_autocommit) and write; commit only if asked, and
-    never turn it back on. Its Run row must commit only when it commits."""
-    from django.db import transaction
+def turns_autocommit_off(
+    context: TaskContext, commit: bool = False, how: str = "orm", alias: str = "default"
+) -> str:
+    """Leave a transaction open on `alias` and write in it (`how`): "orm", after Django's
+    set_autocommit(False); "set", the same with a SET first (a session change); "one",
+    a raw BEGIN and an INSERT in one statement; "read", set_autocommit(False) and a read
+    only; "plain", a write in the alias's own mode (for one configured without
+    autocommit). Commits only if asked, and never turns autocommit back on. Its Run row
+    must commit only when it commits."""
+    from django.db import connections, transaction
 
-    transaction.set_autocommit(False)
-    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    connection = connections[alias]
+    if how in ("orm", "set", "read"):
+        transaction.set_autocommit(False, using=alias)
+    if how == "set":
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = 5000")
+    if how == "one":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"BEGIN; INSERT INTO {Run._meta.db_table} (job_id, attempt, pid) "
+                f"VALUES ({int(context.job_id)}, {int(context.attempt)}, 0)"
+            )
+    elif how == "read":
+        list(Run.objects.using(alias).all()[:1])
+    else:
+        Run.objects.using(alias).create(job_id=context.job_id, attempt=context.attempt, pid=0)
     if commit:
-        transaction.commit()
+        transaction.commit(using=alias)
     return "autocommit off"
 
 
