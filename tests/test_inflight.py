@@ -77,20 +77,39 @@ def test_a_success_waits_for_its_ack_and_is_not_counted_as_held_meanwhile(held):
     [batch] = held.take_acks()
     assert batch.result == "result" and held.take_acks() == []
     held.acked(1)
-    assert held.finish(1) is True and len(held) == 0
+    assert held.finish(1, 1) is True and len(held) == 0
 
 
 def test_an_abandoned_job_is_counted_once_and_its_thread_retires(held):
     thread = threading.current_thread()
     flight = held.add(job(1), now=0.0, timeout=1.0)
     held.start(flight.job, thread, now=0.0)
-    assert held.abandon(1) == 1  # one thread given up on
+    assert held.abandon(1, 1) == 1  # one thread given up on
     assert len(held) == 0  # no longer held, so no longer renewed
-    assert held.abandon(1) is None  # already gone
+    assert held.abandon(1, 1) is None  # already gone
     held.stop_running(thread)
-    assert held.finish(1) is False  # counted when it timed out
-    assert held.thread_retires(1) is True
-    assert held.thread_retires(1) is False
+    assert held.finish(1, 1) is False  # counted when it timed out
+    assert held.thread_retires(1, 1) is True
+    assert held.thread_retires(1, 1) is False
+
+
+def test_a_job_claimed_again_while_its_abandoned_attempt_still_runs_is_kept_apart(held):
+    """The reaper took back attempt 1 (its thread given up on, still in its task) and this
+    process claimed attempt 2: each attempt's thread, limit and outcome stay its own."""
+    stuck, second = threading.Thread(target=lambda: None), threading.Thread(target=lambda: None)
+    first = held.add(job(1, attempts=1), now=0.0, timeout=0.5)
+    held.start(first.job, stuck, now=0.0)
+    assert held.abandon(1, 1) == 1
+    again = held.add(job(1, attempts=2), now=3.0, timeout=0.5)
+    held.start(again.job, second, now=3.0)
+    assert held.thread_of(1, 2) is second and held.thread_of(1, 1) is stuck
+    assert held.abandon(1, 1) is None  # attempt 1 is not held any more: not attempt 2
+    assert held.abandon(1, 2) == 2  # two threads given up on, not one
+    assert held.finish(1, 1) is False and held.thread_retires(1, 1) is True
+    assert held.finish(1, 2) is False and held.thread_retires(1, 2) is True
+    third = held.add(job(1, attempts=3), now=5.0, timeout=None)
+    assert held.finish(1, 2) is True  # a late second report of attempt 2, counted once
+    assert held.remaining() == [third]  # and it never drops attempt 3
 
 
 def test_a_dead_thread_gives_up_its_job(held):

@@ -144,6 +144,31 @@ def test_a_limit_that_falls_while_job_started_receivers_run_stops_the_task_as_it
     assert (job.attempts, job.expirations) == (1, 0)  # through the fence, not the reaper
 
 
+def test_an_attempt_claimed_again_while_its_abandoned_attempt_runs_gets_its_own_limit():
+    """Attempt 1 is blocked in C past its limit: its thread is given up on, its lease
+    runs out, and the reaper of the same worker takes the job back; the worker claims
+    attempt 2 while attempt 1's thread still sleeps. Keyed by job id, attempt 2's
+    interrupt went to attempt 1's thread and attempt 3's was never raised (found by an
+    outside trial). Keyed by attempt, attempts 2 and 3 each stop at their limit."""
+    job = tasks.stuck_then_loops.enqueue()
+    worker = Worker(concurrency=2, listen=False, poll_interval=0.05, reap_interval=0.5)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: Job.objects.get(id=job.id).state == JobState.FAILED,
+            timeout=20,
+            message="the job did not end",
+        )
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    job.refresh_from_db()
+    kinds = [error["type"].rsplit(".", 1)[-1] for error in job.errors]
+    assert kinds == ["LeaseExpiredError", "TimeLimitExceeded", "TimeLimitExceeded"], kinds
+    assert job.attempts == 3 and worker.stats.timed_out == 3
+
+
 def test_a_threaded_worker_whose_threads_are_stuck_past_their_limit_exits_to_be_restarted():
     """Blocked in C, the task cannot be interrupted: a new thread takes its place, and
     once more than half the worker's threads are stuck it stops with EXIT_TIME_LIMIT,

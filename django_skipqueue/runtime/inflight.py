@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 NEVER = float("inf")
 
+#: One attempt of a job: (job id, attempt number).
+Attempt = tuple[int, int]
+
 
 @dataclass
 class Flight:
@@ -62,9 +65,12 @@ class InFlight:
         self._flights: dict[int, Flight] = {}  # every held job, by id
         self._acking: set[int] = set()  # succeeded, ack not yet answered
         self._finished: list[Finished] = []  # the same, for the next ack batch
-        self._abandoned: set[int] = set()  # past their timeout, thread given up on
-        self._timed_out: set[int] = set()  # the same ids, until their outcome is in
-        self._running: dict[threading.Thread, int] = {}  # executor thread -> its job
+        # Attempts, (job id, attempt), not job ids: a job whose thread was given up on
+        # may be taken back by the reaper and claimed again by this process while that
+        # thread still runs the earlier attempt (then two threads run the same job id).
+        self._abandoned: set[Attempt] = set()  # past their timeout, thread given up on
+        self._timed_out: set[Attempt] = set()  # the same, until their outcome is in
+        self._running: dict[threading.Thread, Attempt] = {}  # executor thread -> its job
         self.busy = 0  # executor threads inside a job
         #: When the housekeeper's next pass is planned (`plan_pass`), and the event that
         #: wakes it: a job started with a time limit that falls before that pass wakes it.
@@ -131,7 +137,7 @@ class InFlight:
         seconds it waited in the buffer since its claim."""
         with self._lock:
             self.busy += 1
-            self._running[thread] = job.id
+            self._running[thread] = (job.id, job.attempts)
             flight = self._flights.get(job.id)
             if flight is None:
                 return 0.0
@@ -157,34 +163,41 @@ class InFlight:
             self._finished.append(finished)
             self._acking.add(finished.job.id)
 
-    def finish(self, job_id: int) -> bool:
-        """The job's outcome is in: no longer held. False if it had timed out (it was
+    def finish(self, job_id: int, attempt: int) -> bool:
+        """The attempt's outcome is in: no longer held. False if it had timed out (it was
         counted then, and its thread was replaced)."""
         with self._lock:
-            self._flights.pop(job_id, None)
-            if job_id in self._timed_out:
-                self._timed_out.discard(job_id)
+            self._drop(job_id, attempt)
+            if (job_id, attempt) in self._timed_out:
+                self._timed_out.discard((job_id, attempt))
                 return False
             return True
 
-    def thread_retires(self, job_id: int) -> bool:
-        """After its job: True if this thread was given up on (a replacement took its
+    def thread_retires(self, job_id: int, attempt: int) -> bool:
+        """After its attempt: True if this thread was given up on (a replacement took its
         place), so it must end."""
         with self._lock:
-            if job_id in self._abandoned:
-                self._abandoned.discard(job_id)
+            if (job_id, attempt) in self._abandoned:
+                self._abandoned.discard((job_id, attempt))
                 return True
             return False
+
+    def _drop(self, job_id: int, attempt: int) -> None:
+        """No longer hold the job, if the flight held is this attempt's (the lock held)."""
+        flight = self._flights.get(job_id)
+        if flight is not None and flight.attempt == attempt:
+            del self._flights[job_id]
 
     def thread_died(self, thread: threading.Thread) -> int | None:
         """A thread died: the job it ran (if any) is no longer held, so it is no longer
         renewed and the reaper takes it back. Returns that job's id."""
         with self._lock:
-            job_id = self._running.pop(thread, None)
-            if job_id is not None:
-                self._flights.pop(job_id, None)
-                self.busy -= 1
-            return job_id
+            running = self._running.pop(thread, None)
+            if running is None:
+                return None
+            self._drop(*running)
+            self.busy -= 1
+            return running[0]
 
     # -- the housekeeper -------------------------------------------------------------
 
@@ -247,11 +260,11 @@ class InFlight:
                 if flight.timeout_at <= now and flight.job.id not in self._acking
             ]
 
-    def thread_of(self, job_id: int) -> threading.Thread | None:
-        """The executor thread running `job_id`, if one is."""
+    def thread_of(self, job_id: int, attempt: int) -> threading.Thread | None:
+        """The executor thread running this attempt of `job_id`, if one is."""
         with self._lock:
             for thread, running in self._running.items():
-                if running == job_id:
+                if running == (job_id, attempt):
                     return thread
             return None
 
@@ -260,7 +273,7 @@ class InFlight:
         with self._lock:
             return len(self._abandoned)
 
-    def abandon(self, job_id: int, *, keep_lease: bool = False) -> int | None:
+    def abandon(self, job_id: int, attempt: int, *, keep_lease: bool = False) -> int | None:
         """Give up on a timed-out job's thread: a new thread takes its place. Returns how
         many threads are now given up on, or None if the job finished meanwhile.
 
@@ -270,14 +283,14 @@ class InFlight:
         run, and its outcome is written as usual then."""
         with self._lock:
             flight = self._flights.get(job_id)
-            if flight is None:
+            if flight is None or flight.attempt != attempt:
                 return None
             if keep_lease:
                 flight.timeout_at = NEVER  # renewed again; never timed out twice
             else:
                 del self._flights[job_id]
-            self._abandoned.add(job_id)
-            self._timed_out.add(job_id)
+            self._abandoned.add((job_id, attempt))
+            self._timed_out.add((job_id, attempt))
             return len(self._abandoned)
 
     # -- shutdown --------------------------------------------------------------------
@@ -298,7 +311,7 @@ class InFlight:
     def running_ids(self) -> set[int]:
         """The jobs a thread is inside now (whose code may still run)."""
         with self._lock:
-            return set(self._running.values())
+            return {job_id for job_id, _ in self._running.values()}
 
 
 class Buffer:

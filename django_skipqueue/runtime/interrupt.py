@@ -21,7 +21,9 @@ from django_skipqueue.exceptions import TimeLimitExceeded
 
 _lock = threading.Lock()
 _inside: dict[int, int] = {}  # thread ident -> the id of the job whose task it runs
-_raised: dict[int, float] = {}  # job id -> the limit of an interrupt raised into it
+#: thread ident -> the limit of an interrupt raised into its current task call (by
+#: thread, not job id: two threads may run two attempts of one job, one given up on).
+_raised: dict[int, float] = {}
 #: thread ident -> (job id, limit): a limit that fell before the thread entered the job's
 #: task call (its `job_started` receivers were still running): raised by `enter`.
 _due: dict[int, tuple[int, float]] = {}
@@ -58,7 +60,7 @@ def leave(ident: int, job_id: int) -> float | None:
     with _lock:
         _inside.pop(ident, None)
         _due.pop(ident, None)
-        past = _raised.pop(job_id, None)
+        past = _raised.pop(ident, None)
         if past is not None:
             # Raised and perhaps too late to land: taken back (nothing if it landed).
             _set_async_exc(ident, None)
@@ -82,7 +84,7 @@ def interrupt(thread: threading.Thread, job_id: int, limit: float) -> bool:
             return False
         if _set_async_exc(ident, _exceeded(limit)) != 1:
             return False
-        _raised[job_id] = limit
+        _raised[ident] = limit
         return True
     finally:
         _lock.release()

@@ -503,7 +503,7 @@ class Worker:
                     self.held.stop_running(me)
                     if execution is not None or raised:  # else the dispatcher acks it
                         self._finished(job, execution)
-                if self.held.thread_retires(job.id):
+                if self.held.thread_retires(job.id, job.attempts):
                     self.threads.retire(me)
                     return  # a replacement thread took this one's place
         finally:
@@ -525,7 +525,7 @@ class Worker:
             logger.debug("cancel check failed id=%s: %r", job.id, error)
 
     def _finished(self, job: Job, execution: Execution | None) -> None:
-        if self.held.finish(job.id):  # else counted when it timed out
+        if self.held.finish(job.id, job.attempts):  # else counted when it timed out
             self.stats.finished += 1
             if execution is not None:
                 self.sizing.observe(execution.duration)
@@ -553,8 +553,8 @@ class Worker:
         """
         job = flight.job
         limited = self.flow.holds_slot(job)
-        thread = self.held.thread_of(job.id)
-        hung = self.held.abandon(job.id, keep_lease=limited)
+        thread = self.held.thread_of(job.id, flight.attempt)
+        hung = self.held.abandon(job.id, flight.attempt, keep_lease=limited)
         if hung is None:
             return  # finished just now
         self.stats.timed_out += 1

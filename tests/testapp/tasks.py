@@ -502,6 +502,25 @@ def loops_past_a_short_limit() -> None:
         sum(range(100))
 
 
+@task(
+    takes_context=True,
+    time_limit=0.5,
+    lease=2.0,
+    max_attempts=3,
+    retry=RetryPolicy(base=0, cap=0, jitter=0),
+)
+def stuck_then_loops(context: TaskContext) -> None:
+    """Attempt 1 blocks in C past its limit (its thread given up on; the reaper takes the
+    job back); later attempts loop in Python, which the limit's interrupt stops."""
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    if context.attempt == 1:
+        time.sleep(4.0)
+        return
+    deadline = time.monotonic() + 8.0
+    while time.monotonic() < deadline:
+        sum(range(100))
+
+
 @task(time_limit=0.5, lease=2.0, max_attempts=1)
 def sleeps_past_its_limit(seconds: float = 30.0) -> None:
     """Blocked in C (time.sleep): an interrupt lands only when the sleep ends."""
