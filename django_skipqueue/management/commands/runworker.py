@@ -372,7 +372,8 @@ class Command(BaseCommand):
         summary = (
             f"worker stopped ({worker.stop_reason}): {stats.claimed} claimed, "
             f"{stats.count(Outcome.SUCCEEDED)} succeeded, {stats.count(Outcome.RETRYING)} "
-            f"retried, {stats.count(Outcome.FAILED)} failed, {stats.count(Outcome.LOST)} lost, "
+            f"retried, {stats.count(Outcome.FAILED)} failed, {stats.timed_out} timed out "
+            f"(past their time limit), {stats.count(Outcome.LOST)} lost, "
             f"{stats.released_on_shutdown} released"
         )
         if not logger.isEnabledFor(logging.INFO):
