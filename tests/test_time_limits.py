@@ -25,6 +25,26 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 TIME_LIMIT_EXCEEDED = "django_skipqueue.exceptions.TimeLimitExceeded"
 
 
+def work_until_failed(job_ids: list[int], timeout: float, **options: float) -> Worker:
+    """A polling worker in a thread (concurrency 1 unless given), stopped once every job
+    of `job_ids` has ended failed; returns it for its counts."""
+    worker = Worker(listen=False, poll_interval=0.05, **{"concurrency": 1, **options})
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (
+                Job.objects.filter(id__in=job_ids, state=JobState.FAILED).count() == len(job_ids)
+            ),
+            timeout=timeout,
+            message="the jobs did not end failed in time",
+        )
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    return worker
+
+
 def test_a_task_sees_its_soft_limit_coming_and_stops_at_its_safe_point():
     job = tasks.soft_limited.enqueue()
     run_jobs()
@@ -91,20 +111,7 @@ def test_a_hard_limit_is_acted_on_when_it_falls_not_at_the_housekeepers_next_pas
     where a 0.25 s limit stopped its task after up to 1.2 s): each attempt ends within
     0.4 s of its limit. Before, a pass came within that window for about two jobs in five."""
     jobs = [tasks.loops_past_a_short_limit.enqueue() for _ in range(3)]
-    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(
-            lambda: (
-                Job.objects.filter(id__in=[job.id for job in jobs], state="failed").count() == 3
-            ),
-            timeout=15,
-            message="the jobs were not stopped",
-        )
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
+    work_until_failed([job.id for job in jobs], timeout=15, reap_interval=0)
     ran = []
     for job in jobs:
         job.refresh_from_db()
@@ -126,19 +133,10 @@ def test_a_limit_that_falls_while_job_started_receivers_run_stops_the_task_as_it
 
     job = tasks.loops_past_a_short_limit.enqueue()  # loops for ever, 1 attempt
     signals.job_started.connect(slow, weak=False)
-    worker = Worker(concurrency=2, listen=False, poll_interval=0.05, reap_interval=0)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
     try:
-        wait_until(
-            lambda: Job.objects.get(id=job.id).state == JobState.FAILED,
-            timeout=10,
-            message="the task ran past its limit",
-        )
+        work_until_failed([job.id], timeout=10, concurrency=2, reap_interval=0)
     finally:
         signals.job_started.disconnect(slow)
-        worker.stop()
-        thread.join(timeout=20)
     job.refresh_from_db()
     assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
     assert (job.attempts, job.expirations) == (1, 0)  # through the fence, not the reaper
@@ -151,18 +149,7 @@ def test_an_attempt_claimed_again_while_its_abandoned_attempt_runs_gets_its_own_
     interrupt went to attempt 1's thread and attempt 3's was never raised (found by an
     outside trial). Keyed by attempt, attempts 2 and 3 each stop at their limit."""
     job = tasks.stuck_then_loops.enqueue()
-    worker = Worker(concurrency=2, listen=False, poll_interval=0.05, reap_interval=0.5)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(
-            lambda: Job.objects.get(id=job.id).state == JobState.FAILED,
-            timeout=20,
-            message="the job did not end",
-        )
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
+    worker = work_until_failed([job.id], timeout=20, concurrency=2, reap_interval=0.5)
     job.refresh_from_db()
     kinds = [error["type"].rsplit(".", 1)[-1] for error in job.errors]
     assert kinds == ["LeaseExpiredError", "TimeLimitExceeded", "TimeLimitExceeded"], kinds
