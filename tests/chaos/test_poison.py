@@ -81,9 +81,14 @@ def test_t22_an_always_raising_task_fails_after_its_attempts_with_backoff(superv
 
 
 def test_t23_a_hung_task_is_taken_back_and_fails_while_others_flow(supervisor):
+    """Each attempt sleeps in C past its limit: its thread is given up on (and stays
+    stuck), the reaper takes the job back, the same worker claims it again. Three
+    attempts leave three stuck threads, counted per attempt: concurrency 8 keeps that
+    under half, so this worker stays up (at concurrency 2 it exits with code 3 for its
+    supervisor after the second, as tests/test_time_limits.py shows)."""
     hung = tasks.t23_hangs.enqueue(30)
     others = [j.id for j in tasks.probe.enqueue_many([((), {"ms": 20})] * 150)]
-    worker = supervisor.start("--concurrency", "2", "--reap-interval", "0.2")
+    worker = supervisor.start("--concurrency", "8", "--reap-interval", "0.2")
 
     wait_until(lambda: Job.objects.get(id=hung.id).state == JobState.FAILED, timeout=40)
     wait_until(lambda: finished(others), timeout=40)
