@@ -5,7 +5,9 @@ The executor threads and the dispatcher call `picked_up` and `finished` (an appe
 a deque: 0.2 microseconds a job); the housekeeper calls `flush` every
 FLUSH_SECONDS, which adds the counts since the last flush to the database's current
 minute in one upsert (`QueueMinuteManager.add`). Counts a failed flush could not
-write are kept for the next one. Nothing here imports prometheus_client: the series
+write are kept for the next one. The deque is folded into counts whenever it holds
+FOLD_AT events, so that what a worker keeps between flushes does not grow with its
+speed (benchmarks/RESULTS.md, fifteenth pass). Nothing here imports prometheus_client: the series
 are `runtime.prometheus`'s, attached only when asked for.
 """
 
@@ -37,6 +39,12 @@ logger = logging.getLogger(__name__)
 #: How often a worker adds its counts to the QueueMinute rows (seconds).
 FLUSH_SECONDS = 5.0
 
+#: The events the deque holds at most before the thread that appends one folds them
+#: into counts. Unfolded, a worker draining 14,000 jobs a second held 140,000 of them
+#: (about 12 MB) by each flush, and the cycle collector walked them in every full
+#: collection.
+FOLD_AT = 2048
+
 #: The QueueMinute column that counts each label.
 _COLUMNS = {"refused": "lost"}
 
@@ -49,24 +57,30 @@ class Meter:
     """A worker's counts since its last flush, per queue. Safe to call from any thread.
 
     The executor threads only append to a deque (atomic, no lock: 0.2 us a job where a
-    lock and the dict updates cost 1 us, measured); `take()` adds them up, from the
-    housekeeper's thread, every FLUSH_SECONDS."""
+    lock and the dict updates cost 1 us, measured); the events are added up under the
+    lock by `take()`, from the housekeeper's thread every FLUSH_SECONDS, and by the
+    thread whose append brings the deque to FOLD_AT."""
 
     def __init__(self, prometheus: Series | None = None) -> None:
         self._events: deque[tuple[str, Any, float]] = deque()
-        self._lock = threading.Lock()  # take() and put_back() only
-        self._kept: dict[str, dict[str, Any]] = {}  # counts a failed flush put back
+        self._lock = threading.Lock()  # folds, take() and put_back()
+        # Counts not yet flushed: events folded early, and what a failed flush put back.
+        self._counts: dict[str, dict[str, Any]] = {}
         self.prometheus = prometheus
 
     def picked_up(self, queue: str, seconds: float) -> None:
         """A job started `seconds` after it was due (a claim's started_at - run_at)."""
         self._events.append((queue, None, seconds))
+        if len(self._events) >= FOLD_AT:
+            self._fold()
         if self.prometheus is not None:
             self.prometheus.picked_up(queue, max(seconds, 0.0))
 
     def finished(self, queue: str, task: str, outcome: Outcome, duration: float) -> None:
         """An attempt ended with `outcome` after running `duration` seconds."""
         self._events.append((queue, outcome, duration))
+        if len(self._events) >= FOLD_AT:
+            self._fold()
         if self.prometheus is not None:
             self.prometheus.finished(queue, task, OUTCOME_LABELS[outcome], duration)
 
@@ -79,29 +93,39 @@ class Meter:
     def take(self) -> dict[str, dict[str, Any]]:
         """The counts since the last take (and any put back), emptied."""
         with self._lock:
-            queues, self._kept = self._kept, {}
-            events = self._events
-            for _ in range(len(events)):  # those appended meanwhile wait for the next take
-                queue, outcome, seconds = events.popleft()
-                counts = queues.get(queue) or queues.setdefault(queue, _empty())
-                if outcome is None:
-                    seconds = max(seconds, 0.0)
-                    counts["pickups"] = counts.get("pickups", 0) + 1
-                    counts["pickup_seconds"] = counts.get("pickup_seconds", 0.0) + seconds
-                    counts["pickup_buckets"][bisect.bisect_left(PICKUP_BUCKETS, seconds)] += 1
-                else:
-                    label = OUTCOME_LABELS[outcome]
-                    column = _COLUMNS.get(label, label)
-                    counts[column] = counts.get(column, 0) + 1
-                    counts["runs"] = counts.get("runs", 0) + 1
-                    counts["run_seconds"] = counts.get("run_seconds", 0.0) + seconds
+            self._fold_locked()
+            queues, self._counts = self._counts, {}
         return queues
+
+    def _fold(self) -> None:
+        with self._lock:
+            self._fold_locked()
+
+    def _fold_locked(self) -> None:
+        """Add the events queued so far to `_counts` (the lock held). Those appended
+        meanwhile stay queued for the next fold."""
+        queues = self._counts
+        events = self._events
+        for _ in range(len(events)):
+            queue, outcome, seconds = events.popleft()
+            counts = queues.get(queue) or queues.setdefault(queue, _empty())
+            if outcome is None:
+                seconds = max(seconds, 0.0)
+                counts["pickups"] = counts.get("pickups", 0) + 1
+                counts["pickup_seconds"] = counts.get("pickup_seconds", 0.0) + seconds
+                counts["pickup_buckets"][bisect.bisect_left(PICKUP_BUCKETS, seconds)] += 1
+            else:
+                label = OUTCOME_LABELS[outcome]
+                column = _COLUMNS.get(label, label)
+                counts[column] = counts.get(column, 0) + 1
+                counts["runs"] = counts.get("runs", 0) + 1
+                counts["run_seconds"] = counts.get("run_seconds", 0.0) + seconds
 
     def put_back(self, counts: Mapping[str, Mapping[str, Any]]) -> None:
         """Counts a flush could not write, added back for the next one."""
         with self._lock:
             for queue, values in counts.items():
-                mine = self._kept.setdefault(queue, _empty())
+                mine = self._counts.setdefault(queue, _empty())
                 for key, value in values.items():
                     if key == "pickup_buckets":
                         mine[key] = [a + b for a, b in zip(mine[key], value, strict=True)]
