@@ -50,6 +50,7 @@ def test_the_housekeepers_pass_is_planned_for_renewals_time_limits_and_its_own_s
     held.wakes(wake)
     first = held.add(job(1, lease=30.0), now=0.0, timeout=5.0)
     assert held.plan_pass(20.0) == 10.0  # its renewal; buffered, its limit not counted yet
+    wake.clear()
     held.start(first.job, threading.current_thread(), now=1.0)
     assert wake.is_set()  # its limit, 6.0, falls before the planned pass: woken
     wake.clear()
@@ -64,6 +65,20 @@ def test_the_housekeepers_pass_is_planned_for_renewals_time_limits_and_its_own_s
     held.queue_ack(Finished(short.job, 1, None, 0.1))
     assert held.plan_pass(20.0) == 6.0  # a success waiting for its ack is never timed out
     assert held.plan_pass(1.5) == 1.5  # the housekeeper's own schedule first
+
+
+def test_a_claim_whose_renewal_falls_before_the_planned_pass_wakes_the_housekeeper(held):
+    wake = threading.Event()
+    held.wakes(wake)
+    assert held.plan_pass(1.0) == 1.0  # the housekeeper's own schedule: a pass at 1.0
+    held.add(job(1, lease=30.0), now=0.0, timeout=None)  # renewal at 10.0
+    assert not wake.is_set()  # after the planned pass: left asleep
+    held.add(job(2, lease=1.5), now=0.0, timeout=None)  # renewal at 0.5
+    assert wake.is_set()
+    wake.clear()
+    held.add(job(3, lease=1.8), now=0.0, timeout=None)  # 0.6: the pass is now planned at 0.5
+    assert not wake.is_set()
+    assert held.plan_pass(1.0) == 0.5
 
 
 def test_a_success_waits_for_its_ack_and_is_not_counted_as_held_meanwhile(held):

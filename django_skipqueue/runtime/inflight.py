@@ -91,9 +91,19 @@ class InFlight:
     # -- the housekeeper -------------------------------------------------------------
 
     def wakes(self, event: threading.Event) -> None:
-        """The housekeeper's wake-up: set when a job starts whose time limit falls before
-        the housekeeper's planned pass."""
+        """The housekeeper's wake-up: set when a job is claimed whose first renewal, or
+        starts whose time limit, falls before the housekeeper's planned pass."""
         self._wake_housekeeper = event
+
+    def _due_before_the_pass(self, at: float) -> None:
+        """A renewal or a time limit falls at `at` (the lock held): if that is before the
+        housekeeper's planned pass, wake it to plan again (else it is acted on up to
+        MAX_WAIT late). Otherwise it is left asleep: waking it takes the GIL just as a
+        job begins."""
+        if at < self._next_pass_at:
+            self._next_pass_at = at
+            if self._wake_housekeeper is not None:
+                self._wake_housekeeper.set()
 
     def plan_pass(self, *others: float) -> float:
         """When the housekeeper's next pass is due: the next renewal, the next time limit
@@ -117,6 +127,7 @@ class InFlight:
         flight = Flight(job, job.attempts, lease, now + lease / 3, timeout, claimed_at=now)
         with self._lock:
             self._flights[job.id] = flight
+            self._due_before_the_pass(flight.renew_at)
         return flight
 
     def take_acks(self) -> list[Finished]:
@@ -143,12 +154,7 @@ class InFlight:
                 return 0.0
             if flight.timeout is not None:
                 flight.timeout_at = now + flight.timeout
-                if flight.timeout_at < self._next_pass_at:
-                    # Its limit falls before the housekeeper's planned pass: wake it to
-                    # plan again (else a limit is acted on up to MAX_WAIT late).
-                    self._next_pass_at = flight.timeout_at
-                    if self._wake_housekeeper is not None:
-                        self._wake_housekeeper.set()
+                self._due_before_the_pass(flight.timeout_at)
             return now - flight.claimed_at
 
     def stop_running(self, thread: threading.Thread) -> None:

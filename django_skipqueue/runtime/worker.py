@@ -60,8 +60,8 @@ from django_skipqueue.runtime.executor import (
     release_on_shutdown,
 )
 from django_skipqueue.runtime.flow import REFRESH_SECONDS, FlowView
-from django_skipqueue.runtime.housekeeper import MAX_WAIT, Housekeeper
-from django_skipqueue.runtime.inflight import NEVER, Buffer, ClaimSize, Finished, Flight, InFlight
+from django_skipqueue.runtime.housekeeper import Housekeeper
+from django_skipqueue.runtime.inflight import Buffer, ClaimSize, Finished, Flight, InFlight
 from django_skipqueue.runtime.interrupt import interrupt
 from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.notifier import Notifier
@@ -404,20 +404,14 @@ class Worker:
         if not claimed:
             return
         now = time.monotonic()
-        first_renewal = NEVER
-        for job in claimed:
+        for job in claimed:  # a renewal due before the housekeeper's pass wakes it
             timeout = registry.get(job.task).timeout if job.task in registry else None
             seconds = timeout.total_seconds() if timeout else None
-            flight = self.held.add(job, now=now, timeout=seconds)
-            first_renewal = min(first_renewal, flight.renew_at)
+            self.held.add(job, now=now, timeout=seconds)
         self.stats.claimed += len(claimed)
         for job in claimed:  # both on the database's clock
             if job.started_at is not None and job.run_at is not None:
                 self.meter.picked_up(job.queue_name, (job.started_at - job.run_at).total_seconds())
-        if first_renewal - now < MAX_WAIT:
-            # Sooner than the housekeeper's next pass: wake it to schedule the renewal.
-            # Otherwise it is left asleep: waking it took the GIL just as the job began.
-            self.housekeeper.wake.set()
         for job in claimed:
             logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
             self._work.put(job)
