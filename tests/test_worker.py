@@ -513,6 +513,50 @@ def test_a_housekeeper_that_dies_is_restarted_and_renewals_go_on():
     assert worker.stats.renewed >= 4
 
 
+def test_a_job_claimed_while_the_housekeeper_backs_off_after_failed_passes_keeps_its_lease(
+    settings, caplog
+):
+    """A database that refused every pass (a failover, here a trigger on the heartbeat)
+    leaves the housekeeper in a back-off of seconds that planned nothing; a short-lease
+    job claimed once the database answers must wake it for its first renewal."""
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "HEARTBEAT_SECONDS": 0.05}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse_beat() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'no heartbeat now'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER refuse_beat BEFORE UPDATE ON skipqueue_workerprocess "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_beat()"
+        )
+    worker = Worker(concurrency=2, listen=False, reap_interval=0, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    try:
+        with caplog.at_level(logging.WARNING, logger="django_skipqueue.runtime.housekeeper"):
+            backing_off = re.compile(r"retrying in ([0-9.]+)s")
+            wait_until(  # a back-off long enough to outlast the job's lease
+                lambda: any(
+                    float(match.group(1)) >= 1.5
+                    for record in caplog.records
+                    if (match := backing_off.search(record.getMessage()))
+                ),
+                timeout=20,
+            )
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER refuse_beat ON skipqueue_workerprocess")
+        job = tasks.record.using(lease=1.0).enqueue(sleep=2.5)  # due for renewal at 0.33 s
+        wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=20)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS refuse_beat ON skipqueue_workerprocess")
+            cursor.execute("DROP FUNCTION IF EXISTS refuse_beat()")
+        worker.stop()
+        thread.join(timeout=30)
+    job.refresh_from_db()
+    assert (job.attempts, job.expirations) == (1, 0)
+    assert worker.stats.renew_refused == 0
+
+
 def test_a_transaction_a_success_receiver_leaves_open_never_holds_later_acks():
     from django_skipqueue import signals
 

@@ -36,10 +36,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The longest the housekeeper sleeps between passes: a renewal due sooner than this
-#: after a claim needs a wake-up (Worker._hand_over), a later one is found by a pass. A
-#: time limit is planned for to the millisecond: a job started with one that falls
-#: before the planned pass wakes the housekeeper (InFlight.start).
+#: The longest the housekeeper sleeps between passes. Renewals and time limits are
+#: planned for to the millisecond: a job claimed whose first renewal, or started whose
+#: time limit, falls before the planned pass wakes the housekeeper (InFlight.add and
+#: start), and so does one claimed during the back-off after a failed pass.
 MAX_WAIT = 1.0
 
 
@@ -81,7 +81,7 @@ class Housekeeper:
         self.renew_leases = True
         self.process: WorkerProcess | None = None  # set once the worker is registered
         self.wake = threading.Event()  # new jobs to schedule, or halted
-        held.wakes(self.wake)  # a time limit that falls before the planned pass
+        held.wakes(self.wake)  # a renewal or a time limit before the planned pass
 
     def run(self) -> None:
         reaper = Reaper(database=self.database)
@@ -133,6 +133,9 @@ class Housekeeper:
                     else:
                         logger.exception("housekeeping failed, retrying in %.2fs", wait)
                     discard_connection(self.database)
+                    # No pass was planned: until the back-off ends, any renewal or time
+                    # limit that falls before its end must wake this thread.
+                    self.held.sleeps_until(time.monotonic() + wait)
                 self.wake.wait(max(wait, 0.01))
                 self.wake.clear()
         finally:

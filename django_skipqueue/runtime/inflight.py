@@ -95,6 +95,12 @@ class InFlight:
         starts whose time limit, falls before the housekeeper's planned pass."""
         self._wake_housekeeper = event
 
+    def sleeps_until(self, at: float) -> None:
+        """The housekeeper sleeps until `at` whatever falls due before (its back-off after
+        a failed pass, which planned nothing): what `add` and `start` compare with."""
+        with self._lock:
+            self._next_pass_at = at
+
     def _due_before_the_pass(self, at: float) -> None:
         """A renewal or a time limit falls at `at` (the lock held): if that is before the
         housekeeper's planned pass, wake it to plan again (else it is acted on up to
