@@ -194,3 +194,24 @@ def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replace
     worker.wait_for_output("replacing it")
     after = tasks.add.enqueue(2, 3)
     wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=15)
+
+
+@pytest.mark.slow
+def test_a_child_ending_past_a_time_limit_strands_no_claimed_job_and_acks_its_successes(
+    start_worker,
+):
+    """The child ends while its dispatcher claims and acks no-op jobs as fast as it can:
+    every job it had claimed and not started is released (none waits for its 30 s lease),
+    and every success it had not yet acknowledged is acknowledged before the exit (none
+    runs twice)."""
+    tasks.add.enqueue_many([((n, n), {}) for n in range(30_000)])
+    stuck = tasks.sleeps_past_its_limit.using(priority=10).enqueue(seconds=30.0)
+    worker = start_worker("--processes", "2", "--concurrency", "2")
+    worker.wait_for_output("ending this worker process")
+    wait_until(
+        lambda: not Job.objects.filter(task=tasks.add.name).exclude(state=JobState.DONE).exists(),
+        timeout=20,  # well inside the 30 s lease of a job stranded by the exit
+        message="jobs claimed by the child that ended were left to their lease",
+    )
+    assert not Job.objects.filter(task=tasks.add.name, attempts__gt=1).exists()
+    assert Job.objects.get(id=stuck.id).state == JobState.FAILED

@@ -90,6 +90,9 @@ def connection_budget(
 BUFFERED_CANCEL_CHECK_SECONDS = 0.5
 #: How long the housekeeper waits for a thread it raised TimeLimitExceeded into to end.
 STOP_WAIT_SECONDS = 1.0
+#: How long a child of `--processes` ending for a task past its time limit waits for a
+#: claim under way to hand its jobs over, so that it releases them with the others.
+EXIT_CLAIM_WAIT_SECONDS = 5.0
 #: A threaded worker stops (for its supervisor to start it again) once more than this
 #: share of its threads are stuck in tasks past their hard time limit: their places are
 #: taken by new threads meanwhile, so no slot is lost, but their memory and CPU are.
@@ -176,6 +179,11 @@ class Worker:
         self._work = Buffer()  # claimed jobs on their way to the executor threads
         self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
         self._stopping = threading.Event()  # no more claims
+        # Held by the dispatcher from a claim's statement to its jobs' hand-over, and by
+        # `_exit_for_time_limit` while it releases the buffered jobs: no claim lands
+        # after that release, to be stranded until its lease ends by the exit.
+        self._claiming = threading.Lock()
+        self._exiting = False
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._notifier: Notifier | None = None  # its bell is rung at shutdown
         self._signals = 0
@@ -300,7 +308,10 @@ class Worker:
                 self._wake.wait(1.0)
                 continue
             try:
-                claimed = self._claim(free)
+                with self._claiming:
+                    if self._exiting:
+                        break
+                    claimed = self._claim(free)
             except DatabaseError as error:
                 # Passing (the connection, a read-only or restarting server) or not (the
                 # claim already isolated bad rows; what is left is logged): back off.
@@ -604,6 +615,8 @@ class Worker:
         jobs = Job.objects.db_manager(self.database)
         task = registry.get(job.task) if job.task in registry else None
         exceeded = TimeLimitExceeded(limit)
+        self._exiting = True  # the dispatcher claims no more; a claim under way ends first
+        claim_ended = self._claiming.acquire(timeout=EXIT_CLAIM_WAIT_SECONDS)
         try:
             jobs.fail(
                 job.id,
@@ -615,6 +628,18 @@ class Worker:
             release_on_shutdown([(f.job, f.attempt) for f in unstarted], self.database)
         except DatabaseError as error:
             logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
+        # What the process would write on a graceful stop: the successes waiting for
+        # their batched ack (else reaped and run again) and the last seconds' counts.
+        try:
+            self._ack_finished()
+            self.meter.flush(self.database)
+        except DatabaseError as error:
+            logger.error("acks or counts not written before the exit: %s", error)
+        if not claim_ended:
+            logger.error(
+                "a claim did not end within %gs: its jobs are left to the reaper",
+                EXIT_CLAIM_WAIT_SECONDS,
+            )
         logger.error(
             "job past its time limit id=%s task=%s attempt=%d limit=%gs did not stop: "
             "ending this worker process (%d other jobs running are left to the reaper)",
