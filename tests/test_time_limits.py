@@ -10,11 +10,12 @@ import threading
 import time
 
 import pytest
+from django.db.models import Sum
 
 from django_skipqueue import task
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.maintenance.reaper import Reaper
-from django_skipqueue.models import Job, JobState
+from django_skipqueue.models import Job, JobState, QueueMinute
 from django_skipqueue.runtime.worker import EXIT_TIME_LIMIT, Worker
 from django_skipqueue.testing import run_jobs
 from tests.processes import wait_until
@@ -191,6 +192,9 @@ def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replace
     assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
     assert job.expirations == 0
     worker.wait_for_output("ending this worker process")
+    # Counted in the queue's minutes as an executor counts a failed attempt: the exit
+    # writes the counts after the fail, before its log line (not counted before: a trial).
+    assert QueueMinute.objects.aggregate(n=Sum("failed"))["n"] == 1
     worker.wait_for_output("replacing it")
     after = tasks.add.enqueue(2, 3)
     wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=15)

@@ -40,7 +40,7 @@ from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.exceptions import ConfigurationError, TimeLimitExceeded
 from django_skipqueue.faults import is_transient
 from django_skipqueue.maintenance.scheduler import Scheduler, defined_schedules
-from django_skipqueue.models import Job, Queue, WorkerProcess
+from django_skipqueue.models import Job, JobState, Queue, WorkerProcess
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import (
     HEALTH_CHECK_SECONDS,
@@ -66,7 +66,7 @@ from django_skipqueue.runtime.interrupt import interrupt
 from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.notifier import Notifier
 from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
-from django_skipqueue.runtime.runner import describe_error, retry_delay
+from django_skipqueue.runtime.runner import Outcome, describe_error, retry_delay
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.threads import Supervisor
 from django_skipqueue.runtime.waiting import Waiting
@@ -103,6 +103,13 @@ KEEP_MARGIN_SECONDS = 2.0
 #: The exit code of a worker that stopped for stuck threads, or of a `--processes`
 #: child ended for a task past its time limit: not 0, so that a supervisor restarts it.
 EXIT_TIME_LIMIT = 3
+#: What the fenced fail of an attempt given up at such an exit wrote, as the worker's
+#: counts name it (QueueMinute, the metrics), as the executor counts a failed attempt.
+_FAILED_ATTEMPT_OUTCOMES = {
+    JobState.PENDING: Outcome.RETRYING,
+    JobState.FAILED: Outcome.FAILED,
+    JobState.CANCELLED: Outcome.CANCELLED,
+}
 
 
 class Worker:
@@ -184,6 +191,10 @@ class Worker:
         # after that release, to be stranded until its lease ends by the exit.
         self._claiming = threading.Lock()
         self._exiting = False
+        # Set by `_exit_for_time_limit` under `_ack_gate`: successes are acknowledged by
+        # their own thread from then on, not queued (`_defer_ack`).
+        self._ack_gate = threading.Lock()
+        self._acks_direct = False
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._notifier: Notifier | None = None  # its bell is rung at shutdown
         self._signals = 0
@@ -342,9 +353,18 @@ class Worker:
             self._wake.wait(timeout)
 
     def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
-        """From an executor thread: queue a success for the dispatcher's next batch."""
-        self.held.queue_ack(Finished(job, attempt, result, duration))
-        self._nudge()
+        """From an executor thread: queue a success for the dispatcher's next batch; once
+        the process ends for a time limit (`_exit_for_time_limit`), which acknowledges
+        the queued ones last, acknowledge it here at once instead (else it was queued too
+        late, never acknowledged, reaped and run again: an outside trial, 2 of 23 exits)."""
+        with self._ack_gate:
+            if not self._acks_direct:
+                self.held.queue_ack(Finished(job, attempt, result, duration))
+                self._nudge()
+                return
+        (execution,) = acknowledge([(job, attempt, result, duration)], self.database)
+        self.held.acked(job.id)
+        self._finished(job, execution)
 
     def _nudge(self) -> None:
         """Wake the dispatcher (from an executor thread, two or three times a job).
@@ -618,18 +638,24 @@ class Worker:
         self._exiting = True  # the dispatcher claims no more; a claim under way ends first
         claim_ended = self._claiming.acquire(timeout=EXIT_CLAIM_WAIT_SECONDS)
         try:
-            jobs.fail(
+            state = jobs.fail(
                 job.id,
                 flight.attempt,
                 error=describe_error(exceeded),
                 retry_in=retry_delay(task, exceeded, flight.attempt),
             )
+            if state is not None:  # counted as the executor counts a failed attempt
+                outcome = _FAILED_ATTEMPT_OUTCOMES[state]
+                started = flight.timeout_at - limit if flight.timeout else time.monotonic()
+                self.meter.finished(job.queue_name, job.task, outcome, time.monotonic() - started)
             unstarted = self.held.unstarted(self._work.drain())
             release_on_shutdown([(f.job, f.attempt) for f in unstarted], self.database)
         except DatabaseError as error:
             logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
         # What the process would write on a graceful stop: the successes waiting for
         # their batched ack (else reaped and run again) and the last seconds' counts.
+        with self._ack_gate:
+            self._acks_direct = True
         try:
             self._ack_finished()
             self.meter.flush(self.database)
@@ -647,7 +673,7 @@ class Worker:
             job.task,
             flight.attempt,
             limit,
-            max(self.held.held() - 1, 0),
+            self.held.held(),  # the given-up job left them when its thread was given up
         )
         logging.shutdown()
         os._exit(EXIT_TIME_LIMIT)
