@@ -191,9 +191,8 @@ class Worker:
         # after that release, to be stranded until its lease ends by the exit.
         self._claiming = threading.Lock()
         self._exiting = False
-        # Set by `_exit_for_time_limit` under `_ack_gate`: successes are acknowledged by
-        # their own thread from then on, not queued (`_defer_ack`).
-        self._ack_gate = threading.Lock()
+        # Set by `_exit_for_time_limit` before it takes the queued successes: one queued
+        # after that is acknowledged by its own thread (`_defer_ack`).
         self._acks_direct = False
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._notifier: Notifier | None = None  # its bell is rung at shutdown
@@ -353,18 +352,17 @@ class Worker:
             self._wake.wait(timeout)
 
     def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
-        """From an executor thread: queue a success for the dispatcher's next batch; once
-        the process ends for a time limit (`_exit_for_time_limit`), which acknowledges
-        the queued ones last, acknowledge it here at once instead (else it was queued too
-        late, never acknowledged, reaped and run again: an outside trial, 2 of 23 exits)."""
-        with self._ack_gate:
-            if not self._acks_direct:
-                self.held.queue_ack(Finished(job, attempt, result, duration))
-                self._nudge()
-                return
-        (execution,) = acknowledge([(job, attempt, result, duration)], self.database)
-        self.held.acked(job.id)
-        self._finished(job, execution)
+        """From an executor thread: queue a success for the dispatcher's next batch. Once
+        the process ends for a time limit (`_exit_for_time_limit` sets `_acks_direct`,
+        then acknowledges what is queued), the queue is taken here too: a success queued
+        after the exit's take was never acknowledged, reaped and run again (an outside
+        trial, 2 of 23 exits). No lock on this path: a success queued before the flag was
+        set is the exit's to take, one after it sees the flag."""
+        self.held.queue_ack(Finished(job, attempt, result, duration))
+        if self._acks_direct:
+            self._ack_finished()
+        else:
+            self._nudge()
 
     def _nudge(self) -> None:
         """Wake the dispatcher (from an executor thread, two or three times a job).
@@ -654,8 +652,7 @@ class Worker:
             logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
         # What the process would write on a graceful stop: the successes waiting for
         # their batched ack (else reaped and run again) and the last seconds' counts.
-        with self._ack_gate:
-            self._acks_direct = True
+        self._acks_direct = True  # before the take: a success queued later is its thread's
         try:
             self._ack_finished()
             self.meter.flush(self.database)
