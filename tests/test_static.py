@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -58,6 +59,38 @@ def test_t15_nothing_session_scoped_behind_a_pooler():
     detector = [hit for hit in found if hit.startswith("runtime/runner.py:")]
     assert all(': r"' in hit for hit in detector)  # regular expressions only
     assert hits(r"""["']SET (?!LOCAL)""", files) == []
+
+
+def test_no_loop_stands_in_a_block_that_holds_a_database_connections_lock():
+    """A `with` block holding a driver connection's lock (psycopg's `Connection.lock`,
+    taken in core/compat.py) has no `for` or `while` in its own frame: on CPython 3.13,
+    Ctrl-C or a time limit's exception landing at such a loop's backward jump can skip
+    the block's exits and leave the lock held for good (`compat._first_row`). Loops go
+    in a function it calls, or in a comprehension, which has an exit of its own."""
+    found = []
+    for name, text in source().items():
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.With):
+                continue
+            if not any(ast.unparse(item.context_expr).endswith(".lock") for item in node.items):
+                continue
+            inner = [child for statement in node.body for child in _frame_nodes(statement)]
+            found += [
+                f"{name}:{child.lineno}"
+                for child in inner
+                if isinstance(child, (ast.For, ast.While))
+            ]
+    assert found == []
+
+
+def _frame_nodes(node: ast.AST) -> list[ast.AST]:
+    """`node` and what it holds, without the bodies of the functions and classes it
+    defines (frames of their own)."""
+    found = [node]
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            found += _frame_nodes(child)
+    return found
 
 
 @pytest.mark.parametrize(

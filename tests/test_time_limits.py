@@ -105,6 +105,32 @@ def test_a_looping_task_is_stopped_at_its_hard_limit_and_retried_as_its_policy_s
     assert worker.stuck_threads == 0 and not worker.stuck_exit
 
 
+def test_a_connection_whose_lock_an_interrupted_task_left_held_is_closed_not_waited_on():
+    """The limit's interrupt leaves the thread's connection lock held (a driver's `with
+    lock:` exit skipped, as CPython 3.13 can): the connection is closed after the
+    attempt, whose failure is recorded through the fence, and the thread's next job runs
+    on a new one. Before, the failure's write waited for the lock forever, and so did
+    every job after it on that thread."""
+    job = tasks.loops_holding_its_connections_lock.enqueue()
+    after = tasks.add.enqueue(1, 2)
+    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(
+            lambda: Job.objects.get(id=after.id).state == JobState.DONE,
+            timeout=10,
+            message="the job after the interrupted one did not run",
+        )
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
+    assert job.expirations == 0  # through the fence, not the reaper
+
+
 def test_a_hard_limit_is_acted_on_when_it_falls_not_at_the_housekeepers_next_pass():
     """The housekeeper sleeps up to MAX_WAIT (1 s) between passes; a job started with a
     limit that falls before its planned pass wakes it. Three 0.3 s limits in a row (each

@@ -556,21 +556,36 @@ def direct_row(
     except TypeError:
         return None
     connection.validate_no_broken_transaction()
-    with conn.wrap_database_errors, raw.lock:
+    with conn.wrap_database_errors, raw.lock:  # no loop in this block (`_first_row`)
         results = None
         if status == _IDLE and may_prepare(connection):
             results = _run_named(connection.alias, raw, pgconn, query, values)
         if results is None:
             results = _exchange(raw, pgconn.send_query_params, query, values, None, None, 1)
-        for result in results:
-            if result.status != _TUPLES_OK:
-                if result.status == pq.ExecStatus.FATAL_ERROR:
-                    raise error_from_result(result, encoding=raw.info.encoding)
-                raise psycopg.InternalError(f"unexpected result: {result.status!r}")
-        if not results or not results[-1].ntuples:
-            return ()
-        last = results[-1]
-        return tuple([last.get_value(0, column) for column in range(last.nfields)])
+        return _first_row(results, raw)
+
+
+def _first_row(results: list[Any], raw: Any) -> tuple[Any, ...]:
+    """The first row of `direct_row`'s last result, its error raised as psycopg raises it.
+
+    A function of its own, called while `direct_row` holds the connection's lock: no
+    loop may stand in that `with` block's own frame. On CPython 3.13 an interrupt that
+    lands at a loop's backward jump (Ctrl-C, a time limit's exception: both are raised
+    where the interpreter checks for them, and a backward jump is such a place) finds
+    no handler in the frame when the loop's `if` ended the iteration, so the `with`
+    block's exits never run: the lock stayed held, and every later statement on the
+    connection waited for it forever (found by CI, 3 hangs in its last 4 runs on 3.13;
+    CPython issue 130279). From a call, the interrupt reaches the caller at the call,
+    which its `with` block covers (tests/test_compat.py, the interrupt at each check)."""
+    for result in results:
+        if result.status != _TUPLES_OK:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise error_from_result(result, encoding=raw.info.encoding)
+            raise psycopg.InternalError(f"unexpected result: {result.status!r}")
+    if not results or not results[-1].ntuples:
+        return ()
+    last = results[-1]
+    return tuple([last.get_value(0, column) for column in range(last.nfields)])
 
 
 def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:

@@ -178,6 +178,8 @@ def run_and_decide(
             # inside atomic()'s own exit, after autocommit went off) is its consequence,
             # and the attempt ends with TimeLimitExceeded, the rollback as its cause.
             past = interrupted
+            if interrupted is not None:
+                _close_connections_left_locked()
             _roll_back_left_open(depths)
         if past is not None:  # the task caught TimeLimitExceeded and returned: still past it
             raise TimeLimitExceeded(past)
@@ -440,6 +442,29 @@ def atomic_depths() -> Mapping[str, int]:
     read before a job's code runs (2 us: a worker's executor threads pass
     OUTSIDE_ATOMIC instead)."""
     return {c.alias: len(c.atomic_blocks) for c in initialized_connections() if c.atomic_blocks}
+
+
+def _close_connections_left_locked() -> None:
+    """After an interrupt raised into the task: close this thread's connections whose
+    driver lock is still held, which every later statement on them would wait for
+    forever. An interrupt landing inside a `with lock:` block of a driver can leave it
+    so on CPython 3.13, where one at a loop's backward jump may skip the block's exits
+    (psycopg's `Cursor.stream()` and `Connection.notifies()` hold their connection's
+    lock around loops; see `core.compat._first_row`). The session is ended first, so
+    that a connection pool takes the connection back as broken without using it."""
+    for connection in initialized_connections():
+        raw = connection.connection
+        lock = getattr(raw, "lock", None)
+        if lock is None or not getattr(lock, "locked", lambda: False)():
+            continue
+        logger.warning(
+            "an interrupt left the lock of the connection to %r held; it is closed",
+            connection.alias,
+        )
+        finish = getattr(getattr(raw, "pgconn", None), "finish", None)
+        if finish is not None:
+            finish()
+        discard(connection)
 
 
 def _roll_back_left_open(depths: Mapping[str, int]) -> None:

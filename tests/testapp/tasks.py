@@ -521,6 +521,18 @@ def stuck_then_loops(context: TaskContext) -> None:
         sum(range(100))
 
 
+@task(time_limit=0.3, lease=30.0, max_attempts=1)
+def loops_holding_its_connections_lock() -> None:
+    """Takes its connection's driver lock and loops past its limit: the lock is left
+    held, as by an interrupt that skipped a driver's `with lock:` exit (CPython 3.13)."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    connection.connection.lock.acquire()
+    while True:
+        sum(range(100))
+
+
 @task(time_limit=0.5, lease=2.0, max_attempts=1)
 def sleeps_past_its_limit(seconds: float = 30.0) -> None:
     """Blocked in C (time.sleep): an interrupt lands only when the sleep ends."""
