@@ -15,6 +15,7 @@ interrupt that lands is recorded as that attempt's failure, through the fence.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 
 from django_skipqueue.exceptions import TimeLimitExceeded
@@ -27,6 +28,34 @@ _raised: dict[int, float] = {}
 #: thread ident -> (job id, limit): a limit that fell before the thread entered the job's
 #: task call (its `job_started` receivers were still running): raised by `enter`.
 _due: dict[int, tuple[int, float]] = {}
+
+
+#: CPython 3.11: taking an interrupt back (`PyThreadState_SetAsyncExc(ident, NULL)`) raises
+#: the interpreter's flag for a pending asynchronous exception as giving one does, and
+#: only a delivery lowers it. Left up, a thread running under a tracer (coverage, a
+#: debugger) spins for ever at its next call (tests/test_time_limits.py); untraced code
+#: runs at its usual speed (measured). 3.10, 3.12 and 3.13 do not.
+_TAKING_BACK_RAISES_THE_FLAG = sys.version_info[:2] == (3, 11)
+
+
+class _Lower(BaseException):
+    """Given to the thread itself and caught at once (`_lower_the_flag`)."""
+
+
+def _lower_the_flag() -> None:
+    """Deliver an exception to this thread and catch it: a delivery lowers the flag a
+    take-back left up (`_TAKING_BACK_RAISES_THE_FLAG`). Raised where the C call that
+    gives it returns, or at the start of `_checkpoint` at the latest; no loop in
+    between, where CPython may find no handler for it."""
+    try:
+        _set_async_exc(threading.get_ident(), _Lower)
+        _checkpoint()
+    except _Lower:
+        pass
+
+
+def _checkpoint() -> None:
+    """A Python call: the start of its frame is a place where a pending exception lands."""
 
 
 def _set_async_exc(ident: int, exception: type[BaseException] | None) -> int:
@@ -64,6 +93,8 @@ def leave(ident: int, job_id: int) -> float | None:
         if past is not None:
             # Raised and perhaps too late to land: taken back (nothing if it landed).
             _set_async_exc(ident, None)
+            if _TAKING_BACK_RAISES_THE_FLAG and not _raised:  # none other outstanding
+                _lower_the_flag()
     return past
 
 
