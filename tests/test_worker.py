@@ -557,6 +557,45 @@ def test_a_job_claimed_while_the_housekeeper_backs_off_after_failed_passes_keeps
     assert worker.stats.renew_refused == 0
 
 
+@pytest.mark.parametrize("table", ["skipqueue_workerprocess", "skipqueue_queueminute"])
+def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
+    table, settings, monkeypatch, caplog
+):
+    """Another session holds an EXCLUSIVE lock on the heartbeat's or the meter's table
+    for 4 s (an operator's LOCK TABLE, a migration) while a job with a 1 s lease runs
+    and short jobs finish beside it. The heartbeat, the meter's flush and the prune of
+    dead workers and old minutes each wait at most SIDE_WRITE_LOCK_SECONDS, are skipped
+    and tried again, and the lease is renewed all along. Before, the heartbeat's UPDATE,
+    the flush's upsert or the prune's DELETE waited for the lock with the renewals
+    behind it, and the lease ran out (an outside trial: 1 of 1 on each table)."""
+    from django_skipqueue.runtime import housekeeper
+
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "HEARTBEAT_SECONDS": 0.2}
+    monkeypatch.setattr(housekeeper, "FLUSH_SECONDS", 0.2)
+    worker = Worker(concurrency=2, listen=False, reap_interval=0.5, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    other = connection.get_new_connection(connection.get_connection_params())
+    try:
+        job = tasks.record.using(lease=1.0).enqueue(sleep=5.0)  # renewed every 0.33 s
+        wait_until(lambda: Job.objects.get(id=job.id).state == JobState.RUNNING, timeout=10)
+        other.execute("BEGIN")
+        other.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        with caplog.at_level(logging.WARNING, logger="django_skipqueue.runtime.housekeeper"):
+            for n in range(8):  # counts for the meter to flush meanwhile
+                tasks.add.enqueue(n, n)
+                time.sleep(0.5)
+            other.execute("COMMIT")
+        wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=20)
+    finally:
+        other.close()
+        worker.stop()
+        thread.join(timeout=30)
+    job.refresh_from_db()
+    assert (job.attempts, job.expirations) == (1, 0)
+    assert worker.stats.renew_refused == 0
+    assert any("skipped: a lock it needs" in record.getMessage() for record in caplog.records)
+
+
 def test_a_transaction_a_success_receiver_leaves_open_never_holds_later_acks():
     from django_skipqueue import signals
 

@@ -20,9 +20,14 @@ from django.db.models.functions import Now
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
-from django_skipqueue.faults import is_transient
+from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.models import Job, JobState, QueueMinute, WorkerProcess, Workflow
-from django_skipqueue.queue.connections import bounded
+from django_skipqueue.queue.connections import (
+    LOCK_NOT_AVAILABLE,
+    SIDE_WRITE_LOCK_SECONDS,
+    bounded,
+    lock_wait_within,
+)
 from django_skipqueue.queue.managers import ReapResult
 from django_skipqueue.queue.sql import try_advisory_xact_lock
 
@@ -107,9 +112,22 @@ class Reaper:
         if minutes.sampled_this_minute():
             return
         gauges = jobs.queue_gauges()
-        minutes.add(
-            {name: {"oldest_due_seconds": g["oldest_due_seconds"]} for name, g in gauges.items()}
-        )
+        try:  # never the reap's undoing: a table locked for seconds skips this minute's
+            with lock_wait_within(self.database, SIDE_WRITE_LOCK_SECONDS):
+                minutes.add(
+                    {
+                        name: {"oldest_due_seconds": g["oldest_due_seconds"]}
+                        for name, g in gauges.items()
+                    }
+                )
+        except DatabaseError as error:
+            if sqlstate(error) != LOCK_NOT_AVAILABLE:
+                raise
+            logger.warning(
+                "the oldest due jobs' ages skipped: a lock on skipqueue_queueminute was held "
+                "for more than %.1fs (the reap went on)",
+                SIDE_WRITE_LOCK_SECONDS,
+            )
 
     def prune(
         self,

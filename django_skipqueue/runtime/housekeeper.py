@@ -9,6 +9,7 @@ not die, or renewals would stop (see docs/explanation/protocol.md, "Faults").
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -17,13 +18,19 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
-from django_skipqueue.faults import is_transient
+from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.maintenance.reaper import MINUTES_KEPT, Reaper
 from django_skipqueue.models import Job, WorkerProcess
-from django_skipqueue.queue.connections import Backoff, discard_connection
+from django_skipqueue.queue.connections import (
+    LOCK_NOT_AVAILABLE,
+    SIDE_WRITE_LOCK_SECONDS,
+    Backoff,
+    bounded,
+    discard_connection,
+)
 from django_skipqueue.queue.managers import Renewal
 from django_skipqueue.runtime.inflight import Flight, InFlight
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
@@ -41,6 +48,10 @@ logger = logging.getLogger(__name__)
 #: time limit, falls before the planned pass wakes the housekeeper (InFlight.add and
 #: start), and so does one claimed during the back-off after a failed pass.
 MAX_WAIT = 1.0
+
+#: How soon a side write skipped for a lock (SIDE_WRITE_LOCK_SECONDS) is tried again:
+#: the heartbeat and the meter's flush; the prune waits for the next reap.
+SIDE_WRITE_RETRY_SECONDS = 1.0
 
 
 class Housekeeper:
@@ -98,8 +109,10 @@ class Housekeeper:
                     self.write_progress()
                     now = time.monotonic()
                     if now >= next_beat:
-                        self.heartbeat()
-                        next_beat = now + self.heartbeat_interval
+                        beaten = self.side_write(self.heartbeat, "the heartbeat")
+                        next_beat = now + (
+                            self.heartbeat_interval if beaten else SIDE_WRITE_RETRY_SECONDS
+                        )
                     if self.reap_interval and now >= next_reap:
                         result = reaper.reap()
                         self.stats.reaped += result.requeued + result.failed + result.cancelled
@@ -107,16 +120,16 @@ class Housekeeper:
                         if self.meter is not None:
                             self.meter.leases_expired(result.lease_expirations)
                         if not result.locked_out:
-                            reaper.prune(
-                                workers_dead_for=self.prune_workers_after,
-                                minutes_older_than=MINUTES_KEPT,
+                            self.side_write(
+                                functools.partial(self.prune_side_tables, reaper),
+                                "the prune of dead workers and old minutes",
                             )
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     if self.progress is not None and now >= self.progress.next_at:
                         self.progress.emit(now)
                     if self.meter is not None and now >= next_flush:
-                        next_flush = now + FLUSH_SECONDS
-                        self.meter.flush(self.database)
+                        flushed = self.side_write(self.flush_meter, "the meter's flush")
+                        next_flush = now + (FLUSH_SECONDS if flushed else SIDE_WRITE_RETRY_SECONDS)
                     self.probe_keyed()
                     backoff.reset()
                     soonest = self.held.plan_pass(  # renewals and time limits too
@@ -210,10 +223,38 @@ class Housekeeper:
             if self.wake_dispatcher is not None:
                 self.wake_dispatcher()
 
+    def side_write(self, write: Callable[[], None], what: str) -> bool:
+        """`write` (the heartbeat, the meter's flush) under SIDE_WRITE_LOCK_SECONDS;
+        False, logged, where a lock it needs was not had in that time."""
+        try:
+            write()
+        except DatabaseError as error:
+            if sqlstate(error) != LOCK_NOT_AVAILABLE:
+                raise
+            logger.warning(
+                "%s skipped: a lock it needs was held for more than %.1fs; tried again in "
+                "%.0fs (lease renewals go on)",
+                what,
+                SIDE_WRITE_LOCK_SECONDS,
+                SIDE_WRITE_RETRY_SECONDS,
+            )
+            return False
+        return True
+
+    def prune_side_tables(self, reaper: Reaper) -> None:
+        with bounded(self.database, lock_seconds=SIDE_WRITE_LOCK_SECONDS):
+            reaper.prune(workers_dead_for=self.prune_workers_after, minutes_older_than=MINUTES_KEPT)
+
+    def flush_meter(self) -> None:
+        if self.meter is not None:
+            self.meter.flush(self.database, lock_seconds=SIDE_WRITE_LOCK_SECONDS)
+
     def heartbeat(self) -> None:
         if self.process is None:
             return
         beat = WorkerProcess.objects.using(self.database).filter(id=self.process.id)
         flag = self.waiting.columns() if self.waiting is not None else {}
-        if not beat.update(heartbeat_at=Now(), **flag):
-            self.process.save(using=self.database, force_insert=True)  # pruned as dead: back
+        with bounded(self.database, lock_seconds=SIDE_WRITE_LOCK_SECONDS):
+            if not beat.update(heartbeat_at=Now(), **flag):
+                # pruned as dead: back
+                self.process.save(using=self.database, force_insert=True)

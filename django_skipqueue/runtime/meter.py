@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from django.db import DatabaseError
 
 from django_skipqueue.models import PICKUP_BUCKETS, QueueMinute
+from django_skipqueue.queue.connections import bounded
 from django_skipqueue.runtime.runner import OUTCOME_LABELS, Outcome
 
 
@@ -132,13 +133,16 @@ class Meter:
                     elif key != "oldest_due_seconds":
                         mine[key] = mine.get(key, 0) + value
 
-    def flush(self, database: str) -> None:
-        """Add the counts since the last flush to the current minute's rows."""
+    def flush(self, database: str, lock_seconds: float | None = None) -> None:
+        """Add the counts since the last flush to the current minute's rows, waiting at
+        most `lock_seconds` for a lock (SKIPQUEUE['LOCK_TIMEOUT_SECONDS'] if None); kept
+        for the next flush if the write fails."""
         counts = self.take()
         if not counts:
             return
         try:
-            QueueMinute.objects.db_manager(database).add(counts)
+            with bounded(database, lock_seconds=lock_seconds):
+                QueueMinute.objects.db_manager(database).add(counts)
         except DatabaseError:
             self.put_back(counts)
             raise
