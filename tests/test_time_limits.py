@@ -16,7 +16,7 @@ from django.db.models import Sum
 from django_skipqueue import task
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.maintenance.reaper import Reaper
-from django_skipqueue.models import Job, JobState, QueueMinute
+from django_skipqueue.models import Job, JobState, QueueMinute, WorkerProcess
 from django_skipqueue.runtime.worker import EXIT_TIME_LIMIT, Worker
 from django_skipqueue.testing import run_jobs
 from tests.processes import wait_until
@@ -263,6 +263,11 @@ def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replace
     # writes the counts after the fail, before its log line (not counted before: a trial).
     assert QueueMinute.objects.aggregate(n=Sum("failed"))["n"] == 1
     worker.wait_for_output("replacing it")
+    # The child that ended marked its row stopped, as a graceful stop does: the admin
+    # and the pruner see it dead at once, and no enqueue notifies for it. Before, its
+    # heartbeat went stale until the pruner took the row (an outside trial, F5).
+    ended = WorkerProcess.objects.filter(stopped_at__isnull=False)
+    assert ended.count() == 1 and ended.get().waiting_since is None
     after = tasks.add.enqueue(2, 3)
     wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=15)
 

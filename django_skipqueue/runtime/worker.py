@@ -45,6 +45,7 @@ from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import (
     HEALTH_CHECK_SECONDS,
     Backoff,
+    bounded,
     discard_connection,
     refresh_connections,
     retry_transient,
@@ -658,6 +659,7 @@ class Worker:
             self.meter.flush(self.database)
         except DatabaseError as error:
             logger.error("acks or counts not written before the exit: %s", error)
+        self._mark_stopped()  # dead at once, for the admin, the pruner and the NOTIFY flags
         if not claim_ended:
             logger.error(
                 "a claim did not end within %gs: its jobs are left to the reaper",
@@ -777,13 +779,20 @@ class Worker:
             self.meter.flush(self.database)  # the last seconds' counts
         except DatabaseError as error:
             logger.warning("worker counts not written: %s", error)
-        if self.process is not None:
-            try:  # dead at once, for the admin and the pruner
-                WorkerProcess.objects.db_manager(self.database).mark_stopped(self.process.id)
-            except DatabaseError:
-                pass
+        self._mark_stopped()  # dead at once, for the admin and the pruner
         connections.close_all()
         logger.info("worker stopped reason=%s %s", self.stop_reason or "-", self.stats.summary())
+
+    def _mark_stopped(self) -> None:
+        """This worker's row says it stopped (a row locked by another session waits at
+        most LOCK_TIMEOUT_SECONDS; the pruner ends it later if this fails)."""
+        if self.process is None:
+            return
+        try:
+            with bounded(self.database):
+                WorkerProcess.objects.db_manager(self.database).mark_stopped(self.process.id)
+        except DatabaseError as error:
+            logger.warning("worker row not marked stopped: %s", error)
 
     def _end_threads(self) -> None:
         self._halted.set()
