@@ -21,6 +21,7 @@ from django_skipqueue.runtime.worker import EXIT_TIME_LIMIT, Worker
 from django_skipqueue.testing import run_jobs
 from tests.processes import wait_until
 from tests.testapp import tasks
+from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -270,6 +271,58 @@ def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replace
     assert ended.count() == 1 and ended.get().waiting_since is None
     after = tasks.add.enqueue(2, 3)
     wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=15)
+
+
+@pytest.mark.slow
+def test_a_child_ending_past_a_time_limit_started_no_job_it_then_killed(start_worker):
+    """A child with one thread takes both jobs in its first claim (prefetch 4): one
+    stuck past its limit, and one that waits in its buffer behind it.
+    The thread taking the stuck one's place is started only once that one has stopped,
+    so the waiting job is released by the exit and run by the next child, not started
+    a moment before the exit killed it and left to its 30 s lease (an outside trial, 4
+    of 4 runs). A thread whose task stopped at the interrupt is replaced as before."""
+    stuck = tasks.sleeps_past_its_limit.using(priority=10).enqueue(seconds=30.0)
+    waiting = tasks.record.using(lease=30.0).enqueue(sleep=2.0)
+    worker = start_worker("--processes", "2", "--concurrency", "1", "--prefetch", "4")
+    worker.wait_for_output("ending this worker process")
+    wait_until(
+        lambda: Job.objects.get(id=waiting.id).state == JobState.DONE,
+        timeout=15,  # well inside the lease of a job the exit would have killed
+        message="the job waiting behind the stuck one was left to its lease",
+    )
+    waiting.refresh_from_db()
+    assert waiting.expirations == 0
+    assert Run.objects.filter(job_id=waiting.id).count() == 1  # started once, not killed
+    stuck.refresh_from_db()
+    assert stuck.state == JobState.FAILED
+
+
+def test_a_child_whose_task_stops_at_its_limit_replaces_the_thread_and_goes_on():
+    """In a child of --processes (`exit_on_time_limit`), the thread whose task stopped
+    at the limit's interrupt is replaced once it has stopped, a second later: with one
+    thread, the jobs after it run, and the process does not end."""
+    looping = tasks.loops_past_a_short_limit.enqueue()  # pure Python: stops at once
+    worker = Worker(
+        concurrency=1, listen=False, poll_interval=0.05, reap_interval=0, exit_on_time_limit=True
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: Job.objects.get(id=looping.id).state == JobState.FAILED, timeout=10)
+        after = [tasks.add.enqueue(n, n) for n in range(3)]
+        wait_until(
+            lambda: (
+                Job.objects.filter(id__in=[job.id for job in after], state=JobState.DONE).count()
+                == 3
+            ),
+            timeout=10,
+            message="no thread took the stopped one's place",
+        )
+        assert len(worker.threads.group("executors")) == 1
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    assert worker.stats.timed_out == 1 and not worker.stuck_exit
 
 
 @pytest.mark.slow

@@ -597,21 +597,37 @@ class Worker:
             if limited
             else "lease no longer renewed",
         )
-        self._spawn_executor()
-        self._wake.set()
+        # A child of --processes may end within STOP_WAIT_SECONDS, killing what runs in
+        # it: the thread taking this one's place starts once this one has stopped
+        # (`_after_time_limit`), else it started a buffered job only for the exit to
+        # kill it, left to its lease (an outside trial, 4 of 4 at --concurrency 1).
+        replace_later = self.exit_on_time_limit and thread is not None
+        if not replace_later:
+            self._spawn_executor()
+            self._wake.set()
         if thread is not None:  # not the housekeeper's to wait: it renews the others
             check = threading.Timer(
-                STOP_WAIT_SECONDS, self._after_time_limit, args=(flight, thread, limit)
+                STOP_WAIT_SECONDS,
+                self._after_time_limit,
+                args=(flight, thread, limit, replace_later),
             )
             check.daemon = True
             check.start()
 
-    def _after_time_limit(self, flight: Flight, thread: threading.Thread, limit: float) -> None:
+    def _after_time_limit(
+        self, flight: Flight, thread: threading.Thread, limit: float, replace: bool = False
+    ) -> None:
         """STOP_WAIT_SECONDS after a job's hard limit: if its thread is still in the task,
         end this process (a `--processes` child), or stop the worker once more than
-        STUCK_SHARE of its threads are stuck so."""
+        STUCK_SHARE of its threads are stuck so. With `replace`, a thread that stopped
+        is replaced now (`_abandon`)."""
         try:
-            if not thread.is_alive() or self._halted.is_set():
+            if self._halted.is_set():
+                return
+            if not thread.is_alive():
+                if replace:
+                    self._spawn_executor()
+                    self._wake.set()
                 return
             if self.exit_on_time_limit:
                 self._exit_for_time_limit(flight, limit)
