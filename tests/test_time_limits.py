@@ -245,10 +245,14 @@ def test_a_threaded_worker_whose_threads_are_stuck_past_their_limit_exits_to_be_
 
 
 @pytest.mark.slow
-def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replaced(start_worker):
+def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replaced(
+    start_worker, tmp_path, monkeypatch
+):
     """`--processes`: a task blocked past its limit ends its child at once; the attempt is
     failed through the fence with TimeLimitExceeded (long before its 30 s sleep or even
     its lease), and the pool starts a new child, which runs the next job."""
+    signal_log = tmp_path / "signals.log"
+    monkeypatch.setenv("SKIPQUEUE_TEST_SIGNAL_LOG", str(signal_log))
     job = tasks.sleeps_past_its_limit.enqueue(seconds=30.0)
     worker = start_worker("--processes", "2", "--concurrency", "1")
     wait_until(
@@ -269,6 +273,8 @@ def test_under_processes_the_child_running_a_task_past_its_hard_limit_is_replace
     # heartbeat went stale until the pruner took the row (an outside trial, F5).
     ended = WorkerProcess.objects.filter(stopped_at__isnull=False)
     assert ended.count() == 1 and ended.get().waiting_since is None
+    # job_failed was sent, as the executor sends it (before, the exit sent nothing).
+    assert signal_log.read_text().split("\n") == [f"job_failed {job.id}", ""]
     after = tasks.add.enqueue(2, 3)
     wait_until(lambda: Job.objects.get(id=after.id).state == JobState.DONE, timeout=15)
 

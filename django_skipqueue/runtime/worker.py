@@ -33,6 +33,7 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connections
 
+from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relayed_queues
@@ -50,7 +51,7 @@ from django_skipqueue.queue.connections import (
     refresh_connections,
     retry_transient,
 )
-from django_skipqueue.queue.managers import JobManager
+from django_skipqueue.queue.managers import ErrorInfo, JobManager
 from django_skipqueue.runtime.executor import (
     OUTSIDE_ATOMIC,
     Execution,
@@ -653,16 +654,14 @@ class Worker:
         self._exiting = True  # the dispatcher claims no more; a claim under way ends first
         claim_ended = self._claiming.acquire(timeout=EXIT_CLAIM_WAIT_SECONDS)
         try:
-            state = jobs.fail(
-                job.id,
-                flight.attempt,
-                error=describe_error(exceeded),
-                retry_in=retry_delay(task, exceeded, flight.attempt),
-            )
+            error = describe_error(exceeded)
+            retry_in = retry_delay(task, exceeded, flight.attempt)
+            state = jobs.fail(job.id, flight.attempt, error=error, retry_in=retry_in)
             if state is not None:  # counted as the executor counts a failed attempt
                 outcome = _FAILED_ATTEMPT_OUTCOMES[state]
                 started = flight.timeout_at - limit if flight.timeout else time.monotonic()
                 self.meter.finished(job.queue_name, job.task, outcome, time.monotonic() - started)
+                _signal_failed_attempt(job, state, error, retry_in, exceeded)
             unstarted = self.held.unstarted(self._work.drain())
             release_on_shutdown([(f.job, f.attempt) for f in unstarted], self.database)
         except DatabaseError as error:
@@ -834,3 +833,23 @@ def resident_memory_mb() -> float:
 
 
 __all__ = ["Worker", "WorkerStats", "resident_memory_mb"]
+
+
+def _signal_failed_attempt(
+    job: Job,
+    state: str,
+    error: ErrorInfo,
+    retry_in: timedelta | None,
+    exceeded: TimeLimitExceeded,
+) -> None:
+    """`job_retried` or `job_failed` for an attempt a `--processes` child failed as it
+    ended (`Worker._exit_for_time_limit`), as the executor sends them for one whose
+    task raised (nothing for a cancelled one). A receiver's error is logged: the exit
+    goes on."""
+    try:
+        if state == JobState.PENDING:
+            signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+        elif state == JobState.FAILED:
+            signals.job_failed.send(sender=Job, job=job, error=error, exception=exceeded)
+    except Exception:
+        logger.exception("a receiver of the failed attempt's signal raised id=%s", job.id)

@@ -521,6 +521,23 @@ def stuck_then_loops(context: TaskContext) -> None:
         sum(range(100))
 
 
+def _log_signal(path: str, name: str) -> object:
+    def receiver(sender: object, job: object, **kwargs: object) -> None:
+        with open(path, "a") as log:
+            log.write(f"{name} {job.pk}\n")  # type: ignore[attr-defined]
+
+    return receiver
+
+
+if os.environ.get("SKIPQUEUE_TEST_SIGNAL_LOG"):  # a worker process's outcome signals
+    from django_skipqueue import signals as _signals
+
+    for _name in ("job_failed", "job_retried"):
+        getattr(_signals, _name).connect(
+            _log_signal(os.environ["SKIPQUEUE_TEST_SIGNAL_LOG"], _name), weak=False
+        )
+
+
 @task(time_limit=0.3, lease=30.0, max_attempts=1)
 def loops_holding_its_connections_lock() -> None:
     """Takes its connection's driver lock and loops past its limit: the lock is left
