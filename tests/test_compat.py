@@ -865,13 +865,17 @@ def test_a_second_interrupt_while_an_enqueue_is_cancelled_closes_the_connection(
     locker = connection.get_new_connection(connection.get_connection_params())
     locker.autocommit = False
     previous = signal.signal(signal.SIGALRM, interrupt)
+    # The first interrupt once the enqueue waits on the lock, as the server shows: a
+    # timer of 50 ms once fell before the statement was sent on a loaded CI machine.
+    waiting = threading.Thread(target=_alarm_once_waiting_on_a_lock, args=(connection.connection,))
     try:
         locker.execute("LOCK TABLE skipqueue_job IN EXCLUSIVE MODE")
-        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        waiting.start()
         with pytest.raises(BaseException) as stopped:
             add.enqueue(3, 3)  # waits on the lock until interrupted
         assert isinstance(stopped.value, (Timeout, KeyboardInterrupt))
     finally:
+        waiting.join(timeout=30)
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         locker.close()
@@ -906,6 +910,28 @@ def test_statements_lost_where_psycopg_prepares_its_own_never_stop_the_naming(
             add.enqueue(3, 3)
     assert Job.objects.count() == 9
     assert not caplog.records and compat.may_prepare(connection)
+
+
+def _alarm_once_waiting_on_a_lock(raw: Any) -> None:
+    """SIGALRM to the main thread once `raw`'s session waits on a lock (within 20 s)."""
+    import signal
+    import time
+
+    pid = raw.info.backend_pid
+    watcher = connection.get_new_connection(connection.get_connection_params())
+    watcher.autocommit = True
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchone()
+            if row is not None and row[0] == "Lock":
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+                return
+            time.sleep(0.005)
+    finally:
+        watcher.close()
 
 
 @pytest.mark.django_db(transaction=True)
