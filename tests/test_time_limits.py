@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db.models import Sum
@@ -26,6 +28,22 @@ from tests.testapp.models import Run
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 TIME_LIMIT_EXCEEDED = "django_skipqueue.exceptions.TimeLimitExceeded"
+
+
+@contextmanager
+def working(**options: object) -> Iterator[Worker]:
+    """A polling worker in a thread (one thread, no reaper, unless given), stopped on
+    leaving the block."""
+    worker = Worker(  # type: ignore[arg-type]
+        listen=False, poll_interval=0.05, **{"concurrency": 1, "reap_interval": 0, **options}
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
 
 
 def work_until_failed(job_ids: list[int], timeout: float, **options: float) -> Worker:
@@ -115,18 +133,12 @@ def test_a_connection_whose_lock_an_interrupted_task_left_held_is_closed_not_wai
     every job after it on that thread."""
     job = tasks.loops_holding_its_connections_lock.enqueue()
     after = tasks.add.enqueue(1, 2)
-    worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with working():
         wait_until(
             lambda: Job.objects.get(id=after.id).state == JobState.DONE,
             timeout=10,
             message="the job after the interrupted one did not run",
         )
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
@@ -308,12 +320,7 @@ def test_a_child_whose_task_stops_at_its_limit_replaces_the_thread_and_goes_on()
     at the limit's interrupt is replaced once it has stopped, a second later: with one
     thread, the jobs after it run, and the process does not end."""
     looping = tasks.loops_past_a_short_limit.enqueue()  # pure Python: stops at once
-    worker = Worker(
-        concurrency=1, listen=False, poll_interval=0.05, reap_interval=0, exit_on_time_limit=True
-    )
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with working(exit_on_time_limit=True) as worker:
         wait_until(lambda: Job.objects.get(id=looping.id).state == JobState.FAILED, timeout=10)
         after = [tasks.add.enqueue(n, n) for n in range(3)]
         wait_until(
@@ -325,9 +332,6 @@ def test_a_child_whose_task_stops_at_its_limit_replaces_the_thread_and_goes_on()
             message="no thread took the stopped one's place",
         )
         assert len(worker.threads.group("executors")) == 1
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
     assert worker.stats.timed_out == 1 and not worker.stuck_exit
 
 
