@@ -123,6 +123,7 @@ class Housekeeper:
                             self.side_write(
                                 functools.partial(self.prune_side_tables, reaper),
                                 "the prune of dead workers and old minutes",
+                                "at the next reap",
                             )
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     if self.progress is not None and now >= self.progress.next_at:
@@ -223,20 +224,20 @@ class Housekeeper:
             if self.wake_dispatcher is not None:
                 self.wake_dispatcher()
 
-    def side_write(self, write: Callable[[], None], what: str) -> bool:
-        """`write` (the heartbeat, the meter's flush) under SIDE_WRITE_LOCK_SECONDS;
-        False, logged, where a lock it needs was not had in that time."""
+    def side_write(self, write: Callable[[], None], what: str, again: str = "") -> bool:
+        """`write` (the heartbeat, the meter's flush, the prune), which waits at most
+        SIDE_WRITE_LOCK_SECONDS for a lock; False, logged, where it was not had."""
         try:
             write()
         except DatabaseError as error:
             if sqlstate(error) != LOCK_NOT_AVAILABLE:
                 raise
             logger.warning(
-                "%s skipped: a lock it needs was held for more than %.1fs; tried again in "
-                "%.0fs (lease renewals go on)",
+                "%s skipped: a lock it needs was held for more than %.1fs; tried again %s "
+                "(lease renewals go on)",
                 what,
                 SIDE_WRITE_LOCK_SECONDS,
-                SIDE_WRITE_RETRY_SECONDS,
+                again or f"in {SIDE_WRITE_RETRY_SECONDS:.0f}s",
             )
             return False
         return True
