@@ -146,20 +146,25 @@ def test_a_connection_whose_lock_an_interrupted_task_left_held_is_closed_not_wai
 
 
 @pytest.mark.timeout(90, method="thread")
-def test_an_interrupt_taken_back_leaves_a_thread_under_a_tracer_running():
+@pytest.mark.parametrize("traced", ["after", "throughout"])
+def test_an_interrupt_taken_back_leaves_a_thread_under_a_tracer_running(traced):
     """On CPython 3.11, taking an interrupt back (`interrupt.leave` after one was raised
     into the task, landed or not) left the interpreter's flag for a pending asynchronous
-    exception up for good: a thread running under a tracer (coverage, a debugger) then
-    spun for ever at its next call (found when a test of ours used sys.settrace after
-    the time-limit tests). (A flag another thread's undelivered interrupt holds up, as
-    one given to a thread blocked in C, stops a tracing thread the same way until it
-    lands; a tracer-only hazard of 3.11 that no take-back causes.)"""
+    exception up: a thread running under a tracer spun for ever at the start of its next
+    Python call. Traced after the take-back (found when a test of ours used
+    sys.settrace after the time-limit tests), and traced throughout, as coverage traces
+    a worker's threads: there the first repair spun inside `leave`, holding its lock
+    (an outside trial). (A flag another thread's undelivered interrupt holds up, as one
+    given to a thread blocked in C, stalls a traced thread the same way until it lands:
+    a 3.11 hazard with tracers that no take-back causes.)"""
     from django_skipqueue.exceptions import TimeLimitExceeded
     from django_skipqueue.runtime import interrupt
 
     entered, out = threading.Event(), []
 
     def task_call() -> None:
+        if traced == "throughout":
+            sys.settrace(lambda frame, event, arg: None)
         ident = interrupt.enter(-1)
         entered.set()
         try:
@@ -169,13 +174,16 @@ def test_an_interrupt_taken_back_leaves_a_thread_under_a_tracer_running():
             out.append(raised)
         finally:
             out.append(interrupt.leave(ident, -1))
+        threading.Event().is_set()  # a Python call: on 3.11 it never started
+        out.append("went on")
 
-    thread = threading.Thread(target=task_call)
+    thread = threading.Thread(target=task_call, daemon=True)
     thread.start()
     assert entered.wait(5)
     assert interrupt.interrupt(thread, -1, 0.25)
     thread.join(10)
-    assert out and out[-1] == 0.25 and isinstance(out[0], TimeLimitExceeded)
+    assert not thread.is_alive() and out[1:] == [0.25, "went on"]
+    assert isinstance(out[0], TimeLimitExceeded)
     events: list[str] = []
     sys.settrace(lambda frame, event, arg: events.append(event))
     try:

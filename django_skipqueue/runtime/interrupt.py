@@ -32,47 +32,40 @@ _due: dict[int, tuple[int, float]] = {}
 
 #: CPython 3.11: taking an interrupt back (`PyThreadState_SetAsyncExc(ident, NULL)`) raises
 #: the interpreter's flag for a pending asynchronous exception as giving one does, and
-#: only a delivery lowers it. Left up, a thread running under a tracer (coverage, a
-#: debugger) spins for ever at its next call (tests/test_time_limits.py); untraced code
-#: runs at its usual speed (measured). 3.10, 3.12 and 3.13 do not.
+#: only a delivery lowers it. While it is up, a thread running under a tracer (coverage,
+#: a debugger) spins at the start of its next Python call, until some thread's pending
+#: exception is delivered; after a take-back none is, so it spun for ever. `leave` lowers
+#: it by giving its own thread one and catching it, with calls into C only from the
+#: take-back on: a Python call in between spun at its start, holding `_lock` (an
+#: outside trial, with coverage and with threading.settrace). Untraced code runs at its
+#: usual speed either way (measured). 3.10, 3.12 and 3.13 do not.
 _TAKING_BACK_RAISES_THE_FLAG = sys.version_info[:2] == (3, 11)
+
+# `PyThreadState_SetAsyncExc(ident, exception)`: how many threads were given `exception`
+# to raise (None: take a pending one back). Bound once, so that a call runs no Python
+# code: ctypes looks a function up in Python (`CDLL.__getattr__`) on its first use.
+_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_THREAD_ID = ctypes.c_ulong
 
 
 class _Lower(BaseException):
-    """Given to the thread itself and caught at once (`_lower_the_flag`)."""
+    """Given to the thread itself and caught at once (`leave`)."""
 
 
-def _lower_the_flag() -> None:
-    """Deliver an exception to this thread and catch it: a delivery lowers the flag a
-    take-back left up (`_TAKING_BACK_RAISES_THE_FLAG`). Raised where the C call that
-    gives it returns, or at the start of `_checkpoint` at the latest; no loop in
-    between, where CPython may find no handler for it."""
-    try:
-        _set_async_exc(threading.get_ident(), _Lower)
-        _checkpoint()
-    except _Lower:
-        pass
-
-
-def _checkpoint() -> None:
-    """A Python call: the start of its frame is a place where a pending exception lands."""
-
-
-def _set_async_exc(ident: int, exception: type[BaseException] | None) -> int:
-    """How many threads were given `exception` to raise (None: take a pending one back)."""
-    value = ctypes.py_object(exception) if exception is not None else None
-    return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), value))
+_LOWER = ctypes.py_object(_Lower)
 
 
 def enter(job_id: int) -> int:
     """This thread starts job `job_id`'s task call: from here `interrupt` may land.
     Returns the thread's ident, for `leave`."""
     ident = threading.get_ident()
-    with _lock:
+    with _lock:  # C calls only while it is held (see _TAKING_BACK_RAISES_THE_FLAG)
         due = _due.pop(ident, None)
-        if due is not None and due[0] == job_id:  # past its limit before the call began
-            raise TimeLimitExceeded(due[1])
-        _inside[ident] = job_id
+        late = due is not None and due[0] == job_id  # past its limit before the call began
+        if not late:
+            _inside[ident] = job_id
+    if late:
+        raise TimeLimitExceeded(due[1])  # type: ignore[index]
     return ident
 
 
@@ -86,15 +79,19 @@ def leave(ident: int, job_id: int) -> float | None:
     the separate take of the limit, these two 1.1 us (measured, Python 3.11). The lock
     is the first thing taken here, so the stretch where an interrupt could land in this
     code is as short as the context manager's exit was."""
-    with _lock:
+    with _lock:  # C calls only while it is held (see _TAKING_BACK_RAISES_THE_FLAG)
         _inside.pop(ident, None)
         _due.pop(ident, None)
         past = _raised.pop(ident, None)
         if past is not None:
             # Raised and perhaps too late to land: taken back (nothing if it landed).
-            _set_async_exc(ident, None)
+            _SET_ASYNC_EXC(_THREAD_ID(ident), None)
             if _TAKING_BACK_RAISES_THE_FLAG and not _raised:  # none other outstanding
-                _lower_the_flag()
+                try:  # delivered where a C call returns: this one's, or len()'s
+                    _SET_ASYNC_EXC(_THREAD_ID(ident), _LOWER)
+                    len(_raised)
+                except _Lower:
+                    pass
     return past
 
 
@@ -105,6 +102,7 @@ def interrupt(thread: threading.Thread, job_id: int, limit: float) -> bool:
     the interrupt will not be raised, or if the lock is not had within a second (the
     caller, the housekeeper, must not wait on a thread it gives up on)."""
     ident = thread.ident
+    exceeded = ctypes.py_object(_exceeded(limit))  # made before the lock: C calls under it
     if ident is None or not _lock.acquire(timeout=1.0):
         return False
     try:
@@ -113,7 +111,7 @@ def interrupt(thread: threading.Thread, job_id: int, limit: float) -> bool:
             # `enter` or `leave` of this thread drops the mark).
             _due[ident] = (job_id, limit)
             return False
-        if _set_async_exc(ident, _exceeded(limit)) != 1:
+        if _SET_ASYNC_EXC(_THREAD_ID(ident), exceeded) != 1:
             return False
         _raised[ident] = limit
         return True
