@@ -557,17 +557,28 @@ def test_a_job_claimed_while_the_housekeeper_backs_off_after_failed_passes_keeps
     assert worker.stats.renew_refused == 0
 
 
-@pytest.mark.parametrize("table", ["skipqueue_workerprocess", "skipqueue_queueminute"])
+@pytest.mark.parametrize(
+    ("table", "mode"),
+    [
+        ("skipqueue_workerprocess", "EXCLUSIVE"),
+        ("skipqueue_queueminute", "EXCLUSIVE"),
+        ("skipqueue_workerprocess", "ACCESS EXCLUSIVE"),
+        ("skipqueue_queueminute", "ACCESS EXCLUSIVE"),
+    ],
+)
 def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
-    table, settings, monkeypatch, caplog
+    table, mode, settings, monkeypatch, caplog
 ):
-    """Another session holds an EXCLUSIVE lock on the heartbeat's or the meter's table
-    for 4 s (an operator's LOCK TABLE, a migration) while a job with a 1 s lease runs
-    and short jobs finish beside it. The heartbeat, the meter's flush and the prune of
-    dead workers and old minutes each wait at most SIDE_WRITE_LOCK_SECONDS, are skipped
-    and tried again, and the lease is renewed all along. Before, the heartbeat's UPDATE,
-    the flush's upsert or the prune's DELETE waited for the lock with the renewals
-    behind it, and the lease ran out (an outside trial: 1 of 1 on each table)."""
+    """Another session holds a lock on the heartbeat's or the meter's table for 4 s (an
+    operator's LOCK TABLE, a migration's ACCESS EXCLUSIVE) while a job with a 1 s lease
+    runs, short jobs finish beside it and another job's lease runs out. The heartbeat,
+    the meter's flush, the prune of dead workers and old minutes, the reap (whose UPDATE
+    to pending fires the NOTIFY trigger, which reads the worker table) and its sample of
+    the oldest due jobs (a read of the minute table) each wait at most
+    SIDE_WRITE_LOCK_SECONDS, are skipped and tried again, and the lease is renewed all
+    along. Before, one of them waited for the lock with the renewals behind it, and the
+    lease ran out (outside trials: 1 of 1 on each table, EXCLUSIVE; 3 of 3 each with
+    ACCESS EXCLUSIVE)."""
     from django_skipqueue.runtime import housekeeper
 
     settings.SKIPQUEUE = {**settings.SKIPQUEUE, "HEARTBEAT_SECONDS": 0.2}
@@ -578,11 +589,14 @@ def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
     try:
         job = tasks.record.using(lease=1.0).enqueue(sleep=5.0)  # renewed every 0.33 s
         wait_until(lambda: Job.objects.get(id=job.id).state == JobState.RUNNING, timeout=10)
+        tasks.add.using(queue_name="elsewhere").enqueue(0, 0)  # no worker serves it:
+        [expiring] = Job.objects.claim(queues=["elsewhere"], lease=timedelta(seconds=1.5))
         other.execute("BEGIN")
-        other.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+        other.execute(f"LOCK TABLE {table} IN {mode} MODE")
         with caplog.at_level(logging.WARNING, logger="django_skipqueue.runtime.housekeeper"):
-            for n in range(8):  # counts for the meter to flush meanwhile
-                tasks.add.enqueue(n, n)
+            for n in range(8):
+                if table == "skipqueue_queueminute":  # counts for the meter to flush
+                    tasks.add.enqueue(n, n)  # (an enqueue's NOTIFY reads the worker table)
                 time.sleep(0.5)
             other.execute("COMMIT")
         wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=20)
@@ -594,6 +608,8 @@ def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
     assert (job.attempts, job.expirations) == (1, 0)
     assert worker.stats.renew_refused == 0
     assert any("skipped: a lock it needs" in record.getMessage() for record in caplog.records)
+    expiring.refresh_from_db()  # reaped once the lock was gone
+    assert (expiring.state, expiring.expirations) == (JobState.PENDING, 1)
 
 
 def test_a_transaction_a_success_receiver_leaves_open_never_holds_later_acks():

@@ -67,12 +67,15 @@ class Reaper:
         self.database = database or get_settings().DATABASE_ALIAS
         self.batch_size = batch_size
 
-    def reap(self, *, dry_run: bool = False) -> HousekeepingResult:
+    def reap(
+        self, *, dry_run: bool = False, lock_seconds: float | None = None
+    ) -> HousekeepingResult:
         """Take back expired leases (pending again, or failed with no attempt left), and
         end the jobs not started by their `expires_at`.
 
         With `dry_run`, count what the reap would do (the same classification,
-        `JobQuerySet.reapable`) and change nothing.
+        `JobQuerySet.reapable`) and change nothing. `lock_seconds` bounds its waits for
+        a lock (`bounded`; the worker's housekeeper passes SIDE_WRITE_LOCK_SECONDS).
         """
         jobs = Job.objects.db_manager(self.database)
         if dry_run:
@@ -83,7 +86,7 @@ class Reaper:
                 cancelled=cancelled.count(),
                 expired=jobs.past_expiry().count(),
             )
-        with bounded(self.database):
+        with bounded(self.database, lock_seconds=lock_seconds):
             if not self._locked():
                 return HousekeepingResult(locked_out=True)
             result: ReapResult = jobs.reap()
@@ -109,11 +112,11 @@ class Reaper:
         overview's chart): by the housekeeper holding the lock, once a minute across
         every worker (a pass that finds this minute sampled reads nothing more)."""
         minutes = QueueMinute.objects.db_manager(self.database)
-        if minutes.sampled_this_minute():
-            return
-        gauges = jobs.queue_gauges()
         try:  # never the reap's undoing: a table locked for seconds skips this minute's
             with lock_wait_within(self.database, SIDE_WRITE_LOCK_SECONDS):
+                if minutes.sampled_this_minute():  # a read: ACCESS EXCLUSIVE stops it too
+                    return
+                gauges = jobs.queue_gauges()
                 minutes.add(
                     {
                         name: {"oldest_due_seconds": g["oldest_due_seconds"]}

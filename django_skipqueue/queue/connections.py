@@ -67,12 +67,13 @@ def refresh_connections() -> None:
 
 
 #: How long a side write of the worker's housekeeping (the heartbeat, the meter's flush,
-#: the prune of dead workers and old minutes, the reap's sample of the oldest due jobs)
-#: waits for a lock. They share the housekeeper's thread with the lease renewals, which
+#: the reap and its sample of the oldest due jobs, the prune of dead workers and old
+#: minutes) waits for a lock. They share the housekeeper's thread with the lease renewals, which
 #: a table locked for seconds (an operator's LOCK TABLE, a migration) must not hold up:
 #: such a write is skipped and tried again later. An outside trial lost 1 s leases
 #: behind an EXCLUSIVE lock held 4-7 s on skipqueue_workerprocess or
-#: skipqueue_queueminute (tests/test_worker.py).
+#: skipqueue_queueminute, and with ACCESS EXCLUSIVE, the reap's NOTIFY trigger (a read
+#: of the worker table) and its sample (a read of the minute table) (tests/test_worker.py).
 SIDE_WRITE_LOCK_SECONDS = 0.2
 LOCK_NOT_AVAILABLE = "55P03"
 

@@ -114,17 +114,8 @@ class Housekeeper:
                             self.heartbeat_interval if beaten else SIDE_WRITE_RETRY_SECONDS
                         )
                     if self.reap_interval and now >= next_reap:
-                        result = reaper.reap()
-                        self.stats.reaped += result.requeued + result.failed + result.cancelled
-                        self.stats.expired += result.expired
-                        if self.meter is not None:
-                            self.meter.leases_expired(result.lease_expirations)
-                        if not result.locked_out:
-                            self.side_write(
-                                functools.partial(self.prune_side_tables, reaper),
-                                "the prune of dead workers and old minutes",
-                                "at the next reap",
-                            )
+                        reap = functools.partial(self.reap_and_prune, reaper)
+                        self.side_write(reap, "the reap", "at the next reap")
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     if self.progress is not None and now >= self.progress.next_at:
                         self.progress.emit(now)
@@ -241,6 +232,21 @@ class Housekeeper:
             )
             return False
         return True
+
+    def reap_and_prune(self, reaper: Reaper) -> None:
+        """The reap (its UPDATE to pending fires the NOTIFY trigger, which reads
+        skipqueue_workerprocess: a lock there held it up too), then the prune."""
+        result = reaper.reap(lock_seconds=SIDE_WRITE_LOCK_SECONDS)
+        self.stats.reaped += result.requeued + result.failed + result.cancelled
+        self.stats.expired += result.expired
+        if self.meter is not None:
+            self.meter.leases_expired(result.lease_expirations)
+        if not result.locked_out:
+            self.side_write(
+                functools.partial(self.prune_side_tables, reaper),
+                "the prune of dead workers and old minutes",
+                "at the next reap",
+            )
 
     def prune_side_tables(self, reaper: Reaper) -> None:
         with bounded(self.database, lock_seconds=SIDE_WRITE_LOCK_SECONDS):
