@@ -323,6 +323,28 @@ def test_a_child_ending_past_a_time_limit_started_no_job_it_then_killed(start_wo
     assert stuck.state == JobState.FAILED
 
 
+@pytest.mark.slow
+def test_a_child_ending_past_a_time_limit_fails_every_attempt_it_gave_up_on(start_worker):
+    """A child with two threads takes two jobs in its first claim, both blocked past
+    their limit: its exit fails both through the fence, not the first alone with the
+    other left to its 30 s lease (an outside trial: 5 of 5 runs at --concurrency 2)."""
+    stuck = [tasks.sleeps_past_its_limit.using(lease=30.0).enqueue(seconds=30.0) for _ in range(2)]
+    worker = start_worker("--processes", "2", "--concurrency", "2", "--prefetch", "4")
+    worker.wait_for_output("ending this worker process")
+    wait_until(
+        lambda: (
+            Job.objects.filter(id__in=[job.id for job in stuck], state=JobState.FAILED).count() == 2
+        ),
+        timeout=15,  # well inside their lease
+        message="an attempt the exiting child had given up on was left to its lease",
+    )
+    for job in stuck:
+        job.refresh_from_db()
+        assert [error["type"] for error in job.errors] == [TIME_LIMIT_EXCEEDED]
+        assert job.expirations == 0
+    assert QueueMinute.objects.aggregate(n=Sum("failed"))["n"] == 2
+
+
 def test_a_child_whose_task_stops_at_its_limit_replaces_the_thread_and_goes_on():
     """In a child of --processes (`exit_on_time_limit`), the thread whose task stopped
     at the limit's interrupt is replaced once it has stopped, a second later: with one

@@ -69,6 +69,7 @@ class InFlight:
         # may be taken back by the reaper and claimed again by this process while that
         # thread still runs the earlier attempt (then two threads run the same job id).
         self._abandoned: set[Attempt] = set()  # past their timeout, thread given up on
+        self._given_up: dict[Attempt, Flight] = {}  # the same attempts' flights
         self._timed_out: set[Attempt] = set()  # the same, until their outcome is in
         self._running: dict[threading.Thread, Attempt] = {}  # executor thread -> its job
         self.busy = 0  # executor threads inside a job
@@ -191,6 +192,7 @@ class InFlight:
         with self._lock:
             if (job_id, attempt) in self._abandoned:
                 self._abandoned.discard((job_id, attempt))
+                self._given_up.pop((job_id, attempt), None)
                 return True
             return False
 
@@ -302,8 +304,14 @@ class InFlight:
             else:
                 del self._flights[job_id]
             self._abandoned.add((job_id, attempt))
+            self._given_up[(job_id, attempt)] = flight
             self._timed_out.add((job_id, attempt))
             return len(self._abandoned)
+
+    def given_up(self) -> list[Flight]:
+        """The attempts whose threads were given up on (`abandon`) and still run them."""
+        with self._lock:
+            return list(self._given_up.values())
 
     # -- shutdown --------------------------------------------------------------------
 

@@ -63,7 +63,14 @@ from django_skipqueue.runtime.executor import (
 )
 from django_skipqueue.runtime.flow import REFRESH_SECONDS, FlowView
 from django_skipqueue.runtime.housekeeper import Housekeeper
-from django_skipqueue.runtime.inflight import Buffer, ClaimSize, Finished, Flight, InFlight
+from django_skipqueue.runtime.inflight import (
+    NEVER,
+    Buffer,
+    ClaimSize,
+    Finished,
+    Flight,
+    InFlight,
+)
 from django_skipqueue.runtime.interrupt import interrupt
 from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.notifier import Notifier
@@ -649,19 +656,16 @@ class Worker:
         other running jobs are left to the reaper (their code stops with the process)."""
         job = flight.job
         jobs = Job.objects.db_manager(self.database)
-        task = registry.get(job.task) if job.task in registry else None
-        exceeded = TimeLimitExceeded(limit)
         self._exiting = True  # the dispatcher claims no more; a claim under way ends first
         claim_ended = self._claiming.acquire(timeout=EXIT_CLAIM_WAIT_SECONDS)
         try:
-            error = describe_error(exceeded)
-            retry_in = retry_delay(task, exceeded, flight.attempt)
-            state = jobs.fail(job.id, flight.attempt, error=error, retry_in=retry_in)
-            if state is not None:  # counted as the executor counts a failed attempt
-                outcome = _FAILED_ATTEMPT_OUTCOMES[state]
-                started = flight.timeout_at - limit if flight.timeout else time.monotonic()
-                self.meter.finished(job.queue_name, job.task, outcome, time.monotonic() - started)
-                _signal_failed_attempt(job, state, error, retry_in, exceeded)
+            self._fail_past_limit(flight, limit, jobs)
+            # Attempts given up on earlier whose threads still run them die with this
+            # process too: failed the same way, not left to their lease (an outside
+            # trial, 5 of 5 runs at --concurrency 2).
+            for other in self.held.given_up():
+                if (other.job.id, other.attempt) != (job.id, flight.attempt):
+                    self._fail_past_limit(other, other.timeout or 0.0, jobs)
             unstarted = self.held.unstarted(self._work.drain())
             release_on_shutdown([(f.job, f.attempt) for f in unstarted], self.database)
         except DatabaseError as error:
@@ -691,6 +695,22 @@ class Worker:
         )
         logging.shutdown()
         os._exit(EXIT_TIME_LIMIT)
+
+    def _fail_past_limit(self, flight: Flight, limit: float, jobs: JobManager) -> None:
+        """Fail `flight`'s attempt through the fence as past its hard limit, counted and
+        signalled as the executor does for a failed attempt (`_exit_for_time_limit`)."""
+        job = flight.job
+        task = registry.get(job.task) if job.task in registry else None
+        exceeded = TimeLimitExceeded(limit)
+        error = describe_error(exceeded)
+        retry_in = retry_delay(task, exceeded, flight.attempt)
+        state = jobs.fail(job.id, flight.attempt, error=error, retry_in=retry_in)
+        if state is None:  # finished meanwhile, or no longer this attempt's
+            return
+        known = flight.timeout and flight.timeout_at != NEVER  # a kept lease has no deadline
+        ran = time.monotonic() - (flight.timeout_at - limit) if known else limit
+        self.meter.finished(job.queue_name, job.task, _FAILED_ATTEMPT_OUTCOMES[state], ran)
+        _signal_failed_attempt(job, state, error, retry_in, exceeded)
 
     # -- threads ----------------------------------------------------------------------
 
