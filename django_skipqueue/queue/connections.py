@@ -106,9 +106,10 @@ def bounded(alias: str, lock_seconds: float | None = None) -> Iterator[None]:
     with transaction.atomic(using=alias):
         if outermost:
             settings = get_settings()
-            idle = f"{max(int(settings.IDLE_IN_TRANSACTION_SECONDS * 1000), 1)}ms"
-            seconds = settings.LOCK_TIMEOUT_SECONDS if lock_seconds is None else lock_seconds
-            lock = f"{max(int(seconds * 1000), 1)}ms"
+            idle = _milliseconds(settings.IDLE_IN_TRANSACTION_SECONDS)
+            lock = _milliseconds(
+                settings.LOCK_TIMEOUT_SECONDS if lock_seconds is None else lock_seconds
+            )
             with connection.cursor() as cursor:
                 cursor.execute(BOUND_TRANSACTION, [idle, lock])
         yield
@@ -171,7 +172,10 @@ def lock_wait_within(alias: str, seconds: float) -> Iterator[None]:
     goes last in it."""
     with transaction.atomic(using=alias):
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('lock_timeout', %s, true)", [f"{max(int(seconds * 1000), 1)}ms"]
-            )
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_milliseconds(seconds)])
         yield
+
+
+def _milliseconds(seconds: float) -> str:
+    """A duration setting's value for PostgreSQL, at least 1 ms (0 would mean none)."""
+    return f"{max(int(seconds * 1000), 1)}ms"

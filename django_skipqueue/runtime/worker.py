@@ -852,9 +852,6 @@ def resident_memory_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 
 
-__all__ = ["Worker", "WorkerStats", "resident_memory_mb"]
-
-
 def _signal_failed_attempt(
     job: Job,
     state: str,
@@ -873,3 +870,6 @@ def _signal_failed_attempt(
             signals.job_failed.send(sender=Job, job=job, error=error, exception=exceeded)
     except Exception:
         logger.exception("a receiver of the failed attempt's signal raised id=%s", job.id)
+
+
+__all__ = ["Worker", "WorkerStats", "resident_memory_mb"]
