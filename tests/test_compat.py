@@ -6,13 +6,14 @@ import dataclasses
 import datetime
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
 
 from django_skipqueue.core import compat
-from django_skipqueue.models import Job
+from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue.loading import fetch_jobs
 from tests.factories import JobFactory
 
@@ -769,6 +770,56 @@ def test_a_statement_the_session_lost_is_sent_unnamed_then_prepared_again(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_workers_claim_and_ack_run_again_are_prepared_on_its_session_and_load_alike(
+    new_session, worker_process
+):
+    """A worker's claim (its parameters quoted in) and its ack go straight to libpq
+    outside a transaction, named and prepared at their second run, as the enqueue does;
+    what they load equals what the ORM loads, timestamps, JSON and all, and what they
+    write is what the cursor path writes. Inside a transaction, and while queries are
+    logged, they take Django's cursor."""
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.testapp.tasks import add
+
+    jobs = [add.using(priority=n % 3).enqueue(n, n) for n in range(9)]
+    claimed = []
+    for _ in range(3):
+        claimed += Job.objects.claim(queues=["default"], limit=2, worker=worker_process)
+        [done] = Job.objects.ack_many([(claimed[-2].pk, claimed[-2].attempts, {"r": [1, "é"]})])
+        assert done == claimed[-2].pk
+        assert Job.objects.ack_many([(claimed[-1].pk, claimed[-1].attempts + 1, None)]) == set()
+    pid = connection.connection.info.backend_pid
+    statement = _last_statement_of(pid)  # the ack's, with its parameters apart
+    assert statement.lstrip().startswith("UPDATE skipqueue_job") and "$1" in statement
+    runs = _prepared_runs()
+    # Each prepared at its second run: 3 claims, 6 acks, 9 enqueues.
+    assert sorted(runs.values()) == [3 - 1, 6 - 1, 9 - 1]
+    for job in claimed:
+        loaded = Job.objects.get(pk=job.pk)
+        assert job.state == JobState.RUNNING and job.attempts == 1
+        for field in Job._meta.concrete_fields:
+            if field.attname in ("state", "result", "finished_at", "leased_until"):
+                continue  # acked since
+            assert getattr(job, field.attname) == getattr(loaded, field.attname), field.attname
+            assert type(getattr(job, field.attname)) is type(getattr(loaded, field.attname))
+    acked = Job.objects.filter(pk__in=[job.pk for job in claimed[::2]])
+    assert {job.state for job in acked} == {JobState.DONE}
+    assert {repr(job.result) for job in acked} == {repr({"r": [1, "é"]})}
+    assert Job.objects.filter(state=JobState.RUNNING).count() == 3
+    with transaction.atomic():  # unnamed, through the transaction
+        [inside] = Job.objects.claim(queues=["default"], limit=1, worker=worker_process)
+        assert Job.objects.ack(inside.pk, inside.attempts)
+    with CaptureQueriesContext(connection) as captured:  # logged: Django's cursor
+        [logged] = Job.objects.claim(queues=["default"], limit=1, worker=worker_process)
+        assert Job.objects.ack(logged.pk, logged.attempts, result=7)
+    assert [q["sql"].lstrip()[:4] for q in captured.captured_queries] == ["WITH", "UPDA"]
+    assert _prepared_runs() == runs
+    assert Job.objects.get(pk=logged.pk).result == 7
+    assert Job.objects.filter(state=JobState.PENDING).count() == len(jobs) - 8
+
+
+@pytest.mark.django_db(transaction=True)
 def test_statements_lost_behind_a_session_pooler_never_stop_the_naming(
     new_session, caplog, monkeypatch
 ):
@@ -979,9 +1030,12 @@ class _Landed(BaseException):
     """The interrupt of `_interrupt_at_check`: caught by name nowhere on the path."""
 
 
-def _interrupt_at_check(point: int) -> tuple[str, int] | None:
+def _interrupt_at_check(
+    point: int, action: Callable[[int], object] | None = None, target: Any = None
+) -> tuple[str, int] | None:
     """One enqueue that raises `_Landed` at its `point`-th interrupt check inside
-    `direct_row` (its frame and every frame it calls): where the function's name and
+    `direct_row` (its frame and every frame it calls; `_direct`, the claim's and the
+    ack's too): where the function's name and
     byte offset are returned; None where the enqueue had fewer checks and ran to its end.
 
     The checks are where CPython raises Ctrl-C's KeyboardInterrupt or a time limit's
@@ -993,7 +1047,7 @@ def _interrupt_at_check(point: int) -> tuple[str, int] | None:
     import dis
 
     jumps = {dis.opmap[name] for name in ("JUMP_BACKWARD", "JUMP_ABSOLUTE") if name in dis.opmap}
-    target = compat.direct_row.__code__
+    target = (target or compat.direct_row).__code__
     seen, landed = [0], []
 
     def inside(frame: Any) -> bool:
@@ -1027,7 +1081,7 @@ def _interrupt_at_check(point: int) -> tuple[str, int] | None:
     previous = sys.gettrace()
     sys.settrace(calls)
     try:
-        add.enqueue(point, 1)
+        (action or (lambda n: add.enqueue(n, 1)))(point)
     except _Landed:
         pass
     finally:
@@ -1070,7 +1124,62 @@ def test_an_interrupt_at_each_check_of_an_enqueue_releases_the_connection(new_se
             add.enqueue(point, 2)
             point += 1
     assert leaked == []
-    assert {"direct_row", "_run_named", "_prepare", "_exchange", "_first_row"} <= places
+    assert {
+        "direct_row",
+        "_direct",
+        "_run_named",
+        "_prepare",
+        "_exchange",
+        "_last_result",
+    } <= places
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.skipif(
+    sys.version_info[:2] == (3, 11),
+    reason="CPython 3.11 spins a thread that traces while an interrupt given to another "
+    "thread is pending, or was taken back (the time-limit tests leave both)",
+)
+def test_an_interrupt_at_each_check_of_a_claim_and_an_ack_releases_the_connection(
+    new_session, worker_process
+):
+    """The same for a worker's claim and its ack, which go straight to libpq through the
+    same `_direct` (named, prepared and unnamed runs): the lock is free after each
+    interrupt, and the next claim and ack succeed."""
+    from tests.testapp.tasks import add
+
+    def claim(_: int) -> list[Job]:
+        return Job.objects.claim(queues=["default"], limit=2, worker=worker_process)
+
+    def ack(n: int) -> set[int]:
+        return Job.objects.ack_many([(n, 1, {"n": n})])
+
+    leaked, places = [], set()
+    for action in (claim, ack):
+        for runs_before in (0, 1, 2):  # unnamed; PREPARE and named run; named run
+            point = 0
+            while True:
+                connection.close()
+                connection.ensure_connection()
+                add.enqueue(0, 0)
+                for n in range(runs_before):
+                    action(n)
+                place = _interrupt_at_check(point, action, compat._direct)
+                if place is None:
+                    break
+                places.add((action.__name__, place[0]))
+                raw = connection.connection
+                if raw is not None and raw.lock.locked():
+                    leaked.append((action.__name__, runs_before, place))
+                    raw.lock.release()  # to go on and list every place
+                action(point)
+                point += 1
+    assert leaked == []
+    for name in ("claim", "ack"):
+        assert {"_direct", "_run_named", "_prepare", "_exchange", "_last_result"} <= {
+            function for action, function in places if action == name
+        }
 
 
 def _enqueue_statement() -> str:

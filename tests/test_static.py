@@ -65,7 +65,7 @@ def test_no_loop_stands_in_a_block_that_holds_a_database_connections_lock():
     """A `with` block holding a driver connection's lock (psycopg's `Connection.lock`,
     taken in core/compat.py) has no `for` or `while` in its own frame: on CPython 3.13,
     Ctrl-C or a time limit's exception landing at such a loop's backward jump can skip
-    the block's exits and leave the lock held for good (`compat._first_row`). Loops go
+    the block's exits and leave the lock held for good (`compat._last_result`). Loops go
     in a function it calls, or in a comprehension, which has an exit of its own."""
     found = []
     for name, text in source().items():

@@ -34,6 +34,7 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.dispatch import Signal
 from psycopg import pq
+from psycopg.adapt import Transformer
 from psycopg.errors import error_from_result
 from psycopg.generators import execute as libpq_execute
 from psycopg.types.datetime import TimestamptzLoader
@@ -523,6 +524,41 @@ def direct_row(
     `health_check_enabled` and `health_check_done`, `validate_no_broken_transaction`,
     `wrap_database_errors`, `timezone`, and the backend's two cursor classes.
     """
+    direct = _direct(connection, statement, params, 1)
+    return None if direct is None else _first_row(direct)
+
+
+def direct_result(
+    connection: BaseDatabaseWrapper, statement: str, params: Mapping[str, Any] | None, context: Any
+) -> DirectResult | None:
+    """All rows of `statement` run as `direct_row` runs it (parameters as there; None: the
+    statement takes none, its `%` signs are its own), in text form, loaded by the
+    loaders of `context` (the psycopg cursor whose adapters Django's cursor would load
+    them with: the kept cursor of `job_cursor`), as a `DirectResult`; None, having sent
+    nothing, where Django's cursor must run it. For the claim and the ack, which a worker
+    runs again and again: outside a transaction they are named statements of the
+    session (`_run_named`), planned once. The claim's statement has its parameters
+    quoted in (`JobManager._bound_claim`), so its plan is made for the very values it
+    runs with (a statement without parameters has no other).
+
+    Measured: parsing, analysis and planning were 7 % of the machine's CPU in a drain at
+    `--processes 2 --concurrency 4` (perf; benchmarks/RESULTS.md, "sixteenth pass").
+    """
+    direct = _direct(connection, statement, params, 0)
+    if direct is None:
+        return None
+    return DirectResult(connection, context, direct)
+
+
+def _direct(
+    connection: BaseDatabaseWrapper,
+    statement: str,
+    params: Mapping[str, Any] | None,
+    result_format: int,
+) -> Any:
+    """The last result of `statement` run straight on libpq in `result_format`, its errors
+    raised as Django's cursor raises them; None where it must take Django's cursor
+    (`direct_row` says when)."""
     if not apps.ready:
         return None
     conn: Any = connection
@@ -547,28 +583,33 @@ def direct_row(
         return None
     if pgconn.pipeline_status or pgconn.parameter_status(b"client_encoding") != b"UTF8":
         return None
-    query, names = _positional(statement)
-    try:  # a spec's shared parameters come encoded already (`text_parameters`)
-        values = [
-            value if type(value) is bytes else _text_parameter(value)
-            for value in map(params.__getitem__, names)
-        ]
-    except TypeError:
-        return None
+    if params is None:
+        query, values = statement.encode(), []
+    else:
+        query, names = _positional(statement)
+        try:  # a spec's shared parameters come encoded already (`text_parameters`)
+            values = [
+                value if type(value) is bytes else _text_parameter(value)
+                for value in map(params.__getitem__, names)
+            ]
+        except TypeError:
+            return None
     connection.validate_no_broken_transaction()
-    with conn.wrap_database_errors, raw.lock:  # no loop in this block (`_first_row`)
+    with conn.wrap_database_errors, raw.lock:  # no loop in this block (`_last_result`)
         results = None
         if status == _IDLE and may_prepare(connection):
-            results = _run_named(connection.alias, raw, pgconn, query, values)
+            results = _run_named(connection.alias, raw, pgconn, query, values, result_format)
         if results is None:
-            results = _exchange(raw, pgconn.send_query_params, query, values, None, None, 1)
-        return _first_row(results, raw)
+            results = _exchange(
+                raw, pgconn.send_query_params, query, values, None, None, result_format
+            )
+        return _last_result(results, raw)
 
 
-def _first_row(results: list[Any], raw: Any) -> tuple[Any, ...]:
-    """The first row of `direct_row`'s last result, its error raised as psycopg raises it.
+def _last_result(results: list[Any], raw: Any) -> Any:
+    """The last of `_direct`'s results, their error raised as psycopg raises it.
 
-    A function of its own, called while `direct_row` holds the connection's lock: no
+    A function of its own, called while `_direct` holds the connection's lock: no
     loop may stand in that `with` block's own frame. On CPython 3.13 an interrupt that
     lands at a loop's backward jump (Ctrl-C, a time limit's exception: both are raised
     where the interpreter checks for them, and a backward jump is such a place) finds
@@ -582,10 +623,53 @@ def _first_row(results: list[Any], raw: Any) -> tuple[Any, ...]:
             if result.status == pq.ExecStatus.FATAL_ERROR:
                 raise error_from_result(result, encoding=raw.info.encoding)
             raise psycopg.InternalError(f"unexpected result: {result.status!r}")
-    if not results or not results[-1].ntuples:
+    return results[-1] if results else None
+
+
+def _first_row(result: Any) -> tuple[Any, ...]:
+    """The first row of `direct_row`'s result, () if none."""
+    if result is None or not result.ntuples:
         return ()
-    last = results[-1]
-    return tuple([last.get_value(0, column) for column in range(last.nfields)])
+    return tuple([result.get_value(0, column) for column in range(result.nfields)])
+
+
+class DirectResult:
+    """The rows of `direct_result`, read as a cursor's (`fetchall`, `fetchone`, `scroll`,
+    `rowcount`, `pgresult`: what `loading.fetch_jobs` and `compat.fetch_all` ask),
+    each value loaded by the loaders Django's cursor would use, its loading errors
+    raised as Django's. Relied on: psycopg's `adapt.Transformer` (`set_pgresult`,
+    `load_rows`, `load_row`), the machinery psycopg's own cursors load rows with."""
+
+    __slots__ = ("_connection", "_position", "_transformer", "pgresult", "rowcount")
+
+    def __init__(self, connection: BaseDatabaseWrapper, context: Any, result: Any) -> None:
+        self._connection = connection
+        self._transformer = Transformer(context)
+        self._transformer.set_pgresult(result)
+        self.pgresult = result
+        self.rowcount = result.ntuples if result is not None else -1
+        self._position = 0
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        start, self._position = self._position, max(self.rowcount, 0)
+        if start >= self._position:
+            return []
+        with self._connection.wrap_database_errors:
+            return self._transformer.load_rows(start, self._position, tuple)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        if self._position >= self.rowcount:
+            return None
+        with self._connection.wrap_database_errors:
+            row = self._transformer.load_row(self._position, tuple)
+        self._position += 1
+        return row
+
+    def scroll(self, value: int, mode: str = "relative") -> None:
+        position = value if mode == "absolute" else self._position + value
+        if not 0 <= position <= max(self.rowcount, 0):
+            raise IndexError("position out of bound")
+        self._position = position
 
 
 def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:
@@ -670,7 +754,12 @@ def _statement_name(query: bytes) -> bytes:
 
 
 def _run_named(
-    alias: str, raw: Any, pgconn: Any, query: bytes, values: list[bytes | None]
+    alias: str,
+    raw: Any,
+    pgconn: Any,
+    query: bytes,
+    values: list[bytes | None],
+    result_format: int,
 ) -> list[Any] | None:
     """`query`'s results run as a named statement of this session, prepared at its second
     run (`_PREPARE_AT`; a statement run once, as by a connection per request, costs no
@@ -692,7 +781,7 @@ def _run_named(
             _lost(alias, raw, session)
             return None
         session.prepared.add(name)
-    results = _exchange(raw, pgconn.send_query_prepared, name, values, None, 1)
+    results = _exchange(raw, pgconn.send_query_prepared, name, values, None, result_format)
     if _sqlstate(results) == _UNDEFINED:
         _lost(alias, raw, session)
         return None
@@ -755,10 +844,11 @@ def _lost(alias: str, raw: Any, session: _Session) -> None:
         _UNNAMED_ONLY.add(alias)
     if first:
         logger.warning(
-            "A prepared statement of django-skipqueue's enqueue went missing on database "
+            "A prepared statement of django-skipqueue (its enqueue, claim or ack) went "
+            "missing on database "
             "%r, whose connection reached another server session than before: a "
             "transaction pooler (PgBouncer before 1.21, or without "
-            "max_prepared_statements). Its enqueues send unnamed statements from now on "
+            "max_prepared_statements). They are sent as unnamed statements from now on "
             "in this process; set DISABLE_SERVER_SIDE_CURSORS = True on the database "
             "entry behind a transaction pooler, as Django's documentation asks.",
             alias,

@@ -450,7 +450,7 @@ def _close_connections_left_locked() -> None:
     forever. An interrupt landing inside a `with lock:` block of a driver can leave it
     so on CPython 3.13, where one at a loop's backward jump may skip the block's exits
     (psycopg's `Cursor.stream()` and `Connection.notifies()` hold their connection's
-    lock around loops; see `core.compat._first_row`). The session is ended first, so
+    lock around loops; see `core.compat._last_result`). The session is ended first, so
     that a connection pool takes the connection back as broken without using it."""
     for connection in initialized_connections():
         raw = connection.connection
