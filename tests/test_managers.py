@@ -644,9 +644,13 @@ def test_writes_that_name_jobs_by_id_find_them_by_the_primary_key_with_many_runn
         cursor.execute("SET plan_cache_mode = force_generic_plan")
         cursor.execute("PREPARE skipqueue_ack_under_test AS " + numbered)
     generic = "EXPLAIN ANALYZE EXECUTE skipqueue_ack_under_test(%(results)s, %(ids)s, %(attempts)s)"
+
+    def quoted(params: dict[str, str]) -> str:  # EXECUTE takes no bound parameters
+        return compat.quote_parameters(connection, generic, params)
+
     statements = [
-        (generic, _ack_parameters([(job_id, 1, None)], [None])),
-        (generic, _ack_parameters(batch, ["[1]"] * 150)),
+        (quoted(_ack_parameters([(job_id, 1, None)], [None])), None),
+        (quoted(_ack_parameters(batch, ["[1]"] * 150)), None),
         ("EXPLAIN ANALYZE " + sql.ACK_MANY, _ack_parameters([(job_id, 1, None)], [None])),
         ("EXPLAIN ANALYZE " + sql.ACK_MANY, _ack_parameters(batch, ["[1]"] * 150)),
         ("EXPLAIN ANALYZE " + renewal.captured_queries[0]["sql"], None),

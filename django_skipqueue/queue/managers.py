@@ -456,9 +456,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             statement, params = self._bound_claim(names, limit, worker, lease)
             # One statement, its own transaction in autocommit (no BEGIN and COMMIT
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
-            # inside the caller's atomic(), a savepoint of the caller's transaction.
-            # A worker's own statement, its parameters quoted in: run as a named
-            # statement of the session where nothing can tell (compat.direct_result).
+            # inside the caller's atomic(), a savepoint of the caller's transaction. A
+            # worker's statement, its parameters quoted in, goes straight to libpq where
+            # nothing can tell, a named statement of the session (compat.direct_result).
             unloadable: list[tuple[int, str]] = []
             with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
                 rows = _direct_rows(self.db, cursor, statement, params)
