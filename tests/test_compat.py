@@ -1089,13 +1089,23 @@ def _interrupt_at_check(
     return landed[0] if landed else None
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(120, method="thread")
-@pytest.mark.skipif(
-    sys.version_info[:2] == (3, 11),
-    reason="CPython 3.11 spins a thread that traces while an interrupt given to another "
-    "thread is pending, or was taken back (the time-limit tests leave both)",
-)
+def _each_check(test: Callable[..., None]) -> Callable[..., None]:
+    """The marks of a test that traces every check of an interrupt: a transactional
+    database test, bounded in time, skipped on 3.11."""
+    for mark in (
+        pytest.mark.skipif(
+            sys.version_info[:2] == (3, 11),
+            reason="CPython 3.11 spins a thread that traces while an interrupt given to "
+            "another thread is pending, or was taken back (the time-limit tests leave both)",
+        ),
+        pytest.mark.timeout(120, method="thread"),
+        pytest.mark.django_db(transaction=True),
+    ):
+        test = mark(test)
+    return test
+
+
+@_each_check
 def test_an_interrupt_at_each_check_of_an_enqueue_releases_the_connection(new_session):
     """An interrupt at each place CPython may raise one during `direct_row` (named,
     prepared and unnamed runs): psycopg's connection lock is free afterwards, and the
@@ -1134,13 +1144,7 @@ def test_an_interrupt_at_each_check_of_an_enqueue_releases_the_connection(new_se
     } <= places
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(120, method="thread")
-@pytest.mark.skipif(
-    sys.version_info[:2] == (3, 11),
-    reason="CPython 3.11 spins a thread that traces while an interrupt given to another "
-    "thread is pending, or was taken back (the time-limit tests leave both)",
-)
+@_each_check
 def test_an_interrupt_at_each_check_of_a_claim_and_an_ack_releases_the_connection(
     new_session, worker_process
 ):
