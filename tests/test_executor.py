@@ -272,6 +272,30 @@ def test_a_raw_transaction_left_open_is_rolled_back_and_fails_the_job(fail_in_it
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_statement_left_running_in_autocommit_is_not_said_to_be_rolled_back():
+    """A task that returns while its autocommit INSERT is still running (a time limit's
+    interrupt right after the send leaves one so): the job fails, the connection is
+    closed, and the error does not say that the writes were rolled back, for the
+    INSERT may commit (found by an outside trial: the runner said so, and the row was
+    there)."""
+    from django.db import connection
+
+    leaky = tasks.leaves_a_statement_running.enqueue()
+    after = tasks.record.enqueue()
+    job, outcome = run()
+    assert job.id == leaky.id
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    assert "a statement still running in autocommit on 'default'" in job.last_error
+    assert "may have committed" in job.last_error
+    assert "its writes were rolled back" not in job.last_error
+    assert run()[1] is Outcome.SUCCEEDED
+    connection.close()
+    assert set(Run.objects.values_list("job_id", flat=True)) <= {leaky.id, after.id}
+    assert after.id in set(Run.objects.values_list("job_id", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_task_that_turns_autocommit_off_and_leaves_its_writes_uncommitted_fails():
     """set_autocommit(False), a write, no commit: the write is rolled back and the job
     fails, named (before, the worker acked a success on another connection and the

@@ -480,10 +480,23 @@ def _roll_back_left_open(depths: Mapping[str, int]) -> None:
     """
     left = end_open_transactions(depths)
     if left:
+        if any(line.startswith(_STILL_RUNNING) for line in left):
+            outcome = (
+                "the connection was closed: an open transaction's writes were rolled back, "
+                "and a statement already running in autocommit may have committed"
+            )
+        else:
+            outcome = "its writes were rolled back"
         raise TransactionLeftOpenError(
-            f"the task left a transaction open ({'; '.join(left)}); its writes were rolled "
-            f"back, so this job is failed, not retried"
+            f"the task left a transaction open ({'; '.join(left)}); {outcome}, so this job "
+            f"is failed, not retried"
         )
+
+
+#: How `end_open_transactions` names a statement still running in autocommit (status
+#: ACTIVE): a time limit's interrupt right after its send, say. It may commit whatever
+#: the connection's close does, so nothing may say it was rolled back.
+_STILL_RUNNING = "a statement still running"
 
 
 def end_open_transactions(depths: Mapping[str, int] | None = None) -> list[str]:
@@ -539,7 +552,12 @@ def end_open_transactions(depths: Mapping[str, int] | None = None) -> list[str]:
             how = "after set_autocommit(False)"
         else:
             how = "outside atomic()"
-        found.append(f"a transaction left uncommitted {how} on {connection.alias!r}, status {name}")
+        if status == 1 and connection.autocommit and connection.settings_dict["AUTOCOMMIT"]:
+            found.append(f"{_STILL_RUNNING} in autocommit on {connection.alias!r}, status {name}")
+        else:
+            found.append(
+                f"a transaction left uncommitted {how} on {connection.alias!r}, status {name}"
+            )
         discard(connection)
     return found
 

@@ -245,6 +245,21 @@ def begins_raw_transaction(context: TaskContext, fail_in_it: bool = False) -> st
     return "left open"
 
 
+@task(takes_context=True)
+def leaves_a_statement_running(context: TaskContext) -> str:
+    """Send an INSERT of its Run row in autocommit and return before its reply is read,
+    as a time limit's interrupt landing right after the send leaves it: the statement
+    may still commit, and the worker must not say that it was rolled back."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    connection.connection.pgconn.send_query(
+        b"SELECT pg_sleep(0.3); INSERT INTO testapp_run (job_id, attempt, pid) "
+        b"VALUES (%d, %d, %d)" % (context.job_id, context.attempt, os.getpid())
+    )
+    return "sent"
+
+
 class UnprintableError(ValueError):
     def __str__(self) -> str:
         raise RuntimeError("no text for you")
