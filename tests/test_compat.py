@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -817,6 +818,121 @@ def test_a_workers_claim_and_ack_run_again_are_prepared_on_its_session_and_load_
     assert _prepared_runs() == runs
     assert Job.objects.get(pk=logged.pk).result == 7
     assert Job.objects.filter(state=JobState.PENDING).count() == len(jobs) - 8
+
+
+def _claim_twice(worker: Any, limit: int = 1) -> list[Job]:
+    """Two claims of `limit` by `worker`: its statement named at the second."""
+    return [
+        *Job.objects.claim(queues=["default"], limit=limit, worker=worker),
+        *Job.objects.claim(queues=["default"], limit=limit, worker=worker),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_named_before_a_columns_type_changed_is_prepared_again(
+    new_session, worker_process, caplog
+):
+    """A migration changes the type of a column the claim returns while a worker runs:
+    the named claim's run fails with "cached plan must not change result type", before
+    it runs; it is sent again unnamed and prepared again, with no error logged (an
+    outside trial: every later claim failed and fell back to one row at a time, until
+    the worker restarted)."""
+    from tests.testapp.tasks import add
+
+    for n in range(6):
+        add.enqueue(n, n)
+    assert len(_claim_twice(worker_process)) == 2
+    other = connection.get_new_connection(connection.get_connection_params())
+    other.autocommit = True
+    try:
+        other.execute("ALTER TABLE skipqueue_job ALTER COLUMN last_error TYPE varchar(100000)")
+        with caplog.at_level("WARNING"):
+            claimed = _claim_twice(worker_process) + _claim_twice(worker_process)
+        assert [job.attempts for job in claimed] == [1, 1, 1, 1]
+        assert not caplog.records, caplog.text
+        assert Job.objects.filter(state=JobState.RUNNING).count() == 6
+        assert sorted(_prepared_runs().values())[-1] >= 1  # named again
+    finally:
+        other.execute("ALTER TABLE skipqueue_job ALTER COLUMN last_error TYPE text")
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_named_claim_is_planned_again_after_the_table_grew(
+    new_session, worker_process, monkeypatch
+):
+    """A claim named while the job table was nearly empty keeps the plan made then (a
+    statement without parameters is planned once): a sequential scan, which an outside
+    trial measured at 56 ms a claim once the table held 200,000 rows, until an ANALYZE.
+    It is planned again once `_REPLAN_SECONDS` old (shortened here)."""
+    from tests.testapp.tasks import add
+
+    monkeypatch.setattr(compat, "_REPLAN_SECONDS", 0.3)
+    with connection.cursor() as cursor:  # no autovacuum ANALYZE may replan it meanwhile
+        cursor.execute("ALTER TABLE skipqueue_job SET (autovacuum_enabled = false)")
+        cursor.execute("ANALYZE skipqueue_job")
+    try:
+        for n in range(4):
+            add.enqueue(n, n)
+        _claim_twice(worker_process)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%claimable%%'"
+            )
+            [(name,)] = cursor.fetchall()
+        assert "Seq Scan" in _plan_of(name)  # planned for a table of a few rows
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state,
+                    run_at, lease, attempts, max_attempts, expirations, releases, last_error,
+                    errors, created_at)
+                SELECT 'tests.testapp.tasks.add', '[]', '{}', 'other', 0, 'done', now(),
+                       interval '5 minutes', 1, 5, 0, 0, '', '[]', now()
+                FROM generate_series(1, 50000)
+                """
+            )
+        time.sleep(0.4)
+        [job] = Job.objects.claim(queues=["default"], limit=1, worker=worker_process)
+        assert job.attempts == 1
+        assert "Seq Scan" not in _plan_of(name)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE skipqueue_job RESET (autovacuum_enabled)")
+
+
+def _plan_of(name: str) -> str:
+    """The plan this session keeps for its named statement `name` (EXPLAIN, not run)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN EXECUTE {name}")  # a name of ours: skipqueue_<hex>
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_keeps_a_bounded_number_of_named_statements(
+    new_session, worker_process, monkeypatch
+):
+    """A worker's claims differ by their batch size, and each kept plan takes server
+    memory (about 167 kB a claim's): at most `_MAX_NAMED` are kept on a session (3
+    here); one more is named only in place of one planned `_REPLAN_SECONDS` ago or
+    more, the least run since (an outside trial counted 58 claims named in 20 s at
+    concurrency 16, 9.7 MB of the server's plan cache)."""
+    from tests.testapp.tasks import add
+
+    monkeypatch.setattr(compat, "_MAX_NAMED", 3)
+    monkeypatch.setattr(compat, "_REPLAN_SECONDS", 0.3)
+    add.enqueue_many([((n, n), {}) for n in range(200)])
+    for limit in (1, 2, 3, 4, 5):
+        _claim_twice(worker_process, limit)
+        assert len(_prepared_runs()) <= 3
+    assert len(_prepared_runs()) == 3  # the first three sizes; the others unnamed
+    time.sleep(0.4)
+    for _ in range(3):
+        Job.objects.claim(queues=["default"], limit=1, worker=worker_process)  # the most run
+    _claim_twice(worker_process, 5)
+    runs = _prepared_runs()
+    assert len(runs) == 3 and 3 in runs.values()  # size 5 took the place of a less run one
+    assert Job.objects.filter(state=JobState.RUNNING).count() == 2 * (1 + 2 + 3 + 4 + 5) + 3 + 10
 
 
 @pytest.mark.django_db(transaction=True)

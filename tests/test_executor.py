@@ -250,6 +250,16 @@ def test_s14_a_return_value_over_the_payload_limit_fails_and_is_not_stored(setti
 # -- issue 12, item 1: no job runs inside another job's transaction --------------------
 
 
+def _failed_as_left_open(leaky: Job) -> Job:
+    """The next job run, which must be `leaky`, failed at its first attempt with
+    TransactionLeftOpenError."""
+    job, outcome = run()
+    assert job.id == leaky.id
+    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
+    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    return job
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("fail_in_it", [False, True], ids=["open", "failed"])
 def test_a_raw_transaction_left_open_is_rolled_back_and_fails_the_job(fail_in_it):
@@ -258,10 +268,7 @@ def test_a_raw_transaction_left_open_is_rolled_back_and_fails_the_job(fail_in_it
     leaky = tasks.begins_raw_transaction.enqueue(fail_in_it=fail_in_it)
     after = [tasks.record.enqueue() for _ in range(3)]
 
-    job, outcome = run()
-    assert job.id == leaky.id
-    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
-    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    job = _failed_as_left_open(leaky)
     assert "its writes were rolled back" in job.last_error
     assert int(connection.connection.info.transaction_status) == 0  # IDLE: nothing open
     for _ in after:  # later jobs on this thread commit their own writes
@@ -282,10 +289,7 @@ def test_a_statement_left_running_in_autocommit_is_not_said_to_be_rolled_back():
 
     leaky = tasks.leaves_a_statement_running.enqueue()
     after = tasks.record.enqueue()
-    job, outcome = run()
-    assert job.id == leaky.id
-    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
-    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    job = _failed_as_left_open(leaky)
     assert "a statement still running in autocommit on 'default'" in job.last_error
     assert "may have committed" in job.last_error
     assert "its writes were rolled back" not in job.last_error
@@ -308,10 +312,7 @@ def test_a_task_that_turns_autocommit_off_and_leaves_its_writes_uncommitted_fail
     committed = tasks.turns_autocommit_off.enqueue(commit=True)
     after = tasks.record.enqueue()
 
-    job, outcome = run()
-    assert job.id == leaky.id
-    assert (outcome, job.state, job.attempts) == (Outcome.FAILED, JobState.FAILED, 1)
-    assert "TransactionLeftOpenError" in job.errors[0]["type"]
+    job = _failed_as_left_open(leaky)
     assert "set_autocommit(False) on 'default'" in job.last_error
     job, outcome = run()
     assert (job.id, outcome) == (committed.id, Outcome.SUCCEEDED)

@@ -17,6 +17,7 @@ import os
 import re
 import struct
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -710,23 +711,58 @@ def _replaced(connection: BaseDatabaseWrapper, name: str, django_own: object) ->
 # 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
 # "ninth pass").
 _PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
+#: A named statement is planned again once this old, at its next run. A statement
+#: without parameters (the claim, its values quoted in) keeps the plan made at its
+#: PREPARE until DDL or an ANALYZE of its tables: one prepared while the job table was
+#: nearly empty kept a sequential scan as the table grew to 200,000 rows, 56 ms a claim
+#: where a fresh plan took 1 ms (an outside trial; autovacuum's ANALYZE comes a minute
+#: or more later, never where it is off). Two round trips every few seconds.
+_REPLAN_SECONDS = 5.0
+#: Named statements kept on one session at most: a claim's plan takes about 167 kB of
+#: the server's memory, and a worker's claims differ by their batch size (77 sizes in
+#: 20 s at concurrency 16, an outside trial). Beyond it a statement is sent unnamed,
+#: unless one kept at least `_REPLAN_SECONDS` is dropped for it (the least run since
+#: it was planned).
+_MAX_NAMED = 16
+#: Losses of a statement not yet run once since it was prepared, one after another, on
+#: one session, after which it names no more statements: a pooler that drops them
+#: after every transaction on the same server session (PgBouncer's
+#: `server_reset_query_always`), where each run paid a PREPARE and a failed run.
+_QUICK_LOSSES = 3
 _UNNAMED_ONLY: set[str] = set()  # aliases seen behind a transaction pooler (`_lost`)
 _UNNAMED_LOCK = threading.Lock()
 _DUPLICATE = b"42P05"  # duplicate_prepared_statement: "already exists"
 _UNDEFINED = b"26000"  # invalid_sql_statement_name: "does not exist"
+#: feature_not_supported, as "cached plan must not change result type": a column the
+#: statement returns changed its type (a migration's ALTER COLUMN ... TYPE) after the
+#: PREPARE. Raised before the statement runs; outside a transaction nothing changed.
+_PLAN_CHANGED = b"0A000"
+
+
+class _Named:
+    """A statement named on a session: its text, when it was last planned (monotonic
+    seconds) and its runs since."""
+
+    __slots__ = ("planned_at", "query", "runs")
+
+    def __init__(self, query: bytes, planned_at: float) -> None:
+        self.query, self.planned_at, self.runs = query, planned_at, 0
 
 
 class _Session:
-    """What `_run_named` knows of one psycopg connection's server session: each
-    statement's runs so far, the names prepared there, and the server's backend pid
-    where it is not the one the connection reported (behind a pooler), once asked."""
+    """What `_run_named` knows of one psycopg connection's server session: the runs so
+    far of each statement not named, the statements named there, losses of statements
+    never run, whether it names no more, and the server's backend pid where it is not
+    the one the connection reported (behind a pooler), once asked."""
 
-    __slots__ = ("prepared", "runs", "server_pid")
+    __slots__ = ("named", "quick_losses", "runs", "server_pid", "unnamed")
 
     def __init__(self) -> None:
         self.runs: dict[bytes, int] = {}
-        self.prepared: set[bytes] = set()
+        self.named: dict[bytes, _Named] = {}
         self.server_pid: bytes | None = None
+        self.quick_losses = 0
+        self.unnamed = False
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
@@ -771,21 +807,57 @@ def _run_named(
     session = _SESSIONS.get(raw)
     if session is None:
         session = _SESSIONS[raw] = _Session()
+    if session.unnamed:
+        return None
     name = _statement_name(query)
-    if name not in session.prepared:
+    named = session.named.get(name)
+    now = time.monotonic()
+    if named is None:
         runs = session.runs.get(query, 0) + 1
+        if len(session.runs) >= 1024:  # one-off texts: bounded
+            session.runs.clear()
         session.runs[query] = runs
         if runs < _PREPARE_AT:
+            return None
+        if len(session.named) >= _MAX_NAMED and not _drop_least_run(raw, pgconn, session, now):
             return None
         if not _prepare(raw, pgconn, name, query):
             _lost(alias, raw, session)
             return None
-        session.prepared.add(name)
+        named = session.named[name] = _Named(query, now)
+        del session.runs[query]
+    elif now - named.planned_at >= _REPLAN_SECONDS:  # planned again (`_REPLAN_SECONDS`)
+        _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)  # an error: gone already
+        if not _prepare(raw, pgconn, name, query):
+            _lost(alias, raw, session)
+            return None
+        named.planned_at, named.runs = now, 0
     results = _exchange(raw, pgconn.send_query_prepared, name, values, None, result_format)
-    if _sqlstate(results) == _UNDEFINED:
-        _lost(alias, raw, session)
+    state = _sqlstate(results)
+    if state == _UNDEFINED:
+        _lost(alias, raw, session, quick=named.runs == 0)
         return None
+    if state == _PLAN_CHANGED:  # prepared again at its next runs, with the new types
+        _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)
+        del session.named[name]
+        return None
+    named.runs += 1
+    session.quick_losses = 0
     return results
+
+
+def _drop_least_run(raw: Any, pgconn: Any, session: _Session, now: float) -> bool:
+    """Make room for one more named statement (`_MAX_NAMED`): drop the one run least
+    since it was planned among those planned at least `_REPLAN_SECONDS` ago; False
+    where none is that old."""
+    old = [named for named in session.named.values() if now - named.planned_at >= _REPLAN_SECONDS]
+    if not old:
+        return False
+    least = min(old, key=operator.attrgetter("runs"))
+    name = _statement_name(least.query)
+    _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)  # an error: gone already
+    del session.named[name]
+    return True
 
 
 def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
@@ -817,7 +889,7 @@ def _sqlstate(results: list[Any]) -> bytes | None:
     return None
 
 
-def _lost(alias: str, raw: Any, session: _Session) -> None:
+def _lost(alias: str, raw: Any, session: _Session, quick: bool = False) -> None:
     """A named statement went missing from this session: start its record afresh, to be
     prepared again, and ask the server's backend pid (only then). Where it is the one
     the connection reported when it opened, or the one a pooler's server session gave
@@ -829,7 +901,20 @@ def _lost(alias: str, raw: Any, session: _Session) -> None:
     between server sessions: `alias` sends unnamed statements from then on in this
     process, logged once. A pid that cannot be read (a timeout) decides nothing."""
     session.runs.clear()
-    session.prepared.clear()
+    session.named.clear()
+    session.quick_losses = session.quick_losses + 1 if quick else 0
+    if session.quick_losses >= _QUICK_LOSSES:
+        session.unnamed = True
+        logger.warning(
+            "Prepared statements of django-skipqueue were dropped %d times in a row on "
+            "database %r before their first run, on the same server session: something "
+            "drops them after every transaction (a pooler's server_reset_query_always, "
+            "say). This connection sends unnamed statements from now on; set "
+            "DISABLE_SERVER_SIDE_CURSORS = True on the database entry behind a pooler.",
+            session.quick_losses,
+            alias,
+        )
+        return
     asked = _exchange(raw, raw.pgconn.send_query, b"SELECT pg_backend_pid()")
     if len(asked) != 1 or asked[0].status != _TUPLES_OK or asked[0].ntuples != 1:
         return

@@ -34,7 +34,10 @@ POOL_SIZE = 4
 
 
 @pytest.fixture
-def pgbouncer():
+def pgbouncer(request):
+    """PgBouncer in front of the test database: its URL and port. Extra lines of its
+    [pgbouncer] section come as the fixture's indirect parameter."""
+    extra = getattr(request, "param", "")
     settings = connection.settings_dict
     tmp_path = Path(tempfile.mkdtemp(prefix="skipqueue-pgbouncer-"))
     with socket.socket() as probe:
@@ -52,7 +55,7 @@ def pgbouncer():
         f"unix_socket_dir =\nauth_type = any\npool_mode = transaction\n"
         f"default_pool_size = {POOL_SIZE}\nmax_client_conn = 200\n"
         f"admin_users = {settings['USER'] or 'postgres'}\n"
-        f"logfile = {tmp_path}/pgbouncer.log\npidfile = {tmp_path}/pgbouncer.pid\n"
+        f"logfile = {tmp_path}/pgbouncer.log\npidfile = {tmp_path}/pgbouncer.pid\n{extra}"
     )
     config.chmod(0o644)
     # As root, pgbouncer must switch user: to the socket's owner (embedded server), or nobody.
@@ -195,3 +198,39 @@ def test_enqueues_through_a_transaction_pooler_that_loses_named_statements(pgbou
     assert Job.objects.filter(id__in=report["ids"], state="pending").count() == enqueued
     assert err.count("another server session") == 1, err  # the pooler, found once
     print(f"\nthe pooler found in round {report['rounds']} of at most 5")
+
+
+CLAIM_THROUGH_A_RESETTING_POOLER = """
+import json
+from django_skipqueue.models import Job, WorkerProcess
+worker = WorkerProcess.objects.create(hostname="pooled", pid=1, queues=["default"])
+done = []
+for n in range(30):
+    for job in Job.objects.claim(queues=["default"], limit=2, worker=worker):
+        done += Job.objects.ack_many([(job.pk, job.attempts, n)])
+print(json.dumps({"done": done}))
+"""
+
+
+@pytest.mark.parametrize("pgbouncer", ["server_reset_query_always = 1\n"], indirect=True)
+@pytest.mark.timeout(120)
+def test_claims_through_a_pooler_that_drops_statements_after_each_transaction(pgbouncer):
+    """PgBouncer in transaction mode with `server_reset_query_always`: its DISCARD ALL
+    after every transaction drops each statement right after its PREPARE, on the same
+    server session (so the pid tells nothing). Every claim and ack succeeds; after
+    three such losses in a row the connection names no more statements, with one
+    warning (before, each run paid a PREPARE and a failed run, for good: an outside
+    trial)."""
+    import json
+
+    from tests.processes import start_python
+
+    url, _ = pgbouncer
+    ids = [job.id for job in tasks.add.enqueue_many([((n, n), {}) for n in range(60)])]
+    child = start_python(CLAIM_THROUGH_A_RESETTING_POOLER, DATABASE_URL=url)
+    out, err = child.communicate(timeout=90)
+    assert child.returncode == 0, err
+    assert sorted(json.loads(out.strip().splitlines()[-1])["done"]) == ids
+    assert err.count("dropped 3 times in a row") == 1, err
+    assert "Traceback" not in err
+    assert Job.objects.filter(id__in=ids, state="done").count() == 60
