@@ -858,6 +858,57 @@ def test_a_claim_named_before_a_columns_type_changed_is_prepared_again(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_triggers_own_feature_not_supported_error_runs_the_statement_once(new_session):
+    """A trigger that raises SQLSTATE 0A000 (feature_not_supported, the code of "cached
+    plan must not change result type" too) fails the enqueue as before, and the
+    statement is not sent again unnamed: a side effect that a rollback keeps (a
+    sequence's nextval here) happens once a call (an outside trial counted 9 for 6)."""
+    from django.db import NotSupportedError
+
+    from tests.testapp.tasks import add
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE skipqueue_test_side_effect")
+        cursor.execute(
+            """
+            CREATE FUNCTION skipqueue_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM nextval('skipqueue_test_side_effect');
+                RAISE EXCEPTION 'refused' USING ERRCODE = '0A000';
+            END $$
+            """
+        )
+        cursor.execute(
+            "CREATE TRIGGER skipqueue_test_refuse BEFORE INSERT ON skipqueue_job "
+            "FOR EACH ROW EXECUTE FUNCTION skipqueue_test_refuse()"
+        )
+    try:
+        for n in range(6):
+            with pytest.raises(NotSupportedError, match="refused"):
+                add.enqueue(n, n)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT last_value FROM skipqueue_test_side_effect")
+            assert cursor.fetchone()[0] == 6
+        assert _prepared_runs()  # named all along
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER skipqueue_test_refuse ON skipqueue_job")
+            cursor.execute("DROP FUNCTION skipqueue_test_refuse()")
+            cursor.execute("DROP SEQUENCE skipqueue_test_side_effect")
+
+
+def test_an_integer_column_of_a_direct_result_is_read_whatever_its_width():
+    """The enqueue's returned id, read from PostgreSQL's binary form: a bigint as a
+    rule, an integer where a migration changed the column under a running process (an
+    outside trial: struct.error, raised for a row already committed)."""
+    for value in (0, 5, -7, 2**31 - 1, -(2**31)):
+        assert compat.binary_bigint(value.to_bytes(4, "big", signed=True)) == value
+    for value in (0, 2**62, -(2**63)):
+        assert compat.binary_bigint(value.to_bytes(8, "big", signed=True)) == value
+    assert compat.binary_bigint((-2).to_bytes(2, "big", signed=True)) == -2
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_named_claim_is_planned_again_after_the_table_grew(
     new_session, worker_process, monkeypatch
 ):

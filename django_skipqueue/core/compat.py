@@ -476,8 +476,12 @@ _int8 = struct.Struct(">q").unpack
 
 
 def binary_bigint(value: bytes) -> int:
-    """A `bigint` column of `direct_row`'s binary result."""
-    return int(_int8(value)[0])
+    """A `bigint` column of `direct_row`'s binary result (an `integer` or `smallint` one
+    too, by its length: a migration may have changed the column's type under a running
+    process, and the row is committed by the time it is read)."""
+    if len(value) == 8:
+        return int(_int8(value)[0])
+    return int.from_bytes(value, "big", signed=True)
 
 
 def binary_timestamptz(value: bytes) -> datetime.datetime:
@@ -730,13 +734,17 @@ _MAX_NAMED = 16
 #: `server_reset_query_always`), where each run paid a PREPARE and a failed run.
 _QUICK_LOSSES = 3
 _UNNAMED_ONLY: set[str] = set()  # aliases seen behind a transaction pooler (`_lost`)
+_QUICK_WARNED: set[str] = set()  # aliases whose sessions dropped statements quickly
 _UNNAMED_LOCK = threading.Lock()
 _DUPLICATE = b"42P05"  # duplicate_prepared_statement: "already exists"
 _UNDEFINED = b"26000"  # invalid_sql_statement_name: "does not exist"
 #: feature_not_supported, as "cached plan must not change result type": a column the
 #: statement returns changed its type (a migration's ALTER COLUMN ... TYPE) after the
-#: PREPARE. Raised before the statement runs; outside a transaction nothing changed.
+#: PREPARE. Raised by the plan cache's check before the statement runs (the error's
+#: source function, which is never translated, says so; a trigger's own 0A000 is left
+#: as the caller's error, and the statement is not run again).
 _PLAN_CHANGED = b"0A000"
+_PLAN_CHECK = b"RevalidateCachedQuery"
 
 
 class _Named:
@@ -837,9 +845,9 @@ def _run_named(
     if state == _UNDEFINED:
         _lost(alias, raw, session, quick=named.runs == 0)
         return None
-    if state == _PLAN_CHANGED:  # prepared again at its next runs, with the new types
+    if state == _PLAN_CHANGED and _failed_in(results, _PLAN_CHECK):
+        del session.named[name]  # first: prepared again at its next runs, with the new types
         _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)
-        del session.named[name]
         return None
     named.runs += 1
     session.quick_losses = 0
@@ -881,6 +889,14 @@ def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
     return False
 
 
+def _failed_in(results: list[Any], function: bytes) -> bool:
+    """Whether the first failed result's error was raised in the server's `function`."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            return result.error_field(pq.DiagnosticField.SOURCE_FUNCTION) == function
+    return False
+
+
 def _sqlstate(results: list[Any]) -> bytes | None:
     """The SQLSTATE of the first failed result, None if none failed."""
     for result in results:
@@ -905,11 +921,16 @@ def _lost(alias: str, raw: Any, session: _Session, quick: bool = False) -> None:
     session.quick_losses = session.quick_losses + 1 if quick else 0
     if session.quick_losses >= _QUICK_LOSSES:
         session.unnamed = True
+        with _UNNAMED_LOCK:
+            first = alias not in _QUICK_WARNED
+            _QUICK_WARNED.add(alias)
+        if not first:  # once per alias and process: a new connection finds it again
+            return
         logger.warning(
             "Prepared statements of django-skipqueue were dropped %d times in a row on "
             "database %r before their first run, on the same server session: something "
             "drops them after every transaction (a pooler's server_reset_query_always, "
-            "say). This connection sends unnamed statements from now on; set "
+            "say). Such connections send unnamed statements from now on; set "
             "DISABLE_SERVER_SIDE_CURSORS = True on the database entry behind a pooler.",
             session.quick_losses,
             alias,
