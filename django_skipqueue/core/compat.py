@@ -835,7 +835,7 @@ def _run_named(
         named = session.named[name] = _Named(query, now)
         del session.runs[query]
     elif now - named.planned_at >= _REPLAN_SECONDS:  # planned again (`_REPLAN_SECONDS`)
-        _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)  # an error: gone already
+        _deallocate(raw, pgconn, name)
         if not _prepare(raw, pgconn, name, query):
             _lost(alias, raw, session)
             return None
@@ -847,7 +847,7 @@ def _run_named(
         return None
     if state == _PLAN_CHANGED and _failed_in(results, _PLAN_CHECK):
         del session.named[name]  # first: prepared again at its next runs, with the new types
-        _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)
+        _deallocate(raw, pgconn, name)
         return None
     named.runs += 1
     session.quick_losses = 0
@@ -863,7 +863,7 @@ def _drop_least_run(raw: Any, pgconn: Any, session: _Session, now: float) -> boo
         return False
     least = min(old, key=operator.attrgetter("runs"))
     name = _statement_name(least.query)
-    _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)  # an error: gone already
+    _deallocate(raw, pgconn, name)
     del session.named[name]
     return True
 
@@ -879,7 +879,7 @@ def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
         if state is None:
             return True
         if state == _DUPLICATE and attempt == 1:
-            _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)  # an error: a pooler
+            _deallocate(raw, pgconn, name)  # an error: a pooler
             continue
         if state not in (_DUPLICATE, _UNDEFINED):
             for result in results:
@@ -889,20 +889,29 @@ def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
     return False
 
 
-def _failed_in(results: list[Any], function: bytes) -> bool:
-    """Whether the first failed result's error was raised in the server's `function`."""
+def _deallocate(raw: Any, pgconn: Any, name: bytes) -> None:
+    """DEALLOCATE `name` on the session; an error (gone already) changes nothing."""
+    _exchange(raw, pgconn.send_query, b"DEALLOCATE " + name)
+
+
+def _first_failure(results: list[Any]) -> Any:
+    """The first failed result, None if none failed."""
     for result in results:
         if result.status == pq.ExecStatus.FATAL_ERROR:
-            return result.error_field(pq.DiagnosticField.SOURCE_FUNCTION) == function
-    return False
+            return result
+    return None
+
+
+def _failed_in(results: list[Any], function: bytes) -> bool:
+    """Whether the first failed result's error was raised in the server's `function`."""
+    failed = _first_failure(results)
+    return failed is not None and failed.error_field(pq.DiagnosticField.SOURCE_FUNCTION) == function
 
 
 def _sqlstate(results: list[Any]) -> bytes | None:
     """The SQLSTATE of the first failed result, None if none failed."""
-    for result in results:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            return result.error_field(pq.DiagnosticField.SQLSTATE) or b""
-    return None
+    failed = _first_failure(results)
+    return None if failed is None else (failed.error_field(pq.DiagnosticField.SQLSTATE) or b"")
 
 
 def _lost(alias: str, raw: Any, session: _Session, quick: bool = False) -> None:
