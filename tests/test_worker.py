@@ -612,6 +612,43 @@ def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
     assert (expiring.state, expiring.expirations) == (JobState.PENDING, 1)
 
 
+def test_the_helpers_start_once_the_first_claim_returns_or_after_their_head_start():
+    """At start-up the housekeeper, the scheduler and the listener wait for the first
+    claim to return (their connections and first statements took the machine's time
+    while it waited), at most HELPERS_HEAD_START_SECONDS. Here the job table is locked,
+    so the first claim waits: no helper has started half a second in, the listener
+    listens once the head start is over, and the job runs once the lock is gone."""
+    from django_skipqueue.runtime.worker import HELPERS_HEAD_START_SECONDS
+
+    def listening() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+            )
+            return cursor.fetchone()[0] > 0
+
+    job = tasks.add.enqueue(1, 2)
+    other = connection.get_new_connection(connection.get_connection_params())
+    other.execute("BEGIN")
+    other.execute("LOCK TABLE skipqueue_job IN ACCESS EXCLUSIVE MODE")
+    worker = Worker(concurrency=1, poll_interval=0.05)
+    started = time.monotonic()
+    thread = run_in_thread(worker)
+    try:
+        time.sleep(HELPERS_HEAD_START_SECONDS / 2)
+        assert not listening()
+        wait_until(listening, timeout=10, message="the listener never started")
+        listened_after = time.monotonic() - started
+        other.execute("COMMIT")
+        wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
+    finally:
+        other.close()
+        worker.stop()
+        thread.join(timeout=30)
+    assert HELPERS_HEAD_START_SECONDS * 0.9 < listened_after < HELPERS_HEAD_START_SECONDS + 5
+
+
 def test_a_transaction_a_success_receiver_leaves_open_never_holds_later_acks():
     from django_skipqueue import signals
 
