@@ -271,6 +271,35 @@ def test_runworker_runs_the_system_checks_but_those_about_other_commands():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_runworker_on_another_thread_runs_every_system_check():
+    """The checks tagged `commands` are hidden from the process's one registry on the
+    main thread only: runworker's checks on another thread run them all, so that no
+    check run meanwhile by the main thread misses them (an outside trial)."""
+    from django.core import checks
+    from django.core.checks.registry import registry as checks_registry
+
+    ran = []
+
+    def about_commands(app_configs, **kwargs):
+        ran.append(threading.current_thread().name)
+        return []
+
+    checks.register(about_commands, "commands")
+    try:
+        worker = threading.Thread(
+            target=call_command,
+            args=("runworker", "--burst", "--no-listen"),
+            kwargs={"skip_checks": False},
+            name="not-main",
+        )
+        worker.start()
+        worker.join(timeout=60)
+    finally:
+        checks_registry.registered_checks.discard(about_commands)
+    assert ran == ["not-main"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_workers_start_up_imports_neither_the_migrate_commands_nor_the_migration_loader():
     """Before its first job a worker reads django_migrations with one statement, not
     through MigrationRecorder, and skips the check that imports `migrate` and

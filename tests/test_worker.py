@@ -620,14 +620,6 @@ def test_the_helpers_start_once_the_first_claim_returns_or_after_their_head_star
     listens once the head start is over, and the job runs once the lock is gone."""
     from django_skipqueue.runtime.worker import HELPERS_HEAD_START_SECONDS
 
-    def listening() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
-            )
-            return cursor.fetchone()[0] > 0
-
     job = tasks.add.enqueue(1, 2)
     other = connection.get_new_connection(connection.get_connection_params())
     other.execute("BEGIN")
@@ -637,8 +629,8 @@ def test_the_helpers_start_once_the_first_claim_returns_or_after_their_head_star
     thread = run_in_thread(worker)
     try:
         time.sleep(HELPERS_HEAD_START_SECONDS / 2)
-        assert not listening()
-        wait_until(listening, timeout=10, message="the listener never started")
+        assert not _listening()
+        wait_until(_listening, timeout=10, message="the listener never started")
         listened_after = time.monotonic() - started
         other.execute("COMMIT")
         wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=10)
@@ -647,6 +639,44 @@ def test_the_helpers_start_once_the_first_claim_returns_or_after_their_head_star
         worker.stop()
         thread.join(timeout=30)
     assert HELPERS_HEAD_START_SECONDS * 0.9 < listened_after < HELPERS_HEAD_START_SECONDS + 5
+
+
+def test_a_stop_before_the_first_claim_returned_starts_no_listener():
+    """A stop that comes while the first claim waits (here for a lock on the job table):
+    once the head start is over, the listener and the scheduler do not start their work
+    for a worker that claims no more (an outside trial saw the listener LISTEN and send
+    its self-test after "worker stopping"); the housekeeper does, for the leases of what
+    the claim returns."""
+    from django_skipqueue.runtime.worker import HELPERS_HEAD_START_SECONDS
+
+    tasks.add.enqueue(1, 2)
+    other = connection.get_new_connection(connection.get_connection_params())
+    other.execute("BEGIN")
+    other.execute("LOCK TABLE skipqueue_job IN ACCESS EXCLUSIVE MODE")
+    worker = Worker(concurrency=1, poll_interval=0.05)
+    thread = run_in_thread(worker)
+    try:
+        time.sleep(HELPERS_HEAD_START_SECONDS / 4)
+        worker.stop()
+        time.sleep(HELPERS_HEAD_START_SECONDS * 1.5)
+        assert not _listening()
+        helpers = {t.name for t in worker.threads.group("helpers") if t.is_alive()}
+        assert helpers == {"skipqueue-housekeeper"}
+    finally:
+        other.execute("COMMIT")
+        other.close()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def _listening() -> bool:
+    """Whether a session of this database listens (its last statement was a LISTEN)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+        )
+        return cursor.fetchone()[0] > 0
 
 
 def test_a_transaction_a_success_receiver_leaves_open_never_holds_later_acks():

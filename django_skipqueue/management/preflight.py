@@ -73,7 +73,9 @@ def _all_applied(alias: str) -> bool:
     """Whether every migration module of ours is recorded as applied: one small query,
     without importing the migrations of every installed app as MigrationLoader does
     (measured: a tenth of a worker's start-up in a small project). False sends the
-    caller to MigrationLoader, which also knows squashed migrations.
+    caller to MigrationLoader, which also knows squashed migrations. Names are counted
+    once each: django_migrations has no unique key, and a row recorded twice (two
+    `migrate` runs at once) hid a missing one from a count of rows (an outside trial).
 
     Raw SQL on Django's own table (its name is fixed in `MigrationRecorder`): the ORM's
     way, `MigrationRecorder`, imports `django.db.migrations` and its operations, 3-5 ms
@@ -83,7 +85,8 @@ def _all_applied(alias: str) -> bool:
     try:
         with connections[alias].cursor() as cursor:
             cursor.execute(
-                "SELECT COUNT(*) FROM django_migrations WHERE app = %s AND name = ANY(%s)",
+                "SELECT COUNT(DISTINCT name) FROM django_migrations "
+                "WHERE app = %s AND name = ANY(%s)",
                 [Job._meta.app_label, ours],
             )
             (applied,) = cursor.fetchone()

@@ -760,7 +760,9 @@ class Worker:
             self._spawn_executor()
         self.housekeeper.process = self.process
         self.waiting.worker_id = self.process.id if self.process is not None else None
-        self._start_helper("skipqueue-housekeeper", self.housekeeper.run)
+        # The housekeeper runs even once a stop came: it renews the leases of the jobs
+        # that finish within the grace period.
+        self._start_helper("skipqueue-housekeeper", self.housekeeper.run, when_stopping=True)
         if self.syncs_schedules:
             scheduler = Scheduler(
                 schedules=self.schedules, database=self.database, halted=self._halted
@@ -780,11 +782,20 @@ class Worker:
             self._start_helper("skipqueue-listener", notifier.run)
             self._notifier = notifier
 
-    def _start_helper(self, name: str, run: Callable[[], None]) -> None:
-        def after_first_claim() -> None:  # at once when restarted, or at shutdown
+    def _start_helper(
+        self, name: str, run: Callable[[], None], *, when_stopping: bool = False
+    ) -> None:
+        """Start a helper's thread, which runs `run` once the first claim has returned
+        (at once when restarted). One that is not needed `when_stopping` does not start
+        its work after a stop came (a signal during the start-up): the listener would
+        open a connection and LISTEN for a worker that claims no more (an outside
+        trial, 3 of 11 signals around the first claim)."""
+
+        def after_first_claim() -> None:
             self._first_claim.wait(HELPERS_HEAD_START_SECONDS)
-            if not self._halted.is_set():
-                run()
+            if self._halted.is_set() or (self._stopping.is_set() and not when_stopping):
+                return
+            run()
 
         self.threads.start("helpers", name, after_first_claim)
 

@@ -60,7 +60,15 @@ class Command(BaseCommand):
         `commands` only: they are about other commands (Django's own checks that
         `migrate` and `makemigrations` use one autodetector, and imports both commands to
         do so, 6.6 ms of a worker's start-up of about 300), and `migrate` runs them
-        itself. Every other check, yours untagged included, still stops the worker."""
+        itself. Every other check, yours untagged included, still stops the worker.
+
+        Only on the main thread (the command line's start-up): the registry is the
+        process's, and a check run by another thread meanwhile would miss them too (an
+        outside trial: `call_command('runworker', skip_checks=False)` on a thread hid
+        them from the main thread's `run_checks`)."""
+        if threading.current_thread() is not threading.main_thread():
+            super().check(*args, **kwargs)
+            return
         with _checks_hidden(tagged="commands"):  # Tags.commands, from Django 5.2
             super().check(*args, **kwargs)
 
@@ -401,8 +409,8 @@ class Command(BaseCommand):
 @contextlib.contextmanager
 def _checks_hidden(tagged: str) -> Iterator[None]:
     """Django's check registry without the checks whose only tag is `tagged`, for the
-    time of the block (a command's start-up, on its main thread: nothing else reads
-    the registry meanwhile)."""
+    time of the block (the command line's start-up, on the main thread, before this
+    process starts a thread of its own)."""
     hidden = {
         check
         for check in checks_registry.registered_checks
