@@ -338,7 +338,7 @@ class Worker:
                         break
                     claimed = self._claim(free)
             except DatabaseError as error:
-                self._first_claim.set()
+                self._first_claim.set()  # the helpers start now, not after the back-off
                 # Passing (the connection, a read-only or restarting server) or not (the
                 # claim already isolated bad rows; what is left is logged): back off.
                 delay = backoff.next()
@@ -349,7 +349,8 @@ class Worker:
                 discard_connection(self.database)
                 self._stopping.wait(delay)
                 continue
-            self._first_claim.set()
+            if not self._first_claim.is_set():  # once (Event.set takes a lock each time)
+                self._first_claim.set()  # the helpers start now (`_start_helper`)
             backoff.reset()
             linger = self.waiting.after_claim(len(claimed))
             if len(claimed) == free:

@@ -66,10 +66,9 @@ class Command(BaseCommand):
         process's, and a check run by another thread meanwhile would miss them too (an
         outside trial: `call_command('runworker', skip_checks=False)` on a thread hid
         them from the main thread's `run_checks`)."""
-        if threading.current_thread() is not threading.main_thread():
-            super().check(*args, **kwargs)
-            return
-        with _checks_hidden(tagged="commands"):  # Tags.commands, from Django 5.2
+        on_main = threading.current_thread() is threading.main_thread()
+        # Tags.commands, from Django 5.2
+        with _checks_hidden(tagged="commands") if on_main else contextlib.nullcontext():
             super().check(*args, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
