@@ -342,6 +342,25 @@ def test_enqueue_many_writes_nothing_when_one_call_is_bad():
     assert not Job.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ids_only", [False, True])
+def test_enqueue_many_names_a_call_that_is_not_an_args_kwargs_pair(ids_only):
+    """`[(1, 2)]` for add(1, 2) raised "object of type 'int' has no len()", and
+    `[("ab", {})]` enqueued add("a", "b"): each is refused by its index and shape,
+    nothing of the call is written, and the caller's transaction goes on."""
+    good = ((1, 2), {})
+    for bad in [(1, 2), ("ab", {}), ((1, 2), None), ((1,), {"b": 2}, 3), None, ()]:
+        with transaction.atomic():
+            with pytest.raises(InvalidJobError) as raised:
+                tasks.add.enqueue_many([good, good, bad], ids_only=ids_only, batch_size=2)
+            assert "call 2 is" in str(raised.value)
+            assert "each call is a pair (args, kwargs)" in str(raised.value)
+            tasks.add.enqueue(3, 4)  # the transaction is usable
+            transaction.set_rollback(True)
+    assert not Job.objects.exists()
+    assert len(tasks.add.enqueue_many([good, [[5], {"b": 6}]], ids_only=ids_only)) == 2
+
+
 @pytest.mark.django_db
 def test_enqueue_many_honours_run_after_from_the_database_clock():
     tasks.add.using(run_after=timedelta(minutes=5)).enqueue_many([((1, 2), {})])

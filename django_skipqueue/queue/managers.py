@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import reprlib
 import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -419,6 +420,26 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(
             _state_is(JobState.RUNNING), id=job_id, attempts=attempt, leased_until__gt=Now()
         )
+
+
+def _call_pair(task: str, call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    """One call of `enqueue_many`, `(args, kwargs)`, checked for its shape: `[(1, 2)]`
+    for `add(1, 2)` raised "object of type 'int' has no len()", and `[("ab", {})]`
+    enqueued add("a", "b")."""
+    if isinstance(call, (tuple, list)) and len(call) == 2:
+        args, kwargs = call
+        if (
+            isinstance(args, Sequence)
+            and not isinstance(args, (str, bytes, bytearray))
+            and isinstance(kwargs, Mapping)
+        ):
+            return args, kwargs
+    shown = reprlib.repr(call)
+    raise InvalidJobError(
+        f"enqueue_many of {task}: call {index} is {shown}; each call is a pair (args, "
+        f"kwargs), a list or tuple of positional arguments and a dict of keyword ones: "
+        f"((1, 2), {{}}) for task(1, 2), ((), {{'b': 2}}) for task(b=2)"
+    )
 
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
@@ -1007,7 +1028,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if ids_only:
             ids: list[int] = []
             for some in _batches(iter(calls), batch_size):
-                inserted = self._insert(task, self._checked(task, some))[0]
+                inserted = self._insert(task, self._checked(task, some, first=len(ids)))[0]
                 ids.extend(inserted)
             return ids
         checked = self._checked(task, list(calls))
@@ -1059,8 +1080,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         conflict, so the caller's transaction is never aborted by one.
         """
         ids: list[int] = []
+        first = 0  # the index of the batch's first call, for errors
         for some in _batches(iter(calls), batch_size):
-            checked = self._checked(task, some)
+            checked = self._checked(task, some, first=first)
+            first += len(some)
             keys = [task.key_for(args, kwargs) for args, kwargs, _, _ in checked]
             # One call per key, as if the batch's calls were made one after another: the
             # first for "existing", the last for "replace", and "raise" on a repeat.
@@ -1236,9 +1259,14 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return int(cursor.fetchone()[0])
 
     def _checked(
-        self, task: JobSpec, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]
+        self,
+        task: JobSpec,
+        calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        first: int = 0,
     ) -> list[Checked]:
-        """Each call bound to the task's signature and encoded, then the volume guards."""
+        """Each call bound to the task's signature and encoded, then the volume guards.
+        `first`: the index of the first of `calls` among the caller's, for errors."""
         settings = get_settings()
         limit = settings.MAX_PAYLOAD_BYTES
         keyed = task.unique_key is not None or task.keyed
@@ -1249,7 +1277,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 f"limit on a queue of the job table, or without them"
             )
         checked = []
-        for args, kwargs in calls:
+        for call in calls:
+            args, kwargs = _call_pair(task.name, call, first + len(checked))
             task.check_call(args, kwargs)
             checked.append(encode_arguments(args, kwargs, limit=limit))
         self._check_room(task, len(checked), settings)
