@@ -428,6 +428,8 @@ def _call_pair(task: str, call: Any, index: int) -> tuple[Sequence[Any], Mapping
     enqueued add("a", "b")."""
     if isinstance(call, (tuple, list)) and len(call) == 2:
         args, kwargs = call
+        if type(kwargs) is dict and type(args) in (tuple, list):
+            return args, kwargs  # the usual shape, without the ABCs' checks (bulk speed)
         if (
             isinstance(args, Sequence)
             and not isinstance(args, (str, bytes, bytearray))
