@@ -808,3 +808,18 @@ def test_what_a_job_succeeded_receiver_leaves_open_never_wedges_the_dispatcher(h
     assert Job.objects.filter(id__in=[job.id for job in jobs], state="done").count() == 5
     assert Run.objects.filter(job_id=-1).count() == 0
     assert "left by a signal receiver" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_that_finds_nothing_never_listens(caplog):
+    """The first claim of an empty queue started the helpers, and the burst stop came a
+    moment later, while the listener connected: it then LISTENed and sent its self-test
+    on a new connection for a worker already stopping (seen at the end of burst drains
+    of the peer benchmark, one child in two). The stop now comes before the helpers
+    start, and no LISTEN starts once it has come (`Notifier.stopping`)."""
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
+    for _ in range(8):
+        Worker(concurrency=2, burst=True).run()
+    said = [record.getMessage() for record in caplog.records]
+    assert sum(line.startswith("worker stopped") for line in said) == 8
+    assert not [line for line in said if line.startswith("worker listening")]

@@ -48,8 +48,13 @@ class Notifier:
         on_control: Callable[[], None] | None = None,
         on_listening: Callable[[bool], None] | None = None,
         on_keyed: Callable[[], None] | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.database = database
+        # The worker's stop: once it is set, no LISTEN is started (a burst worker that
+        # found nothing to claim stopped while its listener connected, and then LISTENed
+        # and sent its self-test for nobody, on a new connection, before it could exit).
+        self.stopping = stopping
         self.on_control = on_control  # a queue was paused or resumed (flow.FlowView)
         self.on_listening = on_listening  # LISTEN works now, or stopped working
         self.on_keyed = on_keyed  # jobs with a concurrency key were enqueued
@@ -86,9 +91,13 @@ class Notifier:
         backoff = Backoff()
         while not self.halted.is_set():
             raw = None
+            if self._stopped():
+                return
             try:
                 wrapper = connections[self.database]
                 raw = wrapper.get_new_connection(wrapper.get_connection_params())
+                if self._stopped():
+                    return  # the connection is closed below
                 raw.autocommit = True
                 sql.listen(raw, self.queues)
                 sql.listen_control(raw)
@@ -133,6 +142,9 @@ class Notifier:
                         raw.close()
                     except Exception:  # noqa: BLE001, S110  (already broken)
                         pass
+
+    def _stopped(self) -> bool:
+        return self.stopping is not None and self.stopping.is_set()
 
     @staticmethod
     def _readable(selector: selectors.BaseSelector, bell: socket.socket) -> bool:

@@ -349,15 +349,17 @@ class Worker:
                 discard_connection(self.database)
                 self._stopping.wait(delay)
                 continue
-            if not self._first_claim.is_set():  # once (Event.set takes a lock each time)
-                self._first_claim.set()  # the helpers start now (`_start_helper`)
             backoff.reset()
             linger = self.waiting.after_claim(len(claimed))
+            done = not claimed and self.burst and self.in_flight == 0
+            if done:  # before the helpers start: the listener then does not LISTEN
+                self.stop("burst: no due job left")
+            if not self._first_claim.is_set():  # once (Event.set takes a lock each time)
+                self._first_claim.set()  # the helpers start now (`_start_helper`)
+            if done:
+                break
             if len(claimed) == free:
                 continue  # there may be more: claim again once a thread is free
-            if not claimed and self.burst and self.in_flight == 0:
-                self.stop("burst: no due job left")
-                break
             if linger == 0.0:
                 continue  # waiting from now: claim once more before sleeping (waiting.py)
             if self._wake.is_set():
@@ -779,6 +781,7 @@ class Worker:
                 on_control=self.flow.changed,
                 on_listening=self._listening,
                 on_keyed=self.flow.keyed_arrived,
+                stopping=self._stopping,
             )
             self._start_helper("skipqueue-listener", notifier.run)
             self._notifier = notifier
