@@ -1278,7 +1278,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 f"concurrency key and no rate limit: enqueue {task.name} with its key or "
                 f"limit on a queue of the job table, or without them"
             )
-        checked = []
+        checked: list[Checked] = []
         for call in calls:
             args, kwargs = _call_pair(task.name, call, first + len(checked))
             task.check_call(args, kwargs)
