@@ -164,8 +164,14 @@ def test_closing_the_buffer_ends_each_thread_after_the_jobs_before_it():
 def test_claim_size_adapts_the_prefetch_to_the_jobs_run_time():
     sizing = ClaimSize(concurrency=4, fixed=None)
     assert sizing.prefetch() == 0  # nothing known yet
-    sizing.observe(0.001)  # 1 ms jobs: 50 ms of work a thread, at most 16 a thread
-    assert sizing.prefetch() == 64
+    sizing.observe(0.001)  # 1 ms jobs: 50 ms of work a thread
+    assert sizing.prefetch() == 200
+    for _ in range(200):
+        sizing.observe(0.00001)  # no-op jobs: at most 64 a thread
+    assert sizing.prefetch() == 256
+    many = ClaimSize(concurrency=32, fixed=None)
+    many.observe(0.00001)
+    assert many.prefetch() == 1024  # and at most 1024 in all
     for _ in range(200):
         sizing.observe(2.0)
     assert sizing.prefetch() == 0  # long jobs stay in the table

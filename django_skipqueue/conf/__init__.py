@@ -143,8 +143,9 @@ class SkipQueueSettings:
     #: Worker: LISTEN for new jobs (needs a direct connection, not a transaction pooler).
     LISTEN: bool = True
     #: Worker: jobs claimed ahead of free threads, so claims and acks come in batches.
-    #: None: adapt it to the jobs' run time (about 50 ms of work per thread, at most 16
-    #: per thread; none for jobs of a second or more). 0: never claim ahead.
+    #: None: adapt it to the jobs' run time (about 50 ms of work per thread, at most 64
+    #: per thread and 1,024 in all; none for jobs of a second or more). 0: never claim
+    #: ahead.
     PREFETCH: int | None = None
     #: Worker: how often the built-in housekeeper reaps expired leases (0 turns it off).
     REAP_INTERVAL_SECONDS: float = 10.0

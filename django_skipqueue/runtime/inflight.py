@@ -379,13 +379,24 @@ class ClaimSize:
 
     The prefetch is fixed if PREFETCH (or --prefetch) says so. Otherwise it is enough to
     keep every thread busy for about WINDOW_SECONDS at the jobs' mean run time, at most
-    PER_THREAD_MAX per thread: many for jobs of milliseconds (claims and acks then come
-    in large batches), none for jobs of a second or more (they stay in the table, where
-    an idle worker elsewhere can take them), and none until the first jobs have run.
+    PER_THREAD_MAX per thread and MAX in all: many for jobs of milliseconds (claims and
+    acks then come in large batches), none for jobs of a second or more (they stay in
+    the table, where an idle worker elsewhere can take them), and none until the first
+    jobs have run.
+
+    The caps bind only for jobs shorter than a few milliseconds, where the window alone
+    would hold thousands. At 16 a thread, `--processes 2 --concurrency 4` on 2 cores
+    claimed and acknowledged 68 no-op jobs a statement, and the machine stood idle 17-18 %
+    of a drain: each process waited for its ack's and its claim's commits while its
+    threads had nothing left to run. At 64 a thread, 20,900 jobs a second against
+    16,800-18,600, and 82 us of the machine's CPU a job against 87-96 (`--prefetch 256`
+    for the same jobs, medians of three and five alternated drains of 100,000;
+    benchmarks/RESULTS.md, twentieth pass). 512 gained nothing more.
     """
 
     WINDOW_SECONDS = 0.05
-    PER_THREAD_MAX = 16
+    PER_THREAD_MAX = 64
+    MAX = 1024
 
     def __init__(self, *, concurrency: int, fixed: int | None) -> None:
         if fixed is not None and fixed < 0:
@@ -404,7 +415,7 @@ class ClaimSize:
         if self.mean_duration is None:
             return 0
         ahead = self.concurrency * self.WINDOW_SECONDS / max(self.mean_duration, 1e-6)
-        return int(min(ahead, self.concurrency * self.PER_THREAD_MAX))
+        return int(min(ahead, self.concurrency * self.PER_THREAD_MAX, self.MAX))
 
     def free(self, *, held: int, idle_thread: bool) -> int:
         """Jobs to claim now, with `held` buffered or running. Claims wait until half the
