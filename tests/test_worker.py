@@ -86,6 +86,40 @@ def test_on_stop_prefetched_jobs_go_back_at_once_and_the_running_one_finishes():
     assert worker.stats.released_on_shutdown == 2
 
 
+def test_on_stop_prefetched_jobs_are_released_before_the_grace_period_not_reaped(caplog):
+    """Jobs claimed ahead were released only after the grace period: they stayed
+    `running` meanwhile, and their leases, no longer renewed, ran out. With a short
+    lease and one attempt, this worker's own housekeeper reaped them and they failed
+    without ever running (an outside trial: 50 of 50). They are released at stop, while
+    the running job still has its grace period, with one log line for all."""
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
+    tasks.record.enqueue(sleep=2.5)
+    waiting = [
+        job.id
+        for job in tasks.add.using(lease=1.0, max_attempts=1).enqueue_many([((1, 2), {})] * 5)
+    ]
+    worker = Worker(concurrency=1, prefetch=5, grace=10, listen=False, reap_interval=0.2)
+    thread = run_in_thread(worker)
+    try:
+        wait_until(lambda: Run.objects.exists(), timeout=10, message="the long job did not start")
+        held = Job.objects.filter(id__in=waiting, state=JobState.RUNNING)
+        wait_until(lambda: held.count() == 5, timeout=10, message="not claimed ahead")
+        worker.stop()
+        pending = Job.objects.filter(id__in=waiting, state=JobState.PENDING)
+        wait_until(lambda: pending.count() == 5, timeout=1.0, message="not released at once")
+        assert Job.objects.filter(state=JobState.RUNNING).count() == 1  # in its grace period
+        time.sleep(2.0)  # past the released jobs' 1 s leases, the long job still running
+        assert pending.count() == 5
+    finally:
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert worker.stats.released_on_shutdown == 5
+    assert Job.objects.filter(state=JobState.DONE).count() == 1
+    assert not Job.objects.filter(expirations__gt=0).exists()
+    said = [r.getMessage() for r in caplog.records if "released on shutdown" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("jobs released on shutdown count=5 ids=")
+
+
 def test_a_job_limit_runs_the_prefetched_jobs_instead_of_releasing_them():
     tasks.record.enqueue_many([((), {"sleep": 0.1})] * 6)
     worker = Worker(concurrency=1, prefetch=2, max_jobs=3, listen=False, reap_interval=0)

@@ -284,7 +284,7 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
     lost their lease, or the database did not answer (then the reaper takes them back).
     """
     jobs = _job_manager(database)
-    released = 0
+    released = []
     for job, attempt in attempts:
         try:
             if not jobs.release(job.id, attempt):
@@ -292,11 +292,13 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
         except DatabaseError as error:
             logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
             continue
-        released += 1
-        logger.warning(
-            "job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt
-        )
-    return released
+        released.append(job.id)
+        logger.debug("job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    if released:
+        # One line, not one a job: a stop with a full prefetch buffer wrote hundreds.
+        shown = ",".join(map(str, released[:20])) + (",..." if len(released) > 20 else "")
+        logger.warning("jobs released on shutdown count=%d ids=%s", len(released), shown)
+    return len(released)
 
 
 def record_ack_error(
