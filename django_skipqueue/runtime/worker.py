@@ -819,10 +819,7 @@ class Worker:
         # housekeeper, and failed without ever running on its last attempt (an outside
         # trial: 50 of 50 buffered jobs with a 1 s lease behind a 6 s task).
         if self._release_prefetched:
-            unstarted = self.held.unstarted(self._work.drain())
-            self.stats.released_on_shutdown += release_on_shutdown(
-                [(flight.job, flight.attempt) for flight in unstarted], self.database
-            )
+            self._release(self.held.unstarted(self._work.drain()))
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline:
             self._wake.clear()
@@ -857,8 +854,7 @@ class Worker:
                 flight.job.id,
                 flight.job.task,
             )
-        attempts = [(flight.job, flight.attempt) for flight in flights]
-        self.stats.released_on_shutdown += release_on_shutdown(attempts, self.database)
+        self._release(flights)
         self._end_threads()
         try:
             self.meter.flush(self.database)  # the last seconds' counts
@@ -867,6 +863,11 @@ class Worker:
         self._mark_stopped()  # dead at once, for the admin and the pruner
         connections.close_all()
         logger.info("worker stopped reason=%s %s", self.stop_reason or "-", self.stats.summary())
+
+    def _release(self, flights: list[Flight]) -> None:
+        """Give these attempts back at a stop (executor.release_on_shutdown), counted."""
+        attempts = [(flight.job, flight.attempt) for flight in flights]
+        self.stats.released_on_shutdown += release_on_shutdown(attempts, self.database)
 
     def _mark_stopped(self) -> None:
         """This worker's row says it stopped (a row locked by another session waits at
