@@ -936,3 +936,34 @@ def test_the_claim_takes_exactly_the_rows_and_order_its_queryset_describes(rows,
 
     assert claimed == described
     assert Job.objects.filter(id__in=claimed, state="running", attempts=1).count() == len(claimed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_renew_many_renews_each_held_attempt_in_one_statement_and_only_those():
+    """The housekeeper's batched renewal fences each row as `renewal` does: a stale
+    attempt, a lease already run out, a finished job and a cancel request are left as
+    they are; the others get now + their own lease (clamped), never less."""
+    JobFactory.create_batch(6, lease=timedelta(seconds=2))
+    held, stale, expired, finished, cancelled, extended = Job.objects.claim(
+        queues=["default"], limit=6
+    )
+    set_lease(expired.id, -1)
+    Job.objects.ack(finished.id, finished.attempts)
+    Job.objects.filter(id=cancelled.id).update(cancel_requested_at=Now())
+    assert Job.objects.renew(extended.id, extended.attempts, timedelta(minutes=5))
+    time.sleep(0.5)  # the renewed leases must end later than the claim's did
+    pairs = [(job.id, job.attempts) for job in (held, expired, finished, cancelled, extended)]
+
+    with CaptureQueriesContext(connection) as queries:
+        renewed = Job.objects.renew_many([*pairs, (stale.id, stale.attempts - 1)])
+
+    assert renewed == {held.id, extended.id}
+    assert len(queries) == 1
+    soon = Now() + timedelta(seconds=1.8)
+    assert Job.objects.filter(id=held.id, leased_until__gt=soon).exists()
+    assert Job.objects.filter(id=stale.id, leased_until__lt=soon).exists()
+    assert Job.objects.filter(id=cancelled.id, leased_until__lt=soon).exists()
+    assert Job.objects.filter(id=expired.id, leased_until__lt=Now()).exists()
+    assert Job.objects.filter(id=extended.id, leased_until__gt=Now() + timedelta(minutes=4))
+    assert Job.objects.get(id=finished.id).state == JobState.DONE
+    assert Job.objects.renew_many([]) == set()

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.runtime.worker import Worker
+from tests.conftest import set_lease
 from tests.processes import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Run
@@ -644,6 +645,50 @@ def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
     assert any("skipped: a lock it needs" in record.getMessage() for record in caplog.records)
     expiring.refresh_from_db()  # reaped once the lock was gone
     assert (expiring.state, expiring.expirations) == (JobState.PENDING, 1)
+
+
+def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
+    """300 buffered jobs with 1 s leases: renewed one by one, their renewals fell behind
+    their expiry (an outside trial: `--prefetch 300`, 1,049 duplicate runs of 3,000
+    jobs). One statement renews them all; a lease found lost is still told apart from
+    one whose ack came in during the pass (that one is not reported lost)."""
+    from django_skipqueue.runtime.housekeeper import Housekeeper
+    from django_skipqueue.runtime.inflight import Finished, InFlight
+    from django_skipqueue.runtime.progress import WorkerStats
+
+    tasks.add.using(lease=1.0).enqueue_many([((n, n), {}) for n in range(300)])
+    claimed = Job.objects.claim(queues=["default"], limit=300)
+    held = InFlight()
+    now = time.monotonic()
+    for job in claimed:
+        held.add(job, now=now - 1.0, timeout=None)  # every renewal due
+    lost, acked = claimed[0], claimed[1]
+    set_lease(lost.id, -1)
+    held.queue_ack(Finished(acked, acked.attempts, None, 0.0))  # a success; its ack
+    assert Job.objects.ack(acked.id, acked.attempts)  # commits, not yet answered
+    housekeeper = Housekeeper(
+        database="default",
+        held=held,
+        stats=WorkerStats(),
+        halted=threading.Event(),
+        abandon=lambda flight: None,
+        heartbeat_interval=60,
+        reap_interval=0,
+        prune_workers_after=timedelta(hours=1),
+    )
+    time.sleep(0.5)
+
+    with CaptureQueriesContext(connection) as queries, caplog.at_level(logging.WARNING):
+        housekeeper.renew_due_leases()
+
+    updates = [q for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(updates) == 3  # the batch, then the two it did not renew, one by one
+    assert housekeeper.stats.renewed == 298
+    assert housekeeper.stats.renew_refused == 1
+    soon = Now() + timedelta(seconds=0.8)
+    assert Job.objects.filter(state=JobState.RUNNING, leased_until__gt=soon).count() == 298
+    lost_lines = [r.getMessage() for r in caplog.records if "job lease lost" in r.getMessage()]
+    assert len(lost_lines) == 1 and f"id={lost.id} " in lost_lines[0]
 
 
 def test_the_helpers_start_once_the_first_claim_returns_or_after_their_head_start():

@@ -1397,6 +1397,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         lost, or a cancel was requested (see `renewal`)."""
         return self.renewal(job_id, attempt, lease) is Renewal.RENEWED
 
+    def renew_many(self, held: Sequence[tuple[int, int]]) -> set[int]:
+        """Renew the leases of several held attempts, (job id, attempt) each, by their
+        jobs' own leases, in one statement (`sql.RENEW_MANY`): each row fenced on its own
+        as `renewal` fences it. Returns the ids renewed; an id not returned was lost or
+        has a cancel request, which `renewal` tells apart."""
+        if not held:
+            return set()
+        attempts = {int(job_id): int(attempt) for job_id, attempt in held}
+        params: dict[str, Any] = {
+            "ids": "{" + ",".join(map(str, attempts)) + "}",
+            "attempts": json.dumps({str(i): a for i, a in attempts.items()}),
+            "min_lease": MIN_LEASE,
+            "max_lease": MAX_LEASE,
+        }
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.RENEW_MANY, params)
+            return {row[0] for row in cursor.fetchall()}
+
     def renewal(
         self,
         job_id: int,

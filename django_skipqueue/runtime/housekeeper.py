@@ -49,6 +49,10 @@ logger = logging.getLogger(__name__)
 #: start), and so does one claimed during the back-off after a failed pass.
 MAX_WAIT = 1.0
 
+#: The most leases one renewal statement renews (`JobManager.renew_many`); a pass with
+#: more due sends several.
+RENEW_BATCH = 1000
+
 #: How soon a side write skipped for a lock (SIDE_WRITE_LOCK_SECONDS) is tried again:
 #: the heartbeat and the meter's flush; the prune waits for the next reap.
 SIDE_WRITE_RETRY_SECONDS = 1.0
@@ -154,7 +158,17 @@ class Housekeeper:
         if not self.renew_leases:
             return
         jobs = Job.objects.db_manager(self.database)
-        for flight in self.held.due_renewals(now):
+        due = self.held.due_renewals(now)
+        renewed: set[int] = set()
+        if len(due) > 1:  # one statement for them all (`renew_many`), in chunks
+            for start in range(0, len(due), RENEW_BATCH):
+                chunk = due[start : start + RENEW_BATCH]
+                renewed |= jobs.renew_many([(flight.job.id, flight.attempt) for flight in chunk])
+        for flight in due:
+            if flight.job.id in renewed:
+                self.held.renewed(flight, now=time.monotonic())
+                self.stats.renewed += 1
+                continue
             # A job holding a concurrency slot keeps its lease after a cancel request
             # while its code still runs (H23): the slot is freed when its thread ends.
             keep = self.flow is not None and self.flow.holds_slot(flight.job)
@@ -180,7 +194,8 @@ class Housekeeper:
                         else "its lease is no longer renewed",
                     )
                 continue
-            self.held.renewal_refused(flight)
+            if not self.held.renewal_refused(flight):
+                continue  # its outcome came in meanwhile (an ack's answer): not lost
             self.stats.renew_refused += 1
             logger.warning(
                 "job lease lost id=%s task=%s attempt=%d: renewal refused; its outcome "

@@ -260,10 +260,15 @@ class InFlight:
                     due.append((flight, report))
         return due
 
-    def renewal_refused(self, flight: Flight) -> None:
-        """The fence refused a renewal: this attempt lost the job; never renew it again."""
+    def renewal_refused(self, flight: Flight) -> bool:
+        """The fence refused a renewal: never renew it again. False if the attempt is no
+        longer held, or waits for its ack's answer: the renewal raced its outcome (an
+        ack that committed first refuses it), which is not a lost lease."""
         with self._lock:
             flight.renew_at = NEVER
+            return self._flights.get(flight.job.id) is flight and (
+                flight.job.id not in self._acking
+            )
 
     def timed_out(self, now: float) -> list[Flight]:
         """Running jobs past their task's timeout (not those already finished)."""
