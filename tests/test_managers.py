@@ -967,3 +967,52 @@ def test_renew_many_renews_each_held_attempt_in_one_statement_and_only_those():
     assert Job.objects.filter(id=extended.id, leased_until__gt=Now() + timedelta(minutes=4))
     assert Job.objects.get(id=finished.id).state == JobState.DONE
     assert Job.objects.renew_many([]) == set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release_many_gives_back_each_held_attempt_in_one_statement_and_only_those():
+    """A stop's release of its buffered jobs: pending again and due, no attempt spent
+    (`max_attempts` + 1), counted in `releases`; a stale attempt, a lease run out, a
+    finished job and a cancel request are left to the one-by-one path."""
+    JobFactory.create_batch(5, lease=timedelta(seconds=30), max_attempts=3)
+    held, stale, expired, finished, cancelled = Job.objects.claim(queues=["default"], limit=5)
+    set_lease(expired.id, -1)
+    Job.objects.ack(finished.id, finished.attempts)
+    Job.objects.filter(id=cancelled.id).update(cancel_requested_at=Now())
+    pairs = [(job.id, job.attempts) for job in (held, expired, finished, cancelled)]
+
+    with CaptureQueriesContext(connection) as queries:
+        released = Job.objects.release_many([*pairs, (stale.id, stale.attempts - 1)])
+
+    assert released == {held.id}
+    assert len(queries) == 1
+    held.refresh_from_db()
+    assert (held.state, held.attempts, held.max_attempts, held.releases) == ("pending", 1, 4, 1)
+    assert held.leased_until is None
+    assert Job.objects.due().filter(id=held.id).exists()
+    assert set(Job.objects.filter(releases=0).values_list("state", flat=True)) == {
+        "running",
+        "done",
+    }
+    assert Job.objects.release(cancelled.id, cancelled.attempts)  # one by one: cancelled
+    assert Job.objects.get(id=cancelled.id).state == JobState.CANCELLED
+    assert Job.objects.release_many([]) == set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_releases_its_held_jobs_in_one_statement_and_cancels_the_one_asked_to():
+    from django_skipqueue.runtime.executor import release_on_shutdown
+
+    JobFactory.create_batch(200, lease=timedelta(seconds=30))
+    claimed = Job.objects.claim(queues=["default"], limit=200)
+    asked = claimed[7]
+    Job.objects.filter(id=asked.id).update(cancel_requested_at=Now())
+
+    with CaptureQueriesContext(connection) as queries:
+        released = release_on_shutdown([(job, job.attempts) for job in claimed], "default")
+
+    assert released == 200  # the one asked to stop is given back as cancelled
+    updates = [q for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(updates) <= 3  # the batch; then the one asked to stop: release, end_cancelled
+    assert Job.objects.filter(state=JobState.PENDING, releases=1).count() == 199
+    assert Job.objects.get(id=asked.id).state == JobState.CANCELLED

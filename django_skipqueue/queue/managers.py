@@ -1402,17 +1402,32 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         jobs' own leases, in one statement (`sql.RENEW_MANY`): each row fenced on its own
         as `renewal` fences it. Returns the ids renewed; an id not returned was lost or
         has a cancel request, which `renewal` tells apart."""
+        params = {"min_lease": MIN_LEASE, "max_lease": MAX_LEASE}
+        return self._fenced_many(sql.RENEW_MANY, held, params)
+
+    def release_many(self, held: Sequence[tuple[int, int]]) -> set[int]:
+        """`release` (without a delay) of several held attempts, (job id, attempt) each,
+        in one statement (`sql.RELEASE_MANY`), each row fenced on its own. Returns the
+        ids released; `release` of any other one tells a cancel request (it ends
+        cancelled) from a lost lease."""
+        return self._fenced_many(sql.RELEASE_MANY, held, {})
+
+    def _fenced_many(
+        self, statement: str, held: Sequence[tuple[int, int]], params: dict[str, Any]
+    ) -> set[int]:
+        """Run one of the statements written for many held attempts (`ids`, and
+        `attempts` as one JSON object by id, as `sql.ACK_MANY` takes them); the ids
+        it returns."""
         if not held:
             return set()
         attempts = {int(job_id): int(attempt) for job_id, attempt in held}
-        params: dict[str, Any] = {
+        params = {
+            **params,
             "ids": "{" + ",".join(map(str, attempts)) + "}",
             "attempts": json.dumps({str(i): a for i, a in attempts.items()}),
-            "min_lease": MIN_LEASE,
-            "max_lease": MAX_LEASE,
         }
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.RENEW_MANY, params)
+            cursor.execute(statement, params)
             return {row[0] for row in cursor.fetchall()}
 
     def renewal(

@@ -228,6 +228,22 @@ WHERE job.id = ANY(%(ids)s::bigint[]) AND (job.state || '') = 'running'
 RETURNING job.id
 """
 
+# A worker's release of the jobs it gives back at a graceful stop (`JobManager.release`
+# for many): pending again, due now, without spending an attempt (`max_attempts` + 1,
+# `releases` + 1), each row fenced on its own, written as RENEW_MANY is. A job with a
+# cancel request is left to `release`, which ends it cancelled. One UPDATE a job made a
+# stop with a full prefetch buffer (256 jobs) take 0.1-1 s (an outside trial).
+RELEASE_MANY = """
+UPDATE skipqueue_job AS job
+SET state = 'pending', run_at = statement_timestamp(), leased_until = NULL,
+    max_attempts = job.max_attempts + 1, releases = job.releases + 1
+WHERE job.id = ANY(%(ids)s::bigint[]) AND (job.state || '') = 'running'
+  AND job.attempts = (%(attempts)s::jsonb ->> job.id::text)::integer
+  AND job.leased_until > statement_timestamp()
+  AND job.cancel_requested_at IS NULL
+RETURNING job.id
+"""
+
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.
 ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")

@@ -285,9 +285,18 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
     """
     jobs = _job_manager(database)
     released = []
+    together: set[int] = set()
+    if len(attempts) > 1:  # one statement for them all; the others one by one below
+        try:
+            together = jobs.release_many([(job.id, attempt) for job, attempt in attempts])
+        except DatabaseError as error:
+            if is_transient(error):  # the server is gone: one by one would fail as well
+                logger.warning("jobs not released: %s; the reaper will", error)
+                return 0
+            logger.warning("jobs not released together: %s; trying one by one", error)
     for job, attempt in attempts:
         try:
-            if not jobs.release(job.id, attempt):
+            if job.id not in together and not jobs.release(job.id, attempt):
                 continue
         except DatabaseError as error:
             logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
