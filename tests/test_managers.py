@@ -1016,3 +1016,25 @@ def test_a_stop_releases_its_held_jobs_in_one_statement_and_cancels_the_one_aske
     assert len(updates) <= 3  # the batch; then the one asked to stop: release, end_cancelled
     assert Job.objects.filter(state=JobState.PENDING, releases=1).count() == 199
     assert Job.objects.get(id=asked.id).state == JobState.CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_whose_connection_was_ended_releases_its_jobs_on_a_new_one():
+    """The worker's session was ended (a restart, pg_terminate_backend) before its stop:
+    the release goes through on a new connection instead of leaving every held job to
+    the reaper (an outside trial: 301 jobs left running to expire)."""
+    from django_skipqueue.runtime.executor import release_on_shutdown
+
+    JobFactory.create_batch(30, lease=timedelta(seconds=30))
+    claimed = Job.objects.claim(queues=["default"], limit=30)
+    pid = connection.connection.info.backend_pid
+    other = connection.get_new_connection(connection.get_connection_params())
+    try:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+
+    released = release_on_shutdown([(job, job.attempts) for job in claimed], "default")
+
+    assert released == 30
+    assert Job.objects.filter(state=JobState.PENDING, releases=1).count() == 30

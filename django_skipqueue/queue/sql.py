@@ -214,17 +214,26 @@ RETURNING job.id
 # on its own as `JobManager.renewal`'s UPDATE is (the attempt, running, an unexpired
 # lease, no cancel requested), the lease clamped to MIN_LEASE..MAX_LEASE and never
 # shortened. Renewed one by one, 300 leases of 1 s fell behind their expiry (an outside
-# trial: 1,049 duplicate runs of 3,000 jobs). The ids not returned go through `renewal`,
-# which tells a cancel request from a lost lease. Written as ACK_MANY is (the state
-# hidden from the planner, the attempts read by id from one JSON object), for its reasons.
+# trial: 1,049 duplicate runs of 3,000 jobs). Rows another session has locked are
+# skipped, not waited for: waiting, the statement kept the locks of the rows it had
+# renewed, and the dispatcher's acks of those waited behind it (an outside trial: one
+# row locked for 3 s elsewhere, 421 leases lost); the housekeeper tries those again
+# shortly (`JobManager.holding_many` tells them from lost ones). Written as ACK_MANY is
+# (the state hidden from the planner, the attempts read by id from one JSON object).
 RENEW_MANY = """
+WITH held AS (
+    SELECT job.id FROM skipqueue_job AS job
+    WHERE job.id = ANY(%(ids)s::bigint[]) AND (job.state || '') = 'running'
+      AND job.attempts = (%(attempts)s::jsonb ->> job.id::text)::integer
+      AND job.leased_until > statement_timestamp()
+      AND job.cancel_requested_at IS NULL
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE skipqueue_job AS job
 SET leased_until = GREATEST(job.leased_until, statement_timestamp()
     + LEAST(GREATEST(job.lease, %(min_lease)s::interval), %(max_lease)s::interval))
-WHERE job.id = ANY(%(ids)s::bigint[]) AND (job.state || '') = 'running'
-  AND job.attempts = (%(attempts)s::jsonb ->> job.id::text)::integer
-  AND job.leased_until > statement_timestamp()
-  AND job.cancel_requested_at IS NULL
+FROM held
+WHERE job.id = held.id
 RETURNING job.id
 """
 

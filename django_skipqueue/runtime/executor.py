@@ -26,7 +26,7 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.faults import is_transient
 from django_skipqueue.models import Job, JobState
-from django_skipqueue.queue.connections import discard
+from django_skipqueue.queue.connections import discard, discard_connection
 from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.registry import registry
 
@@ -287,8 +287,17 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
     released = []
     together: set[int] = set()
     if len(attempts) > 1:  # one statement for them all; the others one by one below
+        pairs = [(job.id, attempt) for job, attempt in attempts]
         try:
-            together = jobs.release_many([(job.id, attempt) for job, attempt in attempts])
+            try:
+                together = jobs.release_many(pairs)
+            except DatabaseError as error:
+                if not is_transient(error):
+                    raise
+                # Once more on a new connection: the one it had may have been ended
+                # (a restart, pg_terminate_backend) while the server answers again.
+                discard_connection(database)
+                together = jobs.release_many(pairs)
         except DatabaseError as error:
             if is_transient(error):  # the server is gone: one by one would fail as well
                 logger.warning("jobs not released: %s; the reaper will", error)

@@ -31,7 +31,7 @@ from django_skipqueue.queue.connections import (
     bounded,
     discard_connection,
 )
-from django_skipqueue.queue.managers import Renewal
+from django_skipqueue.queue.managers import JobManager, Renewal
 from django_skipqueue.runtime.inflight import Flight, InFlight
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.tasks.base import PROGRESS_WRITE_SECONDS
@@ -52,6 +52,9 @@ MAX_WAIT = 1.0
 #: The most leases one renewal statement renews (`JobManager.renew_many`); a pass with
 #: more due sends several.
 RENEW_BATCH = 1000
+#: How soon a renewal is tried again whose row another session had locked (the renewal
+#: skips it rather than wait, see `sql.RENEW_MANY`).
+RENEW_AGAIN_SECONDS = 0.05
 
 #: How soon a side write skipped for a lock (SIDE_WRITE_LOCK_SECONDS) is tried again:
 #: the heartbeat and the meter's flush; the prune waits for the next reap.
@@ -159,51 +162,63 @@ class Housekeeper:
             return
         jobs = Job.objects.db_manager(self.database)
         due = self.held.due_renewals(now)
+        if not due:
+            return
+        # One statement renews them all (in chunks), one read sorts out the rest: lost,
+        # asked to stop, or locked by another session (tried again shortly).
         renewed: set[int] = set()
-        if len(due) > 1:  # one statement for them all (`renew_many`), in chunks
-            for start in range(0, len(due), RENEW_BATCH):
-                chunk = due[start : start + RENEW_BATCH]
-                renewed |= jobs.renew_many([(flight.job.id, flight.attempt) for flight in chunk])
+        for start in range(0, len(due), RENEW_BATCH):
+            chunk = due[start : start + RENEW_BATCH]
+            renewed |= jobs.renew_many([(flight.job.id, flight.attempt) for flight in chunk])
+        rest = [flight for flight in due if flight.job.id not in renewed]
+        holding = jobs.holding_many([(flight.job.id, flight.attempt) for flight in rest])
         for flight in due:
             if flight.job.id in renewed:
                 self.held.renewed(flight, now=time.monotonic())
                 self.stats.renewed += 1
-                continue
-            # A job holding a concurrency slot keeps its lease after a cancel request
-            # while its code still runs (H23): the slot is freed when its thread ends.
-            keep = self.flow is not None and self.flow.holds_slot(flight.job)
-            renewal = jobs.renewal(flight.job.id, flight.attempt, keep_if_cancelled=keep)
-            if renewal is Renewal.RENEWED:
-                self.held.renewed(flight, now=time.monotonic())
-                self.stats.renewed += 1
-                continue
-            if renewal is Renewal.CANCEL_REQUESTED:
-                first = not flight.cancel.is_set()
-                self.held.cancel_requested(
-                    flight, keep_renewing_at=time.monotonic() if keep else None
-                )
-                if first:
-                    logger.info(
-                        "job cancel requested id=%s task=%s attempt=%d: told the task; %s",
-                        flight.job.id,
-                        flight.job.task,
-                        flight.attempt,
-                        "its lease is kept while its thread runs (a concurrency limit holds "
-                        "its slot)"
-                        if keep
-                        else "its lease is no longer renewed",
-                    )
-                continue
-            if not self.held.renewal_refused(flight):
-                continue  # its outcome came in meanwhile (an ack's answer): not lost
-            self.stats.renew_refused += 1
-            logger.warning(
-                "job lease lost id=%s task=%s attempt=%d: renewal refused; its outcome "
-                "will be refused too",
+            elif flight.job.id not in holding:
+                self.lease_lost(flight)
+            elif not holding[flight.job.id]:  # locked elsewhere: not renewed, not lost
+                self.held.renew_soon(flight, at=time.monotonic() + RENEW_AGAIN_SECONDS)
+            else:
+                self.cancel_requested(flight, jobs)
+
+    def cancel_requested(self, flight: Flight, jobs: JobManager) -> None:
+        """A renewal found a cancel request: tell the task. A job holding a concurrency
+        slot keeps its lease while its code still runs (H23): the slot is freed when its
+        thread ends; any other is renewed no more."""
+        keep = self.flow is not None and self.flow.holds_slot(flight.job)
+        if keep:
+            renewal = jobs.renewal(flight.job.id, flight.attempt, keep_if_cancelled=True)
+            if renewal is Renewal.LOST:
+                self.lease_lost(flight)
+                return
+        first = not flight.cancel.is_set()
+        self.held.cancel_requested(flight, keep_renewing_at=time.monotonic() if keep else None)
+        if first:
+            logger.info(
+                "job cancel requested id=%s task=%s attempt=%d: told the task; %s",
                 flight.job.id,
                 flight.job.task,
                 flight.attempt,
+                "its lease is kept while its thread runs (a concurrency limit holds its slot)"
+                if keep
+                else "its lease is no longer renewed",
             )
+
+    def lease_lost(self, flight: Flight) -> None:
+        """The fence refused a renewal: never renew this attempt again, and say so,
+        unless its outcome came in meanwhile (an ack that committed first)."""
+        if not self.held.renewal_refused(flight):
+            return
+        self.stats.renew_refused += 1
+        logger.warning(
+            "job lease lost id=%s task=%s attempt=%d: renewal refused; its outcome "
+            "will be refused too",
+            flight.job.id,
+            flight.job.task,
+            flight.attempt,
+        )
 
     def write_progress(self) -> None:
         """Write the progress tasks reported (`context.set_progress`) since the last

@@ -228,6 +228,12 @@ class InFlight:
         with self._lock:
             flight.renew_at = now + flight.lease_seconds / 3
 
+    def renew_soon(self, flight: Flight, *, at: float) -> None:
+        """A renewal that could not be made now (its row locked elsewhere): again at `at`."""
+        with self._lock:
+            flight.renew_at = at
+            self._due_before_the_pass(at)
+
     def cancel_requested(self, flight: Flight, *, keep_renewing_at: float | None = None) -> None:
         """A renewal found a cancel request: tell the task, and renew no more (a task
         that ignores it loses the job when this lease ends); or, for a job holding a
