@@ -647,6 +647,23 @@ def test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal(
     assert (expiring.state, expiring.expirations) == (JobState.PENDING, 1)
 
 
+def bare_housekeeper(held):
+    """A worker's housekeeper over `held`, called by the test itself (no thread)."""
+    from django_skipqueue.runtime.housekeeper import Housekeeper
+    from django_skipqueue.runtime.progress import WorkerStats
+
+    return Housekeeper(
+        database="default",
+        held=held,
+        stats=WorkerStats(),
+        halted=threading.Event(),
+        abandon=lambda flight: None,
+        heartbeat_interval=60,
+        reap_interval=0,
+        prune_workers_after=timedelta(hours=1),
+    )
+
+
 def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
     """300 buffered jobs with 1 s leases: renewed one by one, their renewals fell behind
     their expiry (an outside trial: `--prefetch 300`, 1,049 duplicate runs of 3,000
@@ -654,9 +671,7 @@ def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
     (a frozen worker's 1,000 lost leases took two queries each, and the pass outlasted
     the leases of the jobs claimed meanwhile); a lease found lost is told apart from one
     whose ack came in during the pass (that one is not reported lost)."""
-    from django_skipqueue.runtime.housekeeper import Housekeeper
     from django_skipqueue.runtime.inflight import Finished, InFlight
-    from django_skipqueue.runtime.progress import WorkerStats
 
     tasks.add.using(lease=1.0).enqueue_many([((n, n), {}) for n in range(300)])
     claimed = Job.objects.claim(queues=["default"], limit=300)
@@ -668,16 +683,7 @@ def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
     set_lease(lost.id, -1)
     held.queue_ack(Finished(acked, acked.attempts, None, 0.0))  # a success; its ack
     assert Job.objects.ack(acked.id, acked.attempts)  # commits, not yet answered
-    housekeeper = Housekeeper(
-        database="default",
-        held=held,
-        stats=WorkerStats(),
-        halted=threading.Event(),
-        abandon=lambda flight: None,
-        heartbeat_interval=60,
-        reap_interval=0,
-        prune_workers_after=timedelta(hours=1),
-    )
+    housekeeper = bare_housekeeper(held)
     time.sleep(0.5)
 
     with CaptureQueriesContext(connection) as queries, caplog.at_level(logging.WARNING):
@@ -698,25 +704,15 @@ def test_a_renewal_skips_a_row_locked_elsewhere_and_tries_it_again_without_losin
     kept their rows locked, and the dispatcher's acks of those waited too: an outside
     trial lost 421 leases); the locked one is not reported lost and is renewed once the
     lock is gone."""
-    from django_skipqueue.runtime.housekeeper import RENEW_AGAIN_SECONDS, Housekeeper
+    from django_skipqueue.runtime.housekeeper import RENEW_AGAIN_SECONDS
     from django_skipqueue.runtime.inflight import InFlight
-    from django_skipqueue.runtime.progress import WorkerStats
 
     tasks.add.using(lease=2.0).enqueue_many([((n, n), {}) for n in range(20)])
     claimed = Job.objects.claim(queues=["default"], limit=20)
     held = InFlight()
     for job in claimed:
         held.add(job, now=time.monotonic() - 1.0, timeout=None)
-    housekeeper = Housekeeper(
-        database="default",
-        held=held,
-        stats=WorkerStats(),
-        halted=threading.Event(),
-        abandon=lambda flight: None,
-        heartbeat_interval=60,
-        reap_interval=0,
-        prune_workers_after=timedelta(hours=1),
-    )
+    housekeeper = bare_housekeeper(held)
     locked = claimed[3]
     other = connection.get_new_connection(connection.get_connection_params())
     try:
