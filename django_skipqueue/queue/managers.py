@@ -1400,8 +1400,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def renew_many(self, held: Sequence[tuple[int, int]]) -> set[int]:
         """Renew the leases of several held attempts, (job id, attempt) each, by their
         jobs' own leases, in one statement (`sql.RENEW_MANY`): each row fenced on its own
-        as `renewal` fences it. Returns the ids renewed; an id not returned was lost or
-        has a cancel request, which `renewal` tells apart."""
+        as `renewal` fences it. Returns the ids renewed; an id not returned was lost, has
+        a cancel request or was locked by another session (`holding_many` tells which)."""
         params = {"min_lease": MIN_LEASE, "max_lease": MAX_LEASE}
         return self._fenced_many(sql.RENEW_MANY, held, params)
 
@@ -1438,12 +1438,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         it returns."""
         if not held:
             return set()
-        attempts = {int(job_id): int(attempt) for job_id, attempt in held}
-        params = {
-            **params,
-            "ids": "{" + ",".join(map(str, attempts)) + "}",
-            "attempts": json.dumps({str(i): a for i, a in attempts.items()}),
-        }
+        fence = _ack_parameters(
+            [(job_id, attempt, None) for job_id, attempt in held], [None] * len(held)
+        )
+        del fence["results"]  # the ids and attempts only, encoded as the ack's
+        params = {**params, **fence}
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
             return {row[0] for row in cursor.fetchall()}
