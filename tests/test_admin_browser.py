@@ -97,6 +97,16 @@ def log_in(page, server_url: str) -> None:
     page.fill("#id_username", "ops")
     page.fill("#id_password", "correct-horse")
     page.click("input[type=submit]")
+    # click() waits for the navigation to start, not to end: a goto() right after it
+    # could cancel the login's POST. The user tools show once logged in.
+    page.locator("#user-tools").wait_for(state="visible", timeout=10_000)
+
+
+def expect(locator):
+    """playwright's retrying assertions (imported here: the module loads without it)."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
 
 
 def in_view(locator) -> bool:
@@ -161,10 +171,15 @@ def test_an_operator_requeues_a_stuck_job_from_its_page_and_reaches_the_overview
     assert page.locator("#result_list tbody tr").count() == 1
     page.click(f"#result_list tbody tr a:text-is('{stuck.id}')")
     banner = page.locator(".skipqueue-stuck-banner")
-    assert "Stuck: its lease expired 5 min ago" in banner.inner_text() and in_view(banner)
+    # expect() retries until the new page holds the text; inner_text() reads once, and
+    # can read a page still loading (CI saw an empty message list that way).
+    expect(banner).to_contain_text("Stuck: its lease expired 5 min ago", timeout=10_000)
+    assert in_view(banner)
     page.screenshot(path=str(ARTIFACTS / "admin-stuck-job-1280.png"))
     page.click("button[name=requeue]")
-    assert f"Job {stuck.id} requeued." in page.locator("ul.messagelist").inner_text()
+    expect(page.locator("ul.messagelist")).to_contain_text(
+        f"Job {stuck.id} requeued.", timeout=10_000
+    )
     stuck.refresh_from_db()
     assert (stuck.state, stuck.expirations) == (JobState.PENDING, 1)
     assert page.locator(".skipqueue-stuck-banner").count() == 0
