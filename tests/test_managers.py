@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -1000,9 +1001,10 @@ def test_release_many_gives_back_each_held_attempt_in_one_statement_and_only_tho
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_stop_releases_its_held_jobs_in_one_statement_and_cancels_the_one_asked_to():
+def test_a_stop_releases_its_held_jobs_in_one_statement_and_cancels_the_one_asked_to(caplog):
     from django_skipqueue.runtime.executor import release_on_shutdown
 
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
     JobFactory.create_batch(200, lease=timedelta(seconds=30))
     claimed = Job.objects.claim(queues=["default"], limit=200)
     asked = claimed[7]
@@ -1011,11 +1013,18 @@ def test_a_stop_releases_its_held_jobs_in_one_statement_and_cancels_the_one_aske
     with CaptureQueriesContext(connection) as queries:
         released = release_on_shutdown([(job, job.attempts) for job in claimed], "default")
 
-    assert released == 200  # the one asked to stop is given back as cancelled
+    assert released == 199  # the one asked to stop ends cancelled: not counted as released
     updates = [q for q in queries if q["sql"].lstrip().upper().startswith("UPDATE")]
     assert len(updates) <= 3  # the batch; then the one asked to stop: release, end_cancelled
     assert Job.objects.filter(state=JobState.PENDING, releases=1).count() == 199
     assert Job.objects.get(id=asked.id).state == JobState.CANCELLED
+    said = [r.getMessage() for r in caplog.records if "on shutdown" in r.getMessage()]
+    assert said == [
+        "jobs released on shutdown count=199 ids="
+        + ",".join([str(job.id) for job in claimed if job.id != asked.id][:20])
+        + ",...",
+        f"jobs cancelled on shutdown (a cancel was requested) count=1 ids={asked.id}",
+    ]
 
 
 @pytest.mark.django_db(transaction=True)

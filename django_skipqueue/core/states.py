@@ -80,7 +80,7 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("running", "done"): ("ack", "ack_many"),
     ("running", "pending"): (
         "fail (retried)",
-        "release",
+        "release (give_back)",
         "release_many",
         "reap",
         "requeue (operator)",

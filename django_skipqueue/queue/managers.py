@@ -1560,8 +1560,13 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         raising `max_attempts` by one; `releases` counts it. One fenced UPDATE; a job
         whose cancel was requested ends cancelled instead (a second one).
         """
+        return self.give_back(job_id, attempt, delay=delay) or self.end_cancelled(job_id, attempt)
+
+    def give_back(self, job_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> bool:
+        """`release` without its second step: False where the job was asked to stop (it
+        stays running for `end_cancelled`) or the attempt had lost it."""
         fenced = self.holding(job_id, attempt)
-        released = (
+        return (
             fenced.filter(cancel_requested_at__isnull=True).update(
                 state=JobState.PENDING,
                 run_at=Now() + Value(clamped_delay(delay)),
@@ -1571,7 +1576,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             )
             == 1
         )
-        return released or self.end_cancelled(job_id, attempt)
 
     def reap(self) -> ReapResult:
         """Take back running jobs whose lease ran out; count each expiry once.

@@ -280,11 +280,11 @@ def acknowledge(successes: Sequence[Success], database: str) -> list[Execution |
 
 def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> int:
     """Give each attempt back at a graceful stop (fenced): pending again without
-    spending an attempt. Returns how many were released; the others had finished or
-    lost their lease, or the database did not answer (then the reaper takes them back).
+    spending an attempt; a job asked to stop ends cancelled instead. Returns how many
+    were given back (the cancelled not counted); the others had finished or lost their
+    lease, or the database did not answer (then the reaper takes them back).
     """
     jobs = _job_manager(database)
-    released = []
     together: set[int] = set()
     if len(attempts) > 1:  # one statement for them all; the others one by one below
         pairs = [(job.id, attempt) for job, attempt in attempts]
@@ -303,20 +303,35 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
                 logger.warning("jobs not released: %s; the reaper will", error)
                 return 0
             logger.warning("jobs not released together: %s; trying one by one", error)
+    released: list[int] = []
+    cancelled: list[int] = []
     for job, attempt in attempts:
         try:
-            if job.id not in together and not jobs.release(job.id, attempt):
-                continue
+            # Those the batch left: asked to stop (ended cancelled), or lost.
+            if job.id in together or jobs.give_back(job.id, attempt):
+                released.append(job.id)
+                logger.debug(
+                    "job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt
+                )
+            elif jobs.end_cancelled(job.id, attempt):
+                cancelled.append(job.id)
         except DatabaseError as error:
             logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
-            continue
-        released.append(job.id)
-        logger.debug("job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    # One line each, not one a job: a stop with a full prefetch buffer wrote hundreds.
     if released:
-        # One line, not one a job: a stop with a full prefetch buffer wrote hundreds.
-        shown = ",".join(map(str, released[:20])) + (",..." if len(released) > 20 else "")
-        logger.warning("jobs released on shutdown count=%d ids=%s", len(released), shown)
+        logger.warning("jobs released on shutdown count=%d ids=%s", len(released), _ids(released))
+    if cancelled:
+        logger.info(
+            "jobs cancelled on shutdown (a cancel was requested) count=%d ids=%s",
+            len(cancelled),
+            _ids(cancelled),
+        )
     return len(released)
+
+
+def _ids(ids: list[int]) -> str:
+    """The first 20 ids of a log line's list."""
+    return ",".join(map(str, ids[:20])) + (",..." if len(ids) > 20 else "")
 
 
 def record_ack_error(
