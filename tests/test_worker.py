@@ -172,6 +172,29 @@ def test_burst_runs_every_due_job_then_returns():
     assert worker.stop_reason == "burst: no due job left"
 
 
+def test_a_burst_reaps_what_a_dead_worker_left_before_it_exits():
+    """A worker that died left a job running; its lease has run out. A burst shorter
+    than the reap interval (10 s) exited past it, however often it was run: such jobs
+    stayed running for good under cron drains. It now reaps once before it exits and
+    runs what the reap gave back; with reaping off (`reap_interval=0`) it leaves them."""
+    tasks.add.enqueue_many([((n, n), {}) for n in range(3)])
+    left = Job.objects.claim(queues=["default"], limit=1, lease=timedelta(seconds=1))[0]
+    time.sleep(1.2)  # the dead worker's lease ends (a real one: the database's clock)
+
+    off = Worker(concurrency=2, burst=True, listen=False, reap_interval=0)
+    assert off.run() == 0
+    assert Job.objects.get(id=left.id).state == JobState.RUNNING
+
+    worker = Worker(concurrency=2, burst=True, listen=False)
+    started = time.monotonic()
+    assert worker.run() == 0
+    assert time.monotonic() - started < 5  # not a wait for the housekeeper's first reap
+    job = Job.objects.get(id=left.id)
+    assert (job.state, job.attempts, job.expirations) == (JobState.DONE, 2, 1)
+    assert worker.stats.reaped == 1
+    assert all_done(3)
+
+
 def test_max_jobs_stops_after_that_many_claims():
     tasks.add.enqueue_many([((1, 1), {})] * 10)
     worker = Worker(concurrency=4, max_jobs=5, listen=False)

@@ -22,7 +22,7 @@ from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from django_skipqueue.faults import is_transient, sqlstate
-from django_skipqueue.maintenance.reaper import MINUTES_KEPT, Reaper
+from django_skipqueue.maintenance.reaper import MINUTES_KEPT, HousekeepingResult, Reaper
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.queue.connections import (
     LOCK_NOT_AVAILABLE,
@@ -263,14 +263,20 @@ class Housekeeper:
             return False
         return True
 
-    def reap_and_prune(self, reaper: Reaper) -> None:
-        """The reap (its UPDATE to pending fires the NOTIFY trigger, which reads
-        skipqueue_workerprocess: a lock there held it up too), then the prune."""
+    def reap(self, reaper: Reaper) -> HousekeepingResult:
+        """One reap, counted (the worker's stats and the metrics). Its UPDATE to pending
+        fires the NOTIFY trigger, which reads skipqueue_workerprocess: a lock there
+        holds it up too, for at most SIDE_WRITE_LOCK_SECONDS."""
         result = reaper.reap(lock_seconds=SIDE_WRITE_LOCK_SECONDS)
         self.stats.reaped += result.requeued + result.failed + result.cancelled
         self.stats.expired += result.expired
         if self.meter is not None:
             self.meter.leases_expired(result.lease_expirations)
+        return result
+
+    def reap_and_prune(self, reaper: Reaper) -> None:
+        """The reap, then the prune."""
+        result = self.reap(reaper)
         if not result.locked_out:
             self.side_write(
                 functools.partial(self.prune_side_tables, reaper),

@@ -40,6 +40,7 @@ from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.exceptions import ConfigurationError, TimeLimitExceeded
 from django_skipqueue.faults import is_transient
+from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.maintenance.scheduler import Scheduler, defined_schedules
 from django_skipqueue.models import Job, JobState, Queue, WorkerProcess
 from django_skipqueue.queue import sql
@@ -352,6 +353,8 @@ class Worker:
             backoff.reset()
             linger = self.waiting.after_claim(len(claimed))
             done = not claimed and self.burst and self.in_flight == 0
+            if done and self._reaped_before_burst_exit():
+                continue  # leases a dead worker left were taken back: claim those too
             if done:  # before the helpers start: the listener then does not LISTEN
                 self.stop("burst: no due job left")
             if not self._first_claim.is_set():  # once (Event.set takes a lock each time)
@@ -370,6 +373,22 @@ class Worker:
                 timeout = self._idle_timeout() if not claimed else 1.0
             logger.debug("worker idle claimed=%d wait=%.3fs", len(claimed), timeout)
             self._wake.wait(timeout)
+
+    def _reaped_before_burst_exit(self) -> bool:
+        """A burst worker's last look before it exits: the jobs of a worker that died
+        stay running until their leases are reaped, and a burst shorter than the reap
+        interval never reaped, so it exited past them however often it was run (cron
+        drains left such jobs running for good). One reap here (unless reaping is off,
+        `reap_interval=0`): True when it gave any job back, to claim again."""
+        if not self.housekeeper.reap_interval:
+            return False
+        try:
+            result = self.housekeeper.reap(Reaper(database=self.database))
+        except DatabaseError as error:
+            logger.warning("the reap before the burst's exit failed: %s", error)
+            discard_connection(self.database)
+            return False
+        return result.requeued > 0
 
     def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
         """From an executor thread: queue a success for the dispatcher's next batch. Once
