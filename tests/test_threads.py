@@ -35,3 +35,28 @@ def test_a_thread_that_returns_is_not_restarted_and_a_retired_one_leaves_its_gro
     thread.join(5)
     supervisor.retire(thread)
     assert runs == [1] and supervisor.group("executors") == []
+
+
+def test_join_all_never_meets_a_member_not_yet_started():
+    """A member added by one thread while another joins them all (an executor's
+    replacement after a time limit, during the shutdown) was joined before its start,
+    and Thread.join raised "cannot join thread before it is started" (seen in CI)."""
+    halted, errors = threading.Event(), []
+    supervisor = Supervisor(halted=halted, died=lambda thread: None)
+
+    def starting() -> None:
+        for n in range(300):
+            supervisor.start("executors", f"t{n}", lambda: None)
+
+    starter = threading.Thread(target=starting)
+    starter.start()
+    try:
+        while starter.is_alive():
+            try:
+                supervisor.join_all(within=0.01)
+            except RuntimeError as error:
+                errors.append(error)
+    finally:
+        starter.join(10)
+        halted.set()
+    assert errors == []

@@ -40,9 +40,13 @@ class Supervisor:
         thread = threading.Thread(
             target=self._run, args=(group, name, target), name=name, daemon=True
         )
+        # Started under the lock: `join_all` (at shutdown, from another thread) never
+        # sees a member not started yet, which Thread.join refuses with a RuntimeError
+        # (seen in CI: an executor's replacement, after a time limit, met the shutdown).
+        # start() only waits for the new thread's bootstrap, which takes no lock of ours.
         with self._lock:
             self._groups.setdefault(group, []).append(thread)
-        thread.start()
+            thread.start()
         return thread
 
     def retire(self, thread: threading.Thread) -> None:
@@ -55,9 +59,10 @@ class Supervisor:
     def join_all(self, *, within: float) -> None:
         """Wait for every member, all together at most `within` seconds."""
         until = time.monotonic() + within
-        for members in list(self._groups.values()):
-            for thread in list(members):
-                thread.join(timeout=max(until - time.monotonic(), 0))
+        with self._lock:
+            threads = [thread for members in self._groups.values() for thread in members]
+        for thread in threads:
+            thread.join(timeout=max(until - time.monotonic(), 0))
 
     def _run(self, group: str, name: str, target: Callable[[], None]) -> None:
         try:
