@@ -321,7 +321,7 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
     if released:
         logger.warning("jobs released on shutdown count=%d ids=%s", len(released), _ids(released))
     if cancelled:
-        logger.info(
+        logger.warning(
             "jobs cancelled on shutdown (a cancel was requested) count=%d ids=%s",
             len(cancelled),
             _ids(cancelled),

@@ -186,8 +186,12 @@ class Housekeeper:
     def cancel_requested(self, flight: Flight, jobs: JobManager) -> None:
         """A renewal found a cancel request: tell the task. A job holding a concurrency
         slot keeps its lease while its code still runs (H23): the slot is freed when its
-        thread ends; any other is renewed no more."""
-        keep = self.flow is not None and self.flow.holds_slot(flight.job)
+        thread ends. A job not started yet (buffered) keeps it too, so that it can still
+        end cancelled when its turn comes or at a stop: renewed no more, a buffered
+        job's lease ran out, its end was refused, and a graceful stop left it running
+        for the reaper (an outside trial: 30 of 30). Any other is renewed no more."""
+        slot = self.flow is not None and self.flow.holds_slot(flight.job)
+        keep = slot or not self.held.started(flight)
         if keep:
             renewal = jobs.renewal(flight.job.id, flight.attempt, keep_if_cancelled=True)
             if renewal is Renewal.LOST:
@@ -202,6 +206,8 @@ class Housekeeper:
                 flight.job.task,
                 flight.attempt,
                 "its lease is kept while its thread runs (a concurrency limit holds its slot)"
+                if slot
+                else "not started: its lease is kept until it ends cancelled, unrun"
                 if keep
                 else "its lease is no longer renewed",
             )

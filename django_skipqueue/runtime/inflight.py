@@ -246,6 +246,11 @@ class InFlight:
                 flight.renew_at = keep_renewing_at + flight.lease_seconds / 3
         flight.cancel.set()
 
+    def started(self, flight: Flight) -> bool:
+        """Whether an executor thread has started this attempt (else it is buffered)."""
+        with self._lock:
+            return (flight.job.id, flight.attempt) in self._running.values()
+
     def cancel_event(self, job_id: int) -> CancelFlag | None:
         """The cancel flag of a held job, for its TaskContext (None if not held)."""
         with self._lock:
