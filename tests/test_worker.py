@@ -121,6 +121,37 @@ def test_on_stop_prefetched_jobs_are_released_before_the_grace_period_not_reaped
     assert len(said) == 1 and said[0].startswith("jobs released on shutdown count=5 ids=")
 
 
+def test_a_stop_ends_cancelled_the_buffered_jobs_asked_to_stop_after_their_first_lease(caplog):
+    """Buffered jobs whose cancel was requested were renewed no more, though no thread
+    ran them: past their lease, the stop could neither release them nor end them
+    cancelled, and left them running for the reaper (an outside trial: 30 of 30).
+    Their leases are kept until they end: the stop ends them cancelled, unrun."""
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
+    tasks.record.enqueue(sleep=3.0)
+    buffered = tasks.record.using(lease=1.0).enqueue_many([((), {})] * 6)
+    worker = Worker(concurrency=1, prefetch=6, grace=10, listen=False, reap_interval=0)
+    thread = run_in_thread(worker)
+    try:
+        wait_until(lambda: Run.objects.exists(), timeout=10, message="the long job did not start")
+        held = Job.objects.filter(id__in=[job.id for job in buffered], state=JobState.RUNNING)
+        wait_until(lambda: held.count() == 6, timeout=10, message="not claimed ahead")
+        asked = [job.id for job in buffered[:3]]
+        assert Job.objects.cancel(asked) == 3
+        time.sleep(1.6)  # past the 1 s leases: renewals found the cancel requests
+        worker.stop()
+    finally:
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    states_of = dict(
+        Job.objects.filter(id__in=[job.id for job in buffered]).values_list("id", "state")
+    )
+    assert [states_of[job_id] for job_id in asked] == [JobState.CANCELLED] * 3
+    assert sorted(states_of.values()).count(JobState.PENDING) == 3
+    assert Run.objects.count() == 1  # only the long job ran
+    assert worker.stats.released_on_shutdown == 3
+    assert "jobs cancelled on shutdown (a cancel was requested) count=3" in caplog.text
+
+
 def test_a_job_limit_runs_the_prefetched_jobs_instead_of_releasing_them():
     tasks.record.enqueue_many([((), {"sleep": 0.1})] * 6)
     worker = Worker(concurrency=1, prefetch=2, max_jobs=3, listen=False, reap_interval=0)
@@ -193,6 +224,33 @@ def test_a_burst_reaps_what_a_dead_worker_left_before_it_exits():
     assert (job.state, job.attempts, job.expirations) == (JobState.DONE, 2, 1)
     assert worker.stats.reaped == 1
     assert all_done(3)
+
+
+def test_a_burst_runs_the_keyed_and_rate_limited_jobs_before_it_exits():
+    """An outside trial: a burst exited with due jobs left, every time. Five jobs of one
+    account (limit 1) at concurrency 2 ran one, as the keyed claim that found the key
+    full stopped looking; twelve jobs of a task limited to 5/s ran five (jobs behind an
+    empty token bucket are left out without a wait); a keyed job a dead worker left
+    was reaped, then left pending. Now the burst runs them all: the key's next job when
+    its slot frees, the rate's after the bucket's refill, the reaped one at once."""
+    dead = tasks.per_account.enqueue(account="dead", seconds=0.0)
+    left, _ = Job.objects.claim_limited(
+        queues=["default"], limits={}, limit=1, lease=timedelta(seconds=1)
+    )
+    assert [job.id for job in left] == [dead.id]
+    tasks.per_account.enqueue_many([((), {"account": "x", "seconds": 0.05})] * 5)
+    tasks.five_a_second.enqueue_many([((n,), {}) for n in range(12)])
+    time.sleep(1.2)  # the dead worker's lease ends
+
+    worker = Worker(concurrency=2, burst=True, listen=False)
+    started = time.monotonic()
+    assert worker.run() == 0
+    took = time.monotonic() - started
+
+    assert all_done(18)
+    assert took >= 1.0  # 12 jobs at 5 a second: it waited for the refills
+    assert took < 10
+    assert worker.stats.reaped == 1
 
 
 def test_max_jobs_stops_after_that_many_claims():

@@ -29,10 +29,13 @@ from django.db import DatabaseError, DataError, IntegrityError, connections, mod
 from django.db.backends.utils import CursorWrapper
 from django.db.models import (
     Count,
+    DurationField,
     Exists,
     Expression,
+    ExpressionWrapper,
     F,
     Func,
+    Min,
     OuterRef,
     Q,
     Subquery,
@@ -678,6 +681,21 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if not queues:
             return False
         return self.due().for_queues(queues).filter(concurrency_key__isnull=False).exists()
+
+    def seconds_until_rate_refill(self, queues: Sequence[str]) -> float | None:
+        """Seconds (the database's clock) until the first empty token bucket of a due
+        job in `queues` holds a token again; None if no due job waits on an empty
+        bucket. `claimable_under_limits` leaves such jobs out without a wait: a burst
+        worker asks here before it exits past them."""
+        waiting = self.due().for_queues(queues).filter(rate_key__isnull=False).values("rate_key")
+        left = (
+            _rate_bucket_model(self.model)
+            .objects.db_manager(self.db)
+            .filter(empty_until__gt=Now(), key__in=waiting)
+            .annotate(left=ExpressionWrapper(F("empty_until") - Now(), DurationField()))
+            .aggregate(soonest=Min("left"))["soonest"]
+        )
+        return left.total_seconds() if left is not None else None
 
     def claim_limited(
         self,

@@ -194,6 +194,7 @@ class Worker:
             read_paused=Queue.objects.db_manager(self.database).paused_names,
         )
         self._held_back: float | None = None  # seconds until a limit may let more through
+        self._burst_looked = False  # a burst with nothing to claim looked further once
         self._last_full = False  # the last claim took all it asked for
         self.held = InFlight()
         self._work = Buffer()  # claimed jobs on their way to the executor threads
@@ -353,8 +354,14 @@ class Worker:
             backoff.reset()
             linger = self.waiting.after_claim(len(claimed))
             done = not claimed and self.burst and self.in_flight == 0
-            if done and self._reaped_before_burst_exit():
-                continue  # leases a dead worker left were taken back: claim those too
+            if claimed:
+                self._burst_looked = False
+            elif done:
+                more = self._burst_more()
+                if more is not None:  # due jobs to claim now, or once a limit allows
+                    if more > 0:
+                        self._stopping.wait(more)
+                    continue
             if done:  # before the helpers start: the listener then does not LISTEN
                 self.stop("burst: no due job left")
             if not self._first_claim.is_set():  # once (Event.set takes a lock each time)
@@ -374,21 +381,44 @@ class Worker:
             logger.debug("worker idle claimed=%d wait=%.3fs", len(claimed), timeout)
             self._wake.wait(timeout)
 
-    def _reaped_before_burst_exit(self) -> bool:
-        """A burst worker's last look before it exits: the jobs of a worker that died
-        stay running until their leases are reaped, and a burst shorter than the reap
-        interval never reaped, so it exited past them however often it was run (cron
-        drains left such jobs running for good). One reap here (unless reaping is off,
-        `reap_interval=0`): True when it gave any job back, to claim again."""
-        if not self.housekeeper.reap_interval:
-            return False
+    def _burst_more(self) -> float | None:
+        """A burst worker found nothing to claim and holds nothing: whether to exit
+        (None) or claim again after this many seconds. Not before it looked, once, at
+        what a plain claim cannot see (an outside trial: bursts exited with due jobs
+        left, every time):
+        - a limit that held jobs back (a queue's rate or slots): after its wait;
+        - expired leases of a worker that died: one reap (unless `reap_interval=0`);
+          a drain shorter than the reap interval otherwise exited past them for good;
+        - due keyed jobs (a concurrency key, a rate-limited task) that the keyed claim
+          did not look for since its last empty look: a keyed claim now; those left
+          out for an empty token bucket, after the bucket's refill.
+        Keyed jobs whose key another worker's jobs fill are left to that worker."""
+        if self._held_back is not None:
+            return max(self._held_back, 0.005)
+        jobs = Job.objects.db_manager(self.database)
+        fast, _limited = self.flow.plan()
         try:
-            result = self.housekeeper.reap(Reaper(database=self.database))
+            if not self._burst_looked:
+                self._burst_looked = True
+                if self.housekeeper.reap_interval:
+                    reaped = self.housekeeper.reap(Reaper(database=self.database))
+                    if reaped.requeued:
+                        self.flow.note_keyed(True)
+                        return 0.0
+                if fast and jobs.keyed_due(fast):
+                    self.flow.note_keyed(True)
+                    return 0.0
+                return None
+            refill = jobs.seconds_until_rate_refill(fast) if fast else None
         except DatabaseError as error:
-            logger.warning("the reap before the burst's exit failed: %s", error)
+            logger.warning("the look before the burst's exit failed: %s", error)
             discard_connection(self.database)
-            return False
-        return result.requeued > 0
+            return None
+        if refill is None:
+            return None
+        self._burst_looked = False  # after the wait: the keyed claim, then look again
+        self.flow.note_keyed(True)
+        return refill
 
     def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
         """From an executor thread: queue a success for the dispatcher's next batch. Once
@@ -595,6 +625,10 @@ class Worker:
                 self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
         if execution is not None:  # a job given up on past its time limit too, if it ends
             self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
+        if job.concurrency_key is not None or job.queue_name in self.flow.limits:
+            # Its slot is free: a keyed job its key held back may be claimed now, not
+            # only after the housekeeper's next probe (up to KEYED_PROBE_SECONDS).
+            self.flow.note_keyed(True)
         self._nudge()
 
     def _abandon(self, flight: Flight) -> None:

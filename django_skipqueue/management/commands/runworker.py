@@ -109,8 +109,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Run until no due job is left, then exit 0 (after one last reap of "
-            "expired leases, unless --reap-interval is 0).",
+            help="Run until no due job is left, then exit 0 (after a last look: a reap of "
+            "expired leases unless --reap-interval is 0, keyed jobs, rate limits' refills).",
         )
         parser.add_argument(
             "--max-jobs",
