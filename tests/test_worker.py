@@ -779,6 +779,36 @@ def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
     assert len(lost_lines) == 1 and f"id={lost.id} " in lost_lines[0]
 
 
+def test_a_pass_that_finds_many_leases_lost_says_so_in_one_line(caplog):
+    """After a freeze, every lease of the buffer was one WARNING line (1,668 in an
+    outside trial). Past LOST_LINES_MAX in one pass, one line gives the count and the
+    first ids; a few still get a line each."""
+    from django_skipqueue.runtime.housekeeper import LOST_LINES_MAX
+    from django_skipqueue.runtime.inflight import InFlight
+
+    tasks.add.using(lease=1.0).enqueue_many([((n, n), {}) for n in range(40)])
+    claimed = Job.objects.claim(queues=["default"], limit=40)
+    held = InFlight()
+    now = time.monotonic()
+    for job in claimed:
+        held.add(job, now=now - 1.0, timeout=None)  # every renewal due
+    lost = claimed[:25]
+    Job.objects.filter(id__in=[job.id for job in lost]).update(leased_until=Now())
+    housekeeper = bare_housekeeper(held)
+
+    with caplog.at_level(logging.WARNING):
+        housekeeper.renew_due_leases()
+
+    assert 25 > LOST_LINES_MAX
+    lines = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    first = ",".join(str(job.id) for job in lost[:20])
+    assert lines == [
+        f"job leases lost count=25 ids={first},...: renewals refused; their outcomes "
+        "will be refused too"
+    ]
+    assert (housekeeper.stats.renewed, housekeeper.stats.renew_refused) == (15, 25)
+
+
 def test_a_renewal_skips_a_row_locked_elsewhere_and_tries_it_again_without_losing_it():
     """Another session holds one held job's row locked (an operator's SELECT ... FOR
     UPDATE). The pass renews the others at once instead of waiting for it (waiting, it
