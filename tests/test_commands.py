@@ -239,6 +239,45 @@ def test_sigterm_ends_a_worker_whose_task_left_a_process_running(start_worker, t
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_runworker_process_collects_garbage_again_once_started_with_its_start_up_frozen():
+    """The collector is off from this package's import to the command's start (43
+    collections, 24 ms of a start-up): it must be on again for the jobs, with what
+    start-up made frozen, in a worker and in the children of `--processes`. A process
+    that is not `runworker` keeps it as it was."""
+    import gc
+    import subprocess
+    import sys
+
+    from tests.processes import REPO_ROOT, child_env
+    from tests.testapp.tasks import collector_state
+
+    for extra in ([], ["--processes", "2"]):
+        jobs = collector_state.enqueue_many([((), {})] * 4)
+        done = subprocess.run(
+            [sys.executable, "-m", "django", "runworker", "--burst", "--no-listen", *extra],
+            env=child_env(),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        results = [job.result for job in Job.objects.filter(id__in=[job.id for job in jobs])]
+        assert len(results) == 4
+        assert all(result["enabled"] and result["frozen"] > 10_000 for result in results)
+    assert gc.isenabled()  # this test process imported the package too: untouched
+    shell = subprocess.run(
+        [sys.executable, "-c", "import gc, django_skipqueue; print(gc.isenabled())"],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shell.stdout.strip() == "True"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_runworker_runs_the_system_checks_but_those_about_other_commands():
     """runworker runs Django's system checks as every command does, but those tagged
     `commands` (Django's own imports `migrate` and `makemigrations` to compare their

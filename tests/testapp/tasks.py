@@ -20,6 +20,14 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@task
+def collector_state() -> dict[str, object]:
+    """The worker process's garbage collector, as a job sees it (core/collector.py)."""
+    import gc
+
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+
+
 @task(name="tests.named", queue_name="other", priority=10)
 def named() -> str:
     return "named"

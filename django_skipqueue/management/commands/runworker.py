@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_skipqueue.conf.relay import relay_config
+from django_skipqueue.core import collector
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.management.arguments import (
@@ -223,6 +224,7 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
 
     def handle(self, *args: Any, **options: Any) -> None:
+        collector.resume()  # off since this package's import (core/collector.py)
         configure_logging(self, options["verbosity"])
         if options["metrics_port"] is not None and not importlib.util.find_spec(
             "prometheus_client"
