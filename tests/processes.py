@@ -40,6 +40,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python *args` against the test database, run to its end (60 s at most)."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=child_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def start_python(code: str, **extra_env: str) -> subprocess.Popen[str]:
     """Run `code` in a fresh interpreter with Django set up against the test database."""
     prelude = "import django; django.setup()\n"

@@ -245,35 +245,19 @@ def test_a_runworker_process_collects_garbage_again_once_started_with_its_start_
     start-up made frozen, in a worker and in the children of `--processes`. A process
     that is not `runworker` keeps it as it was."""
     import gc
-    import subprocess
-    import sys
 
-    from tests.processes import REPO_ROOT, child_env
+    from tests.processes import run_python
     from tests.testapp.tasks import collector_state
 
     for extra in ([], ["--processes", "2"]):
         jobs = collector_state.enqueue_many([((), {})] * 4)
-        done = subprocess.run(
-            [sys.executable, "-m", "django", "runworker", "--burst", "--no-listen", *extra],
-            env=child_env(),
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = run_python("-m", "django", "runworker", "--burst", "--no-listen", *extra)
         assert done.returncode == 0, done.stderr
         results = [job.result for job in Job.objects.filter(id__in=[job.id for job in jobs])]
         assert len(results) == 4
         assert all(result["enabled"] and result["frozen"] > 10_000 for result in results)
     assert gc.isenabled()  # this test process imported the package too: untouched
-    shell = subprocess.run(
-        [sys.executable, "-c", "import gc, django_skipqueue; print(gc.isenabled())"],
-        env=child_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shell = run_python("-c", "import gc, django_skipqueue; print(gc.isenabled())")
     assert shell.stdout.strip() == "True"
 
 

@@ -745,6 +745,19 @@ def bare_housekeeper(held):
     )
 
 
+def held_with_renewals_due(count: int):
+    """`count` jobs with 1 s leases, claimed, held with every renewal due."""
+    from django_skipqueue.runtime.inflight import InFlight
+
+    tasks.add.using(lease=1.0).enqueue_many([((n, n), {}) for n in range(count)])
+    claimed = Job.objects.claim(queues=["default"], limit=count)
+    held = InFlight()
+    now = time.monotonic()
+    for job in claimed:
+        held.add(job, now=now - 1.0, timeout=None)
+    return claimed, held
+
+
 def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
     """300 buffered jobs with 1 s leases: renewed one by one, their renewals fell behind
     their expiry (an outside trial: `--prefetch 300`, 1,049 duplicate runs of 3,000
@@ -752,14 +765,9 @@ def test_a_housekeepers_pass_renews_the_due_leases_in_one_statement(caplog):
     (a frozen worker's 1,000 lost leases took two queries each, and the pass outlasted
     the leases of the jobs claimed meanwhile); a lease found lost is told apart from one
     whose ack came in during the pass (that one is not reported lost)."""
-    from django_skipqueue.runtime.inflight import Finished, InFlight
+    from django_skipqueue.runtime.inflight import Finished
 
-    tasks.add.using(lease=1.0).enqueue_many([((n, n), {}) for n in range(300)])
-    claimed = Job.objects.claim(queues=["default"], limit=300)
-    held = InFlight()
-    now = time.monotonic()
-    for job in claimed:
-        held.add(job, now=now - 1.0, timeout=None)  # every renewal due
+    claimed, held = held_with_renewals_due(300)
     lost, acked = claimed[0], claimed[1]
     set_lease(lost.id, -1)
     held.queue_ack(Finished(acked, acked.attempts, None, 0.0))  # a success; its ack
@@ -784,14 +792,8 @@ def test_a_pass_that_finds_many_leases_lost_says_so_in_one_line(caplog):
     outside trial). Past LOST_LINES_MAX in one pass, one line gives the count and the
     first ids; a few still get a line each."""
     from django_skipqueue.runtime.housekeeper import LOST_LINES_MAX
-    from django_skipqueue.runtime.inflight import InFlight
 
-    tasks.add.using(lease=1.0).enqueue_many([((n, n), {}) for n in range(40)])
-    claimed = Job.objects.claim(queues=["default"], limit=40)
-    held = InFlight()
-    now = time.monotonic()
-    for job in claimed:
-        held.add(job, now=now - 1.0, timeout=None)  # every renewal due
+    claimed, held = held_with_renewals_due(40)
     lost = claimed[:25]
     Job.objects.filter(id__in=[job.id for job in lost]).update(leased_until=Now())
     housekeeper = bare_housekeeper(held)
