@@ -319,18 +319,20 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
             logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
     # One line each, not one a job: a stop with a full prefetch buffer wrote hundreds.
     if released:
-        logger.warning("jobs released on shutdown count=%d ids=%s", len(released), _ids(released))
+        logger.warning(
+            "jobs released on shutdown count=%d ids=%s", len(released), shown_ids(released)
+        )
     if cancelled:
         logger.warning(
             "jobs cancelled on shutdown (a cancel was requested) count=%d ids=%s",
             len(cancelled),
-            _ids(cancelled),
+            shown_ids(cancelled),
         )
     return len(released)
 
 
-def _ids(ids: list[int]) -> str:
-    """The first 20 ids of a log line's list."""
+def shown_ids(ids: list[int]) -> str:
+    """The first 20 ids of a log line's list (`...` after them if there are more)."""
     return ",".join(map(str, ids[:20])) + (",..." if len(ids) > 20 else "")
 
 

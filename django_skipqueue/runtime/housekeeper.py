@@ -9,7 +9,6 @@ not die, or renewals would stop (see docs/explanation/protocol.md, "Faults").
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import threading
@@ -32,6 +31,7 @@ from django_skipqueue.queue.connections import (
     discard_connection,
 )
 from django_skipqueue.queue.managers import JobManager, Renewal
+from django_skipqueue.runtime.executor import shown_ids
 from django_skipqueue.runtime.inflight import Flight, InFlight
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.tasks.base import PROGRESS_WRITE_SECONDS
@@ -100,12 +100,12 @@ class Housekeeper:
         #: Renew the leases of jobs in flight. Only fault tests turn it off (the lease
         #: boundary race, case T3 of docs/explanation/failure-model.md).
         self.renew_leases = True
+        self.reaper = Reaper(database=database)
         self.process: WorkerProcess | None = None  # set once the worker is registered
         self.wake = threading.Event()  # new jobs to schedule, or halted
         held.wakes(self.wake)  # a renewal or a time limit before the planned pass
 
     def run(self) -> None:
-        reaper = Reaper(database=self.database)
         now = time.monotonic()
         next_beat = now + self.heartbeat_interval
         first_reap = self.reap_interval * random.uniform(0.1, 1.0) if self.reap_interval else 0
@@ -124,8 +124,7 @@ class Housekeeper:
                             self.heartbeat_interval if beaten else SIDE_WRITE_RETRY_SECONDS
                         )
                     if self.reap_interval and now >= next_reap:
-                        reap = functools.partial(self.reap_and_prune, reaper)
-                        self.side_write(reap, "the reap", "at the next reap")
+                        self.side_write(self.reap_and_prune, "the reap", "at the next reap")
                         next_reap = now + self.reap_interval * random.uniform(0.9, 1.1)
                     if self.progress is not None and now >= self.progress.next_at:
                         self.progress.emit(now)
@@ -228,11 +227,10 @@ class Housekeeper:
         if not ids:
             return
         self.stats.renew_refused += len(ids)
-        shown = ",".join(map(str, ids[:20])) + (",..." if len(ids) > 20 else "")
         logger.warning(
             "job leases lost count=%d ids=%s: renewals refused; their outcomes will be refused too",
             len(ids),
-            shown,
+            shown_ids(ids),
         )
 
     def lease_lost(self, flight: Flight) -> None:
@@ -292,30 +290,32 @@ class Housekeeper:
             return False
         return True
 
-    def reap(self, reaper: Reaper) -> HousekeepingResult:
+    def reap(self) -> HousekeepingResult:
         """One reap, counted (the worker's stats and the metrics). Its UPDATE to pending
         fires the NOTIFY trigger, which reads skipqueue_workerprocess: a lock there
         holds it up too, for at most SIDE_WRITE_LOCK_SECONDS."""
-        result = reaper.reap(lock_seconds=SIDE_WRITE_LOCK_SECONDS)
+        result = self.reaper.reap(lock_seconds=SIDE_WRITE_LOCK_SECONDS)
         self.stats.reaped += result.requeued + result.failed + result.cancelled
         self.stats.expired += result.expired
         if self.meter is not None:
             self.meter.leases_expired(result.lease_expirations)
         return result
 
-    def reap_and_prune(self, reaper: Reaper) -> None:
+    def reap_and_prune(self) -> None:
         """The reap, then the prune."""
-        result = self.reap(reaper)
+        result = self.reap()
         if not result.locked_out:
             self.side_write(
-                functools.partial(self.prune_side_tables, reaper),
+                self.prune_side_tables,
                 "the prune of dead workers and old minutes",
                 "at the next reap",
             )
 
-    def prune_side_tables(self, reaper: Reaper) -> None:
+    def prune_side_tables(self) -> None:
         with bounded(self.database, lock_seconds=SIDE_WRITE_LOCK_SECONDS):
-            reaper.prune(workers_dead_for=self.prune_workers_after, minutes_older_than=MINUTES_KEPT)
+            self.reaper.prune(
+                workers_dead_for=self.prune_workers_after, minutes_older_than=MINUTES_KEPT
+            )
 
     def flush_meter(self) -> None:
         if self.meter is not None:

@@ -40,7 +40,6 @@ from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.exceptions import ConfigurationError, TimeLimitExceeded
 from django_skipqueue.faults import is_transient
-from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.maintenance.scheduler import Scheduler, defined_schedules
 from django_skipqueue.models import Job, JobState, Queue, WorkerProcess
 from django_skipqueue.queue import sql
@@ -401,7 +400,7 @@ class Worker:
             if not self._burst_looked:
                 self._burst_looked = True
                 if self.housekeeper.reap_interval:
-                    reaped = self.housekeeper.reap(Reaper(database=self.database))
+                    reaped = self.housekeeper.reap()
                     if reaped.requeued:
                         self.flow.note_keyed(True)
                         return 0.0
