@@ -98,8 +98,8 @@ class JobCancelled(SkipQueueError):  # noqa: N818  (a control-flow signal, like 
 class SoftTimeLimitExceeded(SkipQueueError):  # noqa: N818  (Celery's name)
     """Raised in a task past its `soft_time_limit`, at its safe point,
     `TaskContext.check_cancelled()`. Catch it to clean up and
-    return or re-raise; left out of the task, it is a failure like any other (retried
-    as the task's policy says)."""
+    return or re-raise; left out of the task, the attempt fails, not retried unless its
+    RetryPolicy says `retry_time_limits` (Celery's default)."""
 
     def __init__(self, job_id: int, seconds: float) -> None:
         super().__init__(f"job {job_id} ran past its soft time limit of {seconds:g}s")
@@ -107,11 +107,13 @@ class SoftTimeLimitExceeded(SkipQueueError):  # noqa: N818  (Celery's name)
 
 
 class TimeLimitExceeded(BaseException):  # noqa: N818  (Celery's name)
-    """Raised by the worker into a task's thread past its `time_limit` (the hard limit),
-    so that a pure-Python loop stops there; a call blocked in C (a socket without a
-    timeout, `time.sleep`) is not interrupted. A BaseException, as KeyboardInterrupt
-    is, so that `except Exception` in the task does not swallow it. The attempt ends
-    through the fence as a failure (retried as the task's policy says)."""
+    """The attempt ran past its task's `time_limit` (the hard limit). Raised in the task
+    at its safe point, `TaskContext.check_cancelled()` (and at an async task's next
+    await); nothing is ever raised into a thread from outside. A task whose code does
+    not stop within a second of the limit makes its worker process exit (code 3) to be
+    replaced. A BaseException, as KeyboardInterrupt is, so that `except Exception` in the
+    task does not swallow it. The attempt fails through the fence, not retried unless
+    its RetryPolicy says `retry_time_limits` (Celery's default)."""
 
     def __init__(self, seconds: float = 0.0) -> None:
         super().__init__(f"the task ran past its time limit of {seconds:g}s")

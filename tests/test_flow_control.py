@@ -502,19 +502,19 @@ def test_a_cancelled_job_that_fails_or_is_released_ends_cancelled_not_retried(wo
 def test_a_timed_out_job_keeps_its_slot_while_its_code_runs():
     from tests.testapp.models import Span
 
-    for _ in range(2):
-        tasks.outlives_its_timeout_per_account.enqueue(account="a", seconds=2.0)
+    for _ in range(2):  # 0.6 s past the 0.3 s limit: inside the grace, so no exit
+        tasks.outlives_its_timeout_per_account.enqueue(account="a", seconds=0.9)
     worker = Worker(concurrency=2, listen=False, reap_interval=0.2, poll_interval=0.1)
     thread = threading.Thread(target=worker.run, name="test-worker")
     thread.start()
     try:
-        # Each is stopped by its time limit when its sleep ends (TimeLimitExceeded lands
-        # then), and fails through the fence: its lease, so its slot, was kept till then.
+        # Each ends with TimeLimitExceeded when its sleep ends, through the fence: its
+        # lease, so its slot, was kept till then (renewed past its 1 s lease).
         wait_until(lambda: Job.objects.filter(state="failed").count() == 2, timeout=30)
     finally:
         worker.stop()
         thread.join(timeout=30)
-
+    assert not worker.stuck_exit
     assert {tuple(job.errors[-1]["type"].rsplit(".", 1)[-1:]) for job in Job.objects.all()} == {
         ("TimeLimitExceeded",)
     }

@@ -8,7 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from django_skipqueue.runtime.inflight import NEVER, Buffer, ClaimSize, Finished, InFlight
+from django_skipqueue.runtime.inflight import (
+    NEVER,
+    PAST,
+    STUCK,
+    Buffer,
+    ClaimSize,
+    Finished,
+    InFlight,
+)
 
 
 def job(job_id: int, lease: float = 3.0, attempts: int = 1) -> SimpleNamespace:
@@ -42,7 +50,6 @@ def test_a_timeout_counts_from_the_start_not_the_claim(held):
     held.start(flight.job, threading.current_thread(), now=50.0)
     assert held.timed_out(54.9) == []
     assert held.timed_out(55.0) == [flight]
-    assert held.due_renewals(56.0) == []  # past its timeout: no longer renewed
 
 
 def test_the_housekeepers_pass_is_planned_for_renewals_time_limits_and_its_own_schedule(held):
@@ -92,39 +99,39 @@ def test_a_success_waits_for_its_ack_and_is_not_counted_as_held_meanwhile(held):
     [batch] = held.take_acks()
     assert batch.result == "result" and held.take_acks() == []
     held.acked(1)
-    assert held.finish(1, 1) is True and len(held) == 0
+    held.finish(1, 1)
+    assert len(held) == 0
 
 
-def test_an_abandoned_job_is_counted_once_and_its_thread_retires(held):
+def test_a_job_past_its_limit_is_marked_then_found_stuck_and_renewed_throughout(held):
+    """At its limit the attempt is marked (its task's flag says so) and given `grace`;
+    still held at the end of it, it is stuck, and never looked at again. Its lease is
+    renewed all along: the job and its slot stay this attempt's until its outcome."""
+    flight = held.add(job(1, lease=3.0), now=0.0, timeout=1.0)
+    held.start(flight.job, threading.current_thread(), now=0.0)
+    [due] = held.timed_out(1.0)
+    assert held.past_limit(due, now=1.0, grace=0.5) == PAST
+    assert flight.cancel.exceeded == 1.0 and held.past_their_limit() == [flight]
+    assert held.timed_out(1.4) == [] and held.timed_out(1.5) == [flight]
+    assert held.due_renewals(1.5) == [flight]  # still renewed
+    assert held.past_limit(flight, now=1.5, grace=0.5) == STUCK
+    assert held.timed_out(1e9) == [] and held.due_renewals(1e9) == [flight]
+    held.finish(1, 1)  # its outcome written (the worker's stop)
+    assert held.past_limit(flight, now=2.0, grace=0.5) is None
+    assert held.past_their_limit() == []
+
+
+def test_a_job_that_finished_or_waits_for_its_ack_is_never_marked_past_its_limit(held):
     thread = threading.current_thread()
-    flight = held.add(job(1), now=0.0, timeout=1.0)
-    held.start(flight.job, thread, now=0.0)
-    assert held.abandon(1, 1) == 1  # one thread given up on
-    assert len(held) == 0  # no longer held, so no longer renewed
-    assert held.abandon(1, 1) is None  # already gone
-    held.stop_running(thread)
-    assert held.finish(1, 1) is False  # counted when it timed out
-    assert held.thread_retires(1, 1) is True
-    assert held.thread_retires(1, 1) is False
-
-
-def test_a_job_claimed_again_while_its_abandoned_attempt_still_runs_is_kept_apart(held):
-    """The reaper took back attempt 1 (its thread given up on, still in its task) and this
-    process claimed attempt 2: each attempt's thread, limit and outcome stay its own."""
-    stuck, second = threading.Thread(target=lambda: None), threading.Thread(target=lambda: None)
-    first = held.add(job(1, attempts=1), now=0.0, timeout=0.5)
-    held.start(first.job, stuck, now=0.0)
-    assert held.abandon(1, 1) == 1
-    again = held.add(job(1, attempts=2), now=3.0, timeout=0.5)
-    held.start(again.job, second, now=3.0)
-    assert held.thread_of(1, 2) is second and held.thread_of(1, 1) is stuck
-    assert held.abandon(1, 1) is None  # attempt 1 is not held any more: not attempt 2
-    assert held.abandon(1, 2) == 2  # two threads given up on, not one
-    assert held.finish(1, 1) is False and held.thread_retires(1, 1) is True
-    assert held.finish(1, 2) is False and held.thread_retires(1, 2) is True
-    third = held.add(job(1, attempts=3), now=5.0, timeout=None)
-    assert held.finish(1, 2) is True  # a late second report of attempt 2, counted once
-    assert held.remaining() == [third]  # and it never drops attempt 3
+    acking = held.add(job(1), now=0.0, timeout=1.0)
+    held.start(acking.job, thread, now=0.0)
+    held.queue_ack(Finished(acking.job, 1, None, 0.9))
+    assert held.past_limit(acking, now=1.0, grace=0.5) is None
+    gone = held.add(job(2), now=0.0, timeout=1.0)
+    held.start(gone.job, thread, now=0.0)
+    held.finish(2, 1)
+    assert held.past_limit(gone, now=1.0, grace=0.5) is None
+    assert acking.cancel.exceeded is None and gone.cancel.exceeded is None
 
 
 def test_a_dead_thread_gives_up_its_job(held):

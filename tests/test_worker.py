@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 from django_skipqueue.models import Job, JobState, WorkerProcess
+from django_skipqueue.runtime.runner import Outcome
 from django_skipqueue.runtime.worker import Worker
 from tests.conftest import set_lease
 from tests.processes import wait_until
@@ -177,17 +178,19 @@ def test_by_default_short_jobs_are_claimed_far_ahead_and_long_ones_not_at_all():
     assert max(claim_limits(queries)) <= long.concurrency
 
 
-def test_a_success_after_the_timeout_is_refused_and_counted_once():
+def test_a_success_after_the_time_limit_is_recorded_as_the_limit_and_counted_once():
+    """A task returning past its limit (0.9 s of a 0.3 s limit, inside the grace) and
+    past its 0.6 s lease: its lease was renewed, so its attempt ends through the fence
+    with TimeLimitExceeded, not by the reaper, and its late result is not kept."""
     tasks.outlives_its_timeout.enqueue()
     worker = Worker(concurrency=1, listen=False, poll_interval=0.05, reap_interval=0.05)
     threading.Timer(1.6, worker.stop).start()
-    worker.run()
-    wait_until(lambda: worker.stuck_threads == 0, timeout=10)
+    assert worker.run() == 0
     job = Job.objects.get()
-    assert (job.state, job.attempts, job.expirations) == (JobState.FAILED, 1, 1)
-    assert job.result is None  # the late ack was refused by the fence
+    assert (job.state, job.attempts, job.expirations) == (JobState.FAILED, 1, 0)
+    assert job.result is None and "TimeLimitExceeded" in job.errors[0]["type"]
     assert worker.stats.timed_out == 1
-    assert worker.stats.finished == 0  # counted once, as timed out
+    assert worker.stats.finished == 1 and worker.stats.count(Outcome.FAILED) == 1
 
 
 def test_a_negative_prefetch_is_refused():
@@ -738,7 +741,7 @@ def bare_housekeeper(held):
         held=held,
         stats=WorkerStats(),
         halted=threading.Event(),
-        abandon=lambda flight: None,
+        past_limit=lambda flight, now: None,
         heartbeat_interval=60,
         reap_interval=0,
         prune_workers_after=timedelta(hours=1),

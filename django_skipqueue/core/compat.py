@@ -616,8 +616,8 @@ def _last_result(results: list[Any], raw: Any) -> Any:
 
     A function of its own, called while `_direct` holds the connection's lock: no
     loop may stand in that `with` block's own frame. On CPython 3.13 an interrupt that
-    lands at a loop's backward jump (Ctrl-C, a time limit's exception: both are raised
-    where the interpreter checks for them, and a backward jump is such a place) finds
+    lands at a loop's backward jump (Ctrl-C's KeyboardInterrupt, raised where the
+    interpreter checks for signals, and a backward jump is such a place) finds
     no handler in the frame when the loop's `if` ended the iteration, so the `with`
     block's exits never run: the lock stayed held, and every later statement on the
     connection waited for it forever (found by CI, 3 hangs in its last 4 runs on 3.13;

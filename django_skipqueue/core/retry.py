@@ -18,11 +18,17 @@ class RetryPolicy:
 
     `jitter` is a fraction: 0.1 spreads each delay uniformly over 90 % to 110 % so that
     jobs that failed together do not retry together.
+
+    An attempt that ran past its time limit (TimeLimitExceeded, or SoftTimeLimitExceeded
+    left out of the task) is not retried, as in Celery, unless `retry_time_limits`: a
+    task that took too long once usually takes too long again, and each attempt holds a
+    thread (or a whole worker, for one that does not stop) for the whole limit.
     """
 
     base: float = 1.0
     cap: float = 3600.0
     jitter: float = 0.1
+    retry_time_limits: bool = False
 
     def __post_init__(self) -> None:
         if not self.base >= 0:

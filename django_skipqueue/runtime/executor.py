@@ -156,7 +156,7 @@ def execute(
         logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
         return Execution(job.id, attempt, Outcome.CANCELLED, duration)
     if decision.failed:
-        execution = _record_failure(jobs, job, attempt, decision, database)
+        execution = record_failure(jobs, job, attempt, decision, database)
         if (
             isinstance(decision.raised, KeyboardInterrupt)
             and threading.current_thread() is threading.main_thread()
@@ -344,7 +344,7 @@ def record_ack_error(
     task = registry.get(job.task) if job.task in registry else None
     jobs = _job_manager(database)
     decision = decide_failure(task, error, attempt, duration)
-    return _record_failure(jobs, job, attempt, decision, database)
+    return record_failure(jobs, job, attempt, decision, database)
 
 
 def committed_before(jobs: JobManager, refused: list[tuple[int, int]]) -> set[int]:
@@ -423,9 +423,10 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
     return Verdict(Outcome.SUCCEEDED, duration, result=decision.result)
 
 
-def _record_failure(
+def record_failure(
     jobs: JobManager, job: Job, attempt: int, decision: Decision, database: str
 ) -> Execution:
+    """Write a failed attempt's `decision` through the fence, then log and signal it."""
     error, retry_in, duration = decision.error, decision.retry_in, decision.duration
     assert error is not None  # noqa: S101  (a failure has its error)
     answer = _persist(

@@ -1,7 +1,7 @@
 """The housekeeper: a worker's maintenance thread.
 
-It renews the leases of the jobs the worker holds (every third of a lease), stops
-renewing a job past its task's timeout (so the reaper takes it back), records the
+It renews the leases of the jobs the worker holds (every third of a lease), hands the
+jobs past their hard time limit to the worker's HardLimits (timelimits.py), records the
 worker's heartbeat, and reaps expired leases and prunes dead workers every
 REAP_INTERVAL_SECONDS. Every pass catches its own errors and backs off: the thread must
 not die, or renewals would stop (see docs/explanation/protocol.md, "Faults").
@@ -74,7 +74,7 @@ class Housekeeper:
         held: InFlight,
         stats: WorkerStats,
         halted: threading.Event,
-        abandon: Callable[[Flight], None],
+        past_limit: Callable[..., None],
         heartbeat_interval: float,
         reap_interval: float,
         prune_workers_after: timedelta,
@@ -88,7 +88,8 @@ class Housekeeper:
         self.held = held
         self.stats = stats
         self.halted = halted
-        self.abandon = abandon  # the worker's: give up on a timed-out job's thread
+        #: The worker's `HardLimits.look`: a running job due a look for its time limit.
+        self.past_limit = past_limit
         self.heartbeat_interval = heartbeat_interval
         self.reap_interval = reap_interval
         self.prune_workers_after = prune_workers_after
@@ -156,10 +157,11 @@ class Housekeeper:
             connections.close_all()
 
     def renew_due_leases(self) -> None:
-        """Give up on jobs past their timeout, then renew the leases that are due."""
+        """Look at the jobs due for their time limit, then renew the leases that are due
+        (those past their limit too: they stay this attempt's until it ends)."""
         now = time.monotonic()
         for flight in self.held.timed_out(now):
-            self.abandon(flight)
+            self.past_limit(flight, now=now)
         if not self.renew_leases:
             return
         jobs = Job.objects.db_manager(self.database)

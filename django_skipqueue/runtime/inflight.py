@@ -1,8 +1,9 @@
 """The jobs a worker process holds, from claim to outcome: the one owner of that state.
 
-A held job is buffered (claimed, waiting for a thread), running (a thread has it),
-acking (it succeeded; its fenced ack waits for the dispatcher's next batch) or
-abandoned (past its task's timeout; its thread was given up on). Four kinds of thread
+A held job is buffered (claimed, waiting for a thread), running (a thread has it), or
+acking (it succeeded; its fenced ack waits for the dispatcher's next batch). A running
+job may be past its hard time limit (`past_limit`): it stays held and renewed until its
+code stops or the process ends (runtime/timelimits.py). Four kinds of thread
 read and change this: the dispatcher (claims, acks), the executors (start, finish), the
 housekeeper (renewals, timeouts) and the shutdown. Every method takes the one lock; no
 caller touches the collections, and no method does I/O or calls user code.
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from django_skipqueue.models import Job
 
 NEVER = float("inf")
+#: What `InFlight.past_limit` found: first past its limit, then still running after the
+#: grace it was given.
+PAST, STUCK = "past", "stuck"
 
 #: One attempt of a job: (job id, attempt number).
 Attempt = tuple[int, int]
@@ -38,12 +42,15 @@ class Flight:
     attempt: int
     lease_seconds: float
     renew_at: float  # process clock: when to renew next
-    timeout: float | None = None  # the task's timeout in seconds, from its start
-    timeout_at: float = NEVER  # process clock: stop renewing after this
+    timeout: float | None = None  # the task's hard time limit in seconds, from its start
+    #: Process clock: when the housekeeper looks at it next for its time limit (its
+    #: limit, then the end of the grace it is given past it; NEVER once decided).
+    timeout_at: float = NEVER
     #: Set when a renewal found that an operator asked the job to stop (the task sees
     #: it as `TaskContext.cancel_requested`).
     cancel: CancelFlag = field(default_factory=CancelFlag)
     claimed_at: float = 0.0  # process clock: when it was claimed (it waits in the buffer)
+    started_at: float = 0.0  # process clock: when a thread took it from the buffer
     progress_written_at: float = -NEVER  # process clock: its progress's last write
 
 
@@ -65,12 +72,6 @@ class InFlight:
         self._flights: dict[int, Flight] = {}  # every held job, by id
         self._acking: set[int] = set()  # succeeded, ack not yet answered
         self._finished: list[Finished] = []  # the same, for the next ack batch
-        # Attempts, (job id, attempt), not job ids: a job whose thread was given up on
-        # may be taken back by the reaper and claimed again by this process while that
-        # thread still runs the earlier attempt (then two threads run the same job id).
-        self._abandoned: set[Attempt] = set()  # past their timeout, thread given up on
-        self._given_up: dict[Attempt, Flight] = {}  # the same attempts' flights
-        self._timed_out: set[Attempt] = set()  # the same, until their outcome is in
         self._running: dict[threading.Thread, Attempt] = {}  # executor thread -> its job
         self.busy = 0  # executor threads inside a job
         #: When the housekeeper's next pass is planned (`plan_pass`), and the event that
@@ -159,6 +160,7 @@ class InFlight:
             flight = self._flights.get(job.id)
             if flight is None:
                 return 0.0
+            flight.started_at = now
             if flight.timeout is not None:
                 flight.timeout_at = now + flight.timeout
                 self._due_before_the_pass(flight.timeout_at)
@@ -176,25 +178,10 @@ class InFlight:
             self._finished.append(finished)
             self._acking.add(finished.job.id)
 
-    def finish(self, job_id: int, attempt: int) -> bool:
-        """The attempt's outcome is in: no longer held. False if it had timed out (it was
-        counted then, and its thread was replaced)."""
+    def finish(self, job_id: int, attempt: int) -> None:
+        """The attempt's outcome is in: no longer held."""
         with self._lock:
             self._drop(job_id, attempt)
-            if (job_id, attempt) in self._timed_out:
-                self._timed_out.discard((job_id, attempt))
-                return False
-            return True
-
-    def thread_retires(self, job_id: int, attempt: int) -> bool:
-        """After its attempt: True if this thread was given up on (a replacement took its
-        place), so it must end."""
-        with self._lock:
-            if (job_id, attempt) in self._abandoned:
-                self._abandoned.discard((job_id, attempt))
-                self._given_up.pop((job_id, attempt), None)
-                return True
-            return False
 
     def _drop(self, job_id: int, attempt: int) -> None:
         """No longer hold the job, if the flight held is this attempt's (the lock held)."""
@@ -216,13 +203,10 @@ class InFlight:
     # -- the housekeeper -------------------------------------------------------------
 
     def due_renewals(self, now: float) -> list[Flight]:
-        """Held jobs whose lease is due for renewal and whose timeout has not passed."""
+        """Held jobs whose lease is due for renewal. A job past its time limit is renewed
+        too: its slot and its row stay this attempt's until its outcome is written."""
         with self._lock:
-            return [
-                flight
-                for flight in self._flights.values()
-                if flight.renew_at <= now and flight.timeout_at > now
-            ]
+            return [flight for flight in self._flights.values() if flight.renew_at <= now]
 
     def renewed(self, flight: Flight, *, now: float) -> None:
         with self._lock:
@@ -282,13 +266,31 @@ class InFlight:
             )
 
     def timed_out(self, now: float) -> list[Flight]:
-        """Running jobs past their task's timeout (not those already finished)."""
+        """Running jobs due a look for their time limit (`past_limit`), not those whose
+        success waits for its ack."""
         with self._lock:
             return [
                 flight
                 for flight in self._flights.values()
                 if flight.timeout_at <= now and flight.job.id not in self._acking
             ]
+
+    def past_limit(self, flight: Flight, *, now: float, grace: float) -> str | None:
+        """The housekeeper found `flight` due (`timed_out`). The first time, it is past its
+        hard limit: its flag says so (the task's next `check_cancelled()` raises
+        TimeLimitExceeded) and it is looked at again `grace` seconds later: PAST. The
+        second time its code has not stopped: STUCK, and never looked at again. None if
+        the attempt is no longer held (it finished just now) or waits for its ack."""
+        with self._lock:
+            if self._flights.get(flight.job.id) is not flight or flight.job.id in self._acking:
+                return None
+            if flight.cancel.exceeded is None:
+                flight.cancel.exceeded = flight.timeout or 0.0
+                flight.timeout_at = now + grace
+                self._due_before_the_pass(flight.timeout_at)
+                return PAST
+            flight.timeout_at = NEVER
+            return STUCK
 
     def thread_of(self, job_id: int, attempt: int) -> threading.Thread | None:
         """The executor thread running this attempt of `job_id`, if one is."""
@@ -298,36 +300,10 @@ class InFlight:
                     return thread
             return None
 
-    def abandoned(self) -> int:
-        """Threads given up on (past a time limit) that are still inside their task."""
+    def past_their_limit(self) -> list[Flight]:
+        """The held attempts past their hard time limit whose code has not stopped."""
         with self._lock:
-            return len(self._abandoned)
-
-    def abandon(self, job_id: int, attempt: int, *, keep_lease: bool = False) -> int | None:
-        """Give up on a timed-out job's thread: a new thread takes its place. Returns how
-        many threads are now given up on, or None if the job finished meanwhile.
-
-        The job is no longer held nor renewed, so the reaper takes it back; unless
-        `keep_lease` (a job under a concurrency limit): then it stays held and renewed
-        until its thread ends, so that its slot stays taken while its code can still
-        run, and its outcome is written as usual then."""
-        with self._lock:
-            flight = self._flights.get(job_id)
-            if flight is None or flight.attempt != attempt:
-                return None
-            if keep_lease:
-                flight.timeout_at = NEVER  # renewed again; never timed out twice
-            else:
-                del self._flights[job_id]
-            self._abandoned.add((job_id, attempt))
-            self._given_up[(job_id, attempt)] = flight
-            self._timed_out.add((job_id, attempt))
-            return len(self._abandoned)
-
-    def given_up(self) -> list[Flight]:
-        """The attempts whose threads were given up on (`abandon`) and still run them."""
-        with self._lock:
-            return list(self._given_up.values())
+            return [f for f in self._flights.values() if f.cancel.exceeded is not None]
 
     # -- shutdown --------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from django_skipqueue.exceptions import (
     JobCancelled,
     NotJSONError,
     Retry,
+    SoftTimeLimitExceeded,
     TimeLimitExceeded,
     TransactionLeftOpenError,
     UnknownTaskError,
@@ -57,7 +58,6 @@ from django_skipqueue.faults import is_row_fault
 from django_skipqueue.models import Job, Workflow
 from django_skipqueue.queue.connections import discard
 from django_skipqueue.queue.managers import ErrorInfo
-from django_skipqueue.runtime import interrupt
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
 from django_skipqueue.tasks.registry import registry
 
@@ -144,7 +144,7 @@ def run_and_decide(
     if depths is None:  # every alias's: a task may use several
         depths = atomic_depths()
     task: Task[Any, Any] | None = None
-    past: float | None = None  # the limit, if the worker raised TimeLimitExceeded into it
+    past: float | None = None  # the hard limit, if the worker found the attempt past it
     try:
         try:
             signals.job_started.send(sender=Job, job=job)
@@ -165,23 +165,15 @@ def run_and_decide(
         task = registry.get(job.task)
         if cancel is not None and cancel.is_set():  # cancelled before it started
             raise JobCancelled(job.id)
-        interrupted: float | None = None
         try:
             with SessionWatch(connection):
-                ident = interrupt.enter(job.id)
-                try:
-                    value = _call(task, job, database, cancel, brokered=brokered)
-                finally:
-                    interrupted = interrupt.leave(ident, job.id)
+                value = _call(task, job, database, cancel, brokered=brokered)
         finally:
-            # The limit first: a transaction the interrupt left half-open (it can land
-            # inside atomic()'s own exit, after autocommit went off) is its consequence,
-            # and the attempt ends with TimeLimitExceeded, the rollback as its cause.
-            past = interrupted
-            if interrupted is not None:
-                _close_connections_left_locked()
+            # Past its hard limit (runtime/timelimits.py), the attempt ends with
+            # TimeLimitExceeded, whatever came out of the task, the rest as its cause.
+            past = cancel.exceeded if cancel is not None else None
             _roll_back_left_open(depths)
-        if past is not None:  # the task caught TimeLimitExceeded and returned: still past it
+        if past is not None:  # it returned once past its limit: still past it
             raise TimeLimitExceeded(past)
         result = _return_value(task, value)
         if check_size:
@@ -224,10 +216,9 @@ def run_and_decide(
 
 
 def _past_limit(limit: float, raised: BaseException) -> TimeLimitExceeded:
-    """The worker raised TimeLimitExceeded into the task, and `raised` came out instead
-    (Django's atomic() turns an exception raised during its exit into a
-    ProgrammingError, say; a task may catch it and raise or return something else):
-    the attempt ends with TimeLimitExceeded all the same, `raised` as its cause."""
+    """The attempt ran past its hard limit, and `raised` came out of it (its own error,
+    or SoftTimeLimitExceeded): it ends with TimeLimitExceeded all the same, `raised` as
+    its cause."""
     exceeded = TimeLimitExceeded(limit)
     exceeded.__cause__ = raised
     return exceeded
@@ -329,7 +320,7 @@ def _call(
         args.insert(0, context)
     if task.is_async:
         limit = task.time_limit
-        if limit is not None:  # the interrupt cannot reach the event loop's thread
+        if limit is not None:  # cancelled at its next await past the limit
             return async_to_sync(_within(task.func, limit.total_seconds()))(*args, **job.kwargs)
         return async_to_sync(task.func)(*args, **job.kwargs)
     return task.func(*args, **job.kwargs)
@@ -442,29 +433,6 @@ def atomic_depths() -> Mapping[str, int]:
     read before a job's code runs (2 us: a worker's executor threads pass
     OUTSIDE_ATOMIC instead)."""
     return {c.alias: len(c.atomic_blocks) for c in initialized_connections() if c.atomic_blocks}
-
-
-def _close_connections_left_locked() -> None:
-    """After an interrupt raised into the task: close this thread's connections whose
-    driver lock is still held, which every later statement on them would wait for
-    forever. An interrupt landing inside a `with lock:` block of a driver can leave it
-    so on CPython 3.13, where one at a loop's backward jump may skip the block's exits
-    (psycopg's `Cursor.stream()` and `Connection.notifies()` hold their connection's
-    lock around loops; see `core.compat._last_result`). The session is ended first, so
-    that a connection pool takes the connection back as broken without using it."""
-    for connection in initialized_connections():
-        raw = connection.connection
-        lock = getattr(raw, "lock", None)
-        if lock is None or not getattr(lock, "locked", lambda: False)():
-            continue
-        logger.warning(
-            "an interrupt left the lock of the connection to %r held; it is closed",
-            connection.alias,
-        )
-        finish = getattr(getattr(raw, "pgconn", None), "finish", None)
-        if finish is not None:
-            finish()
-        discard(connection)
 
 
 def _roll_back_left_open(depths: Mapping[str, int]) -> None:
@@ -614,4 +582,7 @@ def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
         return False  # the database refused this job's own row or result
     if isinstance(error, UnknownTaskError):
         return True  # a rolling deploy: a newer worker may know the task
+    if isinstance(error, (TimeLimitExceeded, SoftTimeLimitExceeded)):
+        policy = task.retry_policy if task is not None else default_retry_policy()
+        return policy.retry_time_limits  # Celery's default: not retried (core/retry.py)
     return task is None or not isinstance(error, task.non_retryable)

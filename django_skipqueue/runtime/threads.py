@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +56,14 @@ class Supervisor:
                 if thread in members:
                     members.remove(thread)
 
-    def join_all(self, *, within: float) -> None:
-        """Wait for every member, all together at most `within` seconds."""
+    def join_all(self, *, within: float, skip: Collection[threading.Thread] = ()) -> None:
+        """Wait for every member but `skip`, all together at most `within` seconds."""
         until = time.monotonic() + within
         with self._lock:
             threads = [thread for members in self._groups.values() for thread in members]
         for thread in threads:
+            if thread in skip:
+                continue
             thread.join(timeout=max(until - time.monotonic(), 0))
 
     def _run(self, group: str, name: str, target: Callable[[], None]) -> None:

@@ -8,7 +8,8 @@ Threads and connections (N = concurrency; `connection_budget()` says how many at
 - N executor threads: each runs one job at a time on its own Django connection; a
   success is handed to the dispatcher to acknowledge, other outcomes are written at once;
 - the housekeeper (housekeeper.py): renews the leases of jobs in flight, records the
-  heartbeat, and reaps expired leases;
+  heartbeat, reaps expired leases, and looks at the jobs past their hard time limit
+  (timelimits.py: a task that does not stop makes the worker exit, code 3);
 - the notifier (notifier.py): LISTENs on the queues' channels on its own connection;
 - the scheduler (maintenance/scheduler.py): enqueues the schedules' occurrences (a
   worker whose code has none left syncs once, then its thread ends).
@@ -28,20 +29,19 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 
 from django.db import DatabaseError, connections
 
-from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
-from django_skipqueue.exceptions import ConfigurationError, TimeLimitExceeded
+from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.maintenance.scheduler import Scheduler, defined_schedules
-from django_skipqueue.models import Job, JobState, Queue, WorkerProcess
+from django_skipqueue.models import Job, Queue, WorkerProcess
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.connections import (
     HEALTH_CHECK_SECONDS,
@@ -51,7 +51,7 @@ from django_skipqueue.queue.connections import (
     refresh_connections,
     retry_transient,
 )
-from django_skipqueue.queue.managers import ErrorInfo, JobManager
+from django_skipqueue.queue.managers import JobManager
 from django_skipqueue.runtime.executor import (
     OUTSIDE_ATOMIC,
     Execution,
@@ -64,20 +64,18 @@ from django_skipqueue.runtime.executor import (
 from django_skipqueue.runtime.flow import REFRESH_SECONDS, FlowView
 from django_skipqueue.runtime.housekeeper import Housekeeper
 from django_skipqueue.runtime.inflight import (
-    NEVER,
     Buffer,
     ClaimSize,
     Finished,
     Flight,
     InFlight,
 )
-from django_skipqueue.runtime.interrupt import interrupt
 from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.notifier import Notifier
 from django_skipqueue.runtime.progress import ProgressLog, WorkerStats
-from django_skipqueue.runtime.runner import Outcome, describe_error, retry_delay
 from django_skipqueue.runtime.stopsignals import StopSignals
 from django_skipqueue.runtime.threads import Supervisor
+from django_skipqueue.runtime.timelimits import EXIT_TIME_LIMIT, HardLimits
 from django_skipqueue.runtime.waiting import Waiting
 from django_skipqueue.tasks.registry import registry
 
@@ -100,28 +98,9 @@ BUFFERED_CANCEL_CHECK_SECONDS = 0.5
 #: How long the helpers (housekeeper, scheduler, listener) wait for the first claim to
 #: return before they start their work anyway (`Worker._start_threads`).
 HELPERS_HEAD_START_SECONDS = 1.0
-#: How long the housekeeper waits for a thread it raised TimeLimitExceeded into to end.
-STOP_WAIT_SECONDS = 1.0
-#: How long a child of `--processes` ending for a task past its time limit waits for a
-#: claim under way to hand its jobs over, so that it releases them with the others.
-EXIT_CLAIM_WAIT_SECONDS = 5.0
-#: A threaded worker stops (for its supervisor to start it again) once more than this
-#: share of its threads are stuck in tasks past their hard time limit: their places are
-#: taken by new threads meanwhile, so no slot is lost, but their memory and CPU are.
-STUCK_SHARE = 0.5
 #: At shutdown, how long past its lease a job still running in a concurrency slot keeps
 #: it: the process ends within the thread join (a second) of that moment.
 KEEP_MARGIN_SECONDS = 2.0
-#: The exit code of a worker that stopped for stuck threads, or of a `--processes`
-#: child ended for a task past its time limit: not 0, so that a supervisor restarts it.
-EXIT_TIME_LIMIT = 3
-#: What the fenced fail of an attempt given up at such an exit wrote, as the worker's
-#: counts name it (QueueMinute, the metrics), as the executor counts a failed attempt.
-_FAILED_ATTEMPT_OUTCOMES = {
-    JobState.PENDING: Outcome.RETRYING,
-    JobState.FAILED: Outcome.FAILED,
-    JobState.CANCELLED: Outcome.CANCELLED,
-}
 
 
 class Worker:
@@ -142,13 +121,9 @@ class Worker:
         prefetch: int | None = None,
         database: str | None = None,
         schedules: bool | None = None,
-        exit_on_time_limit: bool = False,
         meter: Meter | None = None,
     ) -> None:
         conf = get_settings()
-        #: A child of `--processes`: a task past its hard time limit that does not stop
-        #: when interrupted ends this process (the pool replaces it), see `_abandon`.
-        self.exit_on_time_limit = exit_on_time_limit
         self.queues = [validate_queue_name(name) for name in dict.fromkeys(queues)]
         if not self.queues:
             raise ValueError("a worker needs at least one queue")
@@ -184,8 +159,6 @@ class Worker:
         self.meter = meter or Meter()
         self.process: WorkerProcess | None = None
         self.stop_reason = ""
-        #: Stopped because too many threads were stuck past a time limit (`_abandon`).
-        self.stuck_exit = False
 
         self.flow = FlowView(
             queues=self.queues,
@@ -199,14 +172,6 @@ class Worker:
         self._work = Buffer()  # claimed jobs on their way to the executor threads
         self._wake = threading.Event()  # a NOTIFY, a free thread, or stop()
         self._stopping = threading.Event()  # no more claims
-        # Held by the dispatcher from a claim's statement to its jobs' hand-over, and by
-        # `_exit_for_time_limit` while it releases the buffered jobs: no claim lands
-        # after that release, to be stranded until its lease ends by the exit.
-        self._claiming = threading.Lock()
-        self._exiting = False
-        # Set by `_exit_for_time_limit` before it takes the queued successes: one queued
-        # after that is acknowledged by its own thread (`_defer_ack`).
-        self._acks_direct = False
         self._halted = threading.Event()  # shutdown finished: helpers end
         self._notifier: Notifier | None = None  # its bell is rung at shutdown
         # Set once the first claim has returned (or failed): the helpers wait for it,
@@ -216,12 +181,15 @@ class Worker:
         self._release_prefetched = True
         self.threads = Supervisor(halted=self._halted, died=self._thread_died)
         self.waiting = Waiting(database=self.database)
+        self.time_limits = HardLimits(
+            held=self.held, stats=self.stats, database=self.database, stop=self.stop
+        )
         self.housekeeper = Housekeeper(
             database=self.database,
             held=self.held,
             stats=self.stats,
             halted=self._halted,
-            abandon=self._abandon,
+            past_limit=self.time_limits.look,
             heartbeat_interval=conf.HEARTBEAT_SECONDS,
             reap_interval=conf.REAP_INTERVAL_SECONDS if reap_interval is None else reap_interval,
             prune_workers_after=timedelta(seconds=conf.WORKER_PRUNE_AFTER_SECONDS),
@@ -245,9 +213,15 @@ class Worker:
 
     # -- control ----------------------------------------------------------------------
 
+    @property
+    def stuck_exit(self) -> bool:
+        """It stopped for a task past its hard time limit that did not stop."""
+        return self.time_limits.stuck_exit
+
     def run(self) -> int:
         """Run until stopped (or the burst, job or memory limit); returns the exit code:
-        0, or EXIT_TIME_LIMIT when it stopped for threads stuck past a time limit."""
+        0, or EXIT_TIME_LIMIT when it stopped for a task past its hard time limit whose
+        code still runs (the caller should end the process: timelimits.py)."""
         self._register()
         self._start_threads()
         logger.info(
@@ -334,10 +308,7 @@ class Worker:
                 self._wake.wait(1.0)
                 continue
             try:
-                with self._claiming:
-                    if self._exiting:
-                        break
-                    claimed = self._claim(free)
+                claimed = self._claim(free)
             except DatabaseError as error:
                 self._first_claim.set()  # the helpers start now, not after the back-off
                 # Passing (the connection, a read-only or restarting server) or not (the
@@ -420,17 +391,9 @@ class Worker:
         return refill
 
     def _defer_ack(self, job: Job, attempt: int, result: object, duration: float) -> None:
-        """From an executor thread: queue a success for the dispatcher's next batch. Once
-        the process ends for a time limit (`_exit_for_time_limit` sets `_acks_direct`,
-        then acknowledges what is queued), the queue is taken here too: a success queued
-        after the exit's take was never acknowledged, reaped and run again (an outside
-        trial, 2 of 23 exits). No lock on this path: a success queued before the flag was
-        set is the exit's to take, one after it sees the flag."""
+        """From an executor thread: queue a success for the dispatcher's next batch."""
         self.held.queue_ack(Finished(job, attempt, result, duration))
-        if self._acks_direct:
-            self._ack_finished()
-        else:
-            self._nudge()
+        self._nudge()
 
     def _nudge(self) -> None:
         """Wake the dispatcher (from an executor thread, two or three times a job).
@@ -594,9 +557,6 @@ class Worker:
                     self.held.stop_running(me)
                     if execution is not None or raised:  # else the dispatcher acks it
                         self._finished(job, execution)
-                if self.held.thread_retires(job.id, job.attempts):
-                    self.threads.retire(me)
-                    return  # a replacement thread took this one's place
         finally:
             connections.close_all()
 
@@ -616,164 +576,18 @@ class Worker:
             logger.debug("cancel check failed id=%s: %r", job.id, error)
 
     def _finished(self, job: Job, execution: Execution | None) -> None:
-        if self.held.finish(job.id, job.attempts):  # else counted when it timed out
-            self.stats.finished += 1
-            if execution is not None:
-                self.sizing.observe(execution.duration)
-                key = execution.outcome.value
-                self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
-        if execution is not None:  # a job given up on past its time limit too, if it ends
+        self.held.finish(job.id, job.attempts)
+        self.stats.finished += 1
+        if execution is not None:
+            self.sizing.observe(execution.duration)
+            key = execution.outcome.value
+            self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
             self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
         if job.concurrency_key is not None or job.queue_name in self.flow.limits:
             # Its slot is free: a keyed job its key held back may be claimed now, not
             # only after the housekeeper's next probe (up to KEYED_PROBE_SECONDS).
             self.flow.note_keyed(True)
         self._nudge()
-
-    def _abandon(self, flight: Flight) -> None:
-        """From the housekeeper: a job past its hard time limit (`time_limit`).
-
-        Its thread is made to raise TimeLimitExceeded (`interrupt`: a task looping in
-        Python stops at once, and its attempt ends through the fence as a failure,
-        retried as its policy says), its lease is no longer renewed (so the reaper takes
-        it back if the thread does not stop), and a new thread takes its place. In a
-        child of `--processes`, a thread that has not stopped within a second ends the
-        process: the attempt is failed through the fence, the jobs not yet started are
-        released, and the pool starts a new child. A threaded worker whose given-up
-        threads outnumber STUCK_SHARE of its concurrency stops, for its supervisor to
-        start it again.
-
-        A job holding a concurrency slot keeps its lease while its thread runs (H15):
-        the slot is freed when its code stops, not before.
-        """
-        job = flight.job
-        limited = self.flow.holds_slot(job)
-        thread = self.held.thread_of(job.id, flight.attempt)
-        hung = self.held.abandon(job.id, flight.attempt, keep_lease=limited)
-        if hung is None:
-            return  # finished just now
-        self.stats.timed_out += 1
-        limit = flight.timeout or 0.0
-        interrupted = thread is not None and interrupt(thread, job.id, limit)
-        logger.warning(
-            "job timed out id=%s task=%s attempt=%d limit=%gs: %s; %s",
-            job.id,
-            job.task,
-            flight.attempt,
-            limit,
-            "TimeLimitExceeded raised in its thread"
-            if interrupted
-            else "its thread is not in its task yet (raised as it enters it) or any more",
-            "its lease is kept while its thread runs (a concurrency limit holds its slot)"
-            if limited
-            else "lease no longer renewed",
-        )
-        # A child of --processes may end within STOP_WAIT_SECONDS, killing what runs in
-        # it: the thread taking this one's place starts once this one has stopped
-        # (`_after_time_limit`), else it started a buffered job only for the exit to
-        # kill it, left to its lease (an outside trial, 4 of 4 at --concurrency 1).
-        replace_later = self.exit_on_time_limit and thread is not None
-        if not replace_later:
-            self._spawn_executor()
-            self._wake.set()
-        if thread is not None:  # not the housekeeper's to wait: it renews the others
-            check = threading.Timer(
-                STOP_WAIT_SECONDS,
-                self._after_time_limit,
-                args=(flight, thread, limit, replace_later),
-            )
-            check.daemon = True
-            check.start()
-
-    def _after_time_limit(
-        self, flight: Flight, thread: threading.Thread, limit: float, replace: bool = False
-    ) -> None:
-        """STOP_WAIT_SECONDS after a job's hard limit: if its thread is still in the task,
-        end this process (a `--processes` child), or stop the worker once more than
-        STUCK_SHARE of its threads are stuck so. With `replace`, a thread that stopped
-        is replaced now (`_abandon`)."""
-        try:
-            if self._halted.is_set():
-                return
-            if not thread.is_alive():
-                if replace:
-                    self._spawn_executor()
-                    self._wake.set()
-                return
-            if self.exit_on_time_limit:
-                self._exit_for_time_limit(flight, limit)
-            stuck = self.held.abandoned()
-            if stuck > self.concurrency * STUCK_SHARE:
-                self.stuck_exit = True
-                self.stop(
-                    f"{stuck} of {self.concurrency} threads stuck in tasks past their time "
-                    f"limit; exiting for the supervisor to restart this worker"
-                )
-        except Exception:
-            logger.exception("worker could not act on job id=%s past its time limit", flight.job.id)
-
-    def _exit_for_time_limit(self, flight: Flight, limit: float) -> None:
-        """A child of `--processes` whose task does not stop past its hard limit: fail
-        the attempt through the fence (retried as its policy says), release the jobs not
-        yet started, and end the process now; the pool starts a new child. The child's
-        other running jobs are left to the reaper (their code stops with the process)."""
-        job = flight.job
-        jobs = Job.objects.db_manager(self.database)
-        self._exiting = True  # the dispatcher claims no more; a claim under way ends first
-        claim_ended = self._claiming.acquire(timeout=EXIT_CLAIM_WAIT_SECONDS)
-        try:
-            self._fail_past_limit(flight, limit, jobs)
-            # Attempts given up on earlier whose threads still run them die with this
-            # process too: failed the same way, not left to their lease (an outside
-            # trial, 5 of 5 runs at --concurrency 2).
-            for other in self.held.given_up():
-                if (other.job.id, other.attempt) != (job.id, flight.attempt):
-                    self._fail_past_limit(other, other.timeout or 0.0, jobs)
-            unstarted = self.held.unstarted(self._work.drain())
-            release_on_shutdown([(f.job, f.attempt) for f in unstarted], self.database)
-        except DatabaseError as error:
-            logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
-        # What the process would write on a graceful stop: the successes waiting for
-        # their batched ack (else reaped and run again) and the last seconds' counts.
-        self._acks_direct = True  # before the take: a success queued later is its thread's
-        try:
-            self._ack_finished()
-            self.meter.flush(self.database)
-        except DatabaseError as error:
-            logger.error("acks or counts not written before the exit: %s", error)
-        self._mark_stopped()  # dead at once, for the admin, the pruner and the NOTIFY flags
-        if not claim_ended:
-            logger.error(
-                "a claim did not end within %gs: its jobs are left to the reaper",
-                EXIT_CLAIM_WAIT_SECONDS,
-            )
-        logger.error(
-            "job past its time limit id=%s task=%s attempt=%d limit=%gs did not stop: "
-            "ending this worker process (%d other jobs running are left to the reaper)",
-            job.id,
-            job.task,
-            flight.attempt,
-            limit,
-            self.held.held(),  # the given-up job left them when its thread was given up
-        )
-        logging.shutdown()
-        os._exit(EXIT_TIME_LIMIT)
-
-    def _fail_past_limit(self, flight: Flight, limit: float, jobs: JobManager) -> None:
-        """Fail `flight`'s attempt through the fence as past its hard limit, counted and
-        signalled as the executor does for a failed attempt (`_exit_for_time_limit`)."""
-        job = flight.job
-        task = registry.get(job.task) if job.task in registry else None
-        exceeded = TimeLimitExceeded(limit)
-        error = describe_error(exceeded)
-        retry_in = retry_delay(task, exceeded, flight.attempt)
-        state = jobs.fail(job.id, flight.attempt, error=error, retry_in=retry_in)
-        if state is None:  # finished meanwhile, or no longer this attempt's
-            return
-        known = flight.timeout and flight.timeout_at != NEVER  # a kept lease has no deadline
-        ran = time.monotonic() - (flight.timeout_at - limit) if known else limit
-        self.meter.finished(job.queue_name, job.task, _FAILED_ATTEMPT_OUTCOMES[state], ran)
-        _signal_failed_attempt(job, state, error, retry_in, exceeded)
 
     # -- threads ----------------------------------------------------------------------
 
@@ -862,7 +676,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Release the jobs claimed ahead at once, give the running ones the grace
-        period, release the rest, then end every thread."""
+        period, release the rest, end every thread, and last fail the attempts past
+        their hard time limit whose code still runs (timelimits.py)."""
         # Jobs claimed ahead and never started: out of the buffer, and released now,
         # before the grace period. Released after it (as they were), they stayed
         # `running` for up to the whole grace period where another worker could have
@@ -876,7 +691,8 @@ class Worker:
         while time.monotonic() < deadline:
             self._wake.clear()
             self._ack_finished()
-            if not len(self.held):
+            # Those past their time limit had their grace: the others are waited for.
+            if len(self.held) == len(self.held.past_their_limit()):
                 break
             self._wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
         self._ack_finished()
@@ -888,6 +704,8 @@ class Worker:
         flights: list[Flight] = []
         kept: list[Flight] = []
         for flight in self.held.remaining():
+            if flight.cancel.exceeded is not None:
+                continue  # failed last, below: its lease is renewed until then
             holds = flight.job.id in running and self.flow.holds_slot(flight.job)
             (kept if holds else flights).append(flight)
         jobs = Job.objects.db_manager(self.database)
@@ -907,7 +725,11 @@ class Worker:
                 flight.job.task,
             )
         self._release(flights)
-        self._end_threads()
+        # Threads stuck past a time limit are not waited for: their jobs' leases, no
+        # longer renewed from here, must not run out before their failure is written.
+        self._end_threads(skip=self.time_limits.stuck_threads())
+        for job, execution in self.time_limits.fail_stuck():
+            self._finished(job, execution)
         try:
             self.meter.flush(self.database)  # the last seconds' counts
         except DatabaseError as error:
@@ -932,7 +754,7 @@ class Worker:
         except DatabaseError as error:
             logger.warning("worker row not marked stopped: %s", error)
 
-    def _end_threads(self) -> None:
+    def _end_threads(self, skip: Collection[threading.Thread] = ()) -> None:
         self._halted.set()
         self._first_claim.set()  # a helper still waiting for it ends now
         self.housekeeper.wake.set()
@@ -941,7 +763,7 @@ class Worker:
         self._work.close(len(self.threads.group("executors")))
         # One shared deadline: threads still inside a task (past the grace, their jobs
         # released) are not waited for one by one.
-        self.threads.join_all(within=1.0)
+        self.threads.join_all(within=1.0, skip=skip)
 
 
 def resident_memory_mb() -> float:
@@ -954,26 +776,6 @@ def resident_memory_mb() -> float:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
-
-
-def _signal_failed_attempt(
-    job: Job,
-    state: str,
-    error: ErrorInfo,
-    retry_in: timedelta | None,
-    exceeded: TimeLimitExceeded,
-) -> None:
-    """`job_retried` or `job_failed` for an attempt a `--processes` child failed as it
-    ended (`Worker._exit_for_time_limit`), as the executor sends them for one whose
-    task raised (nothing for a cancelled one). A receiver's error is logged: the exit
-    goes on."""
-    try:
-        if state == JobState.PENDING:
-            signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
-        elif state == JobState.FAILED:
-            signals.job_failed.send(sender=Job, job=job, error=error, exception=exceeded)
-    except Exception:
-        logger.exception("a receiver of the failed attempt's signal raised id=%s", job.id)
 
 
 __all__ = ["Worker", "WorkerStats", "resident_memory_mb"]

@@ -45,6 +45,7 @@ from django_skipqueue.exceptions import (
     InvalidJobError,
     JobCancelled,
     SoftTimeLimitExceeded,
+    TimeLimitExceeded,
 )
 from django_skipqueue.tasks.registry import registry
 
@@ -299,13 +300,24 @@ class TaskContext:
 
     def check_cancelled(self) -> None:
         """The task's safe point: raise JobCancelled if an operator asked this job to
-        stop (reads the row now), or SoftTimeLimitExceeded once the task's
-        `soft_time_limit` has passed."""
+        stop (reads the row now), TimeLimitExceeded once the task's `time_limit` has
+        passed, or SoftTimeLimitExceeded once its `soft_time_limit` has."""
         if (self.cancel_event is not None and self.cancel_event.is_set()) or (
             self._cancel_in_row()
         ):
             self._cancelled()
+        self._past_hard_limit()
         self._past_soft_limit()
+
+    def _past_hard_limit(self) -> None:
+        exceeded = self.cancel_event.exceeded if self.cancel_event is not None else None
+        if exceeded is None and self.hard_deadline is not None:
+            if time.monotonic() >= self.hard_deadline:
+                task = registry.get(self.task_name) if self.task_name in registry else None
+                limit = task.time_limit if task is not None else None
+                exceeded = limit.total_seconds() if limit is not None else 0.0
+        if exceeded is not None:
+            raise TimeLimitExceeded(exceeded)
 
     def _cancel_in_row(self) -> bool:
         from django_skipqueue.models import Job
@@ -337,9 +349,9 @@ class Task(Generic[P, R]):
     takes_context: bool = False
     database: str | None = None
     #: The hard time limit (`time_limit=`, or its older name `timeout=`): past it the
-    #: worker raises TimeLimitExceeded into the task's thread and stops renewing the
-    #: lease; under `--processes` the child running it is killed and replaced. The
-    #: attempt ends through the fence, as a failure or by the reaper. None: no limit.
+    #: attempt ends with TimeLimitExceeded (`check_cancelled()` raises it); a task whose
+    #: code has not stopped a second later makes its worker process exit (code 3), to be
+    #: replaced (runtime/timelimits.py). None: no limit.
     timeout: timedelta | None = None
     #: The soft time limit: past it, `context.check_cancelled()` raises
     #: SoftTimeLimitExceeded, and `context.time_left` counts down to it.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import random
 import threading
@@ -511,37 +513,81 @@ def no_limits(context: TaskContext) -> object:
     return context.time_left
 
 
-@task(time_limit=0.5, lease=10.0, max_attempts=2, retry=RetryPolicy(base=0, cap=0, jitter=0))
-def loops_forever() -> None:
-    """Pure Python: TimeLimitExceeded raised into its thread stops it."""
+@task(
+    takes_context=True,
+    time_limit=0.5,
+    lease=10.0,
+    max_attempts=2,
+    retry=RetryPolicy(base=0, cap=0, jitter=0, retry_time_limits=True),
+)
+def loops_forever(context: TaskContext) -> None:
+    """Loops in Python, checking at its safe point: stopped there at its hard limit, and
+    retried (its policy says so)."""
     while True:
         sum(range(100))
+        context.check_cancelled()
+
+
+@task(takes_context=True, time_limit=0.5, lease=10.0, max_attempts=3)
+def checks_past_its_limit(context: TaskContext) -> None:
+    """Loops, checking at its safe point: stopped there at its hard limit; the default
+    policy does not retry it (Celery's)."""
+    while True:
+        time.sleep(0.01)
+        context.check_cancelled()
+
+
+@task(takes_context=True, soft_time_limit=0.3, time_limit=5.0, max_attempts=3)
+def ignores_its_soft_limit(context: TaskContext) -> None:
+    """Lets SoftTimeLimitExceeded out of its safe point: a failure, not retried."""
+    while True:
+        time.sleep(0.01)
+        context.check_cancelled()
 
 
 @task(time_limit=0.3, lease=30.0, max_attempts=1)
-def loops_past_a_short_limit() -> None:
-    """Pure Python, under a limit far shorter than the housekeeper's longest sleep."""
-    while True:
-        sum(range(100))
+def returns_just_past_its_limit() -> str:
+    """Returns 0.3 s past its limit, inside the grace: the attempt still fails with
+    TimeLimitExceeded, and its worker goes on."""
+    time.sleep(0.6)
+    return "late"
+
+
+@task(takes_context=True, time_limit=0.5, lease=30.0, max_attempts=1)
+def logs_past_its_limit(context: TaskContext, seconds: float = 60.0) -> None:
+    """Logs in a tight loop, never at a safe point: an exception raised into its thread
+    from outside lands inside logging's handler lock and leaves it held for ever."""
+    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
+    log = logging.getLogger("tests.testapp.chatty")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        log.warning("still working job=%s", context.job_id)
 
 
 @task(
     takes_context=True,
-    time_limit=0.5,
-    lease=2.0,
-    max_attempts=3,
-    retry=RetryPolicy(base=0, cap=0, jitter=0),
+    concurrency_key=("account",),
+    concurrency_limit=1,
+    time_limit=1.0,
+    lease=30.0,
+    max_attempts=1,
 )
-def stuck_then_loops(context: TaskContext) -> None:
-    """Attempt 1 blocks in C past its limit (its thread given up on; the reaper takes the
-    job back); later attempts loop in Python, which the limit's interrupt stops."""
-    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
-    if context.attempt == 1:
-        time.sleep(4.0)
-        return
-    deadline = time.monotonic() + 8.0
-    while time.monotonic() < deadline:
-        sum(range(100))
+def reads_a_silent_socket(context: TaskContext, account: str, seconds: float = 60.0) -> None:
+    """Blocked in C, a socket read that no data comes to, under a concurrency limit of 1
+    per account; records when its code runs (a Span, ended only if it returns)."""
+    import socket
+
+    Span.objects.create(job_id=context.job_id, key=account)
+    ours, theirs = socket.socketpair()
+    try:
+        if seconds > 0:
+            ours.settimeout(seconds)
+            with contextlib.suppress(TimeoutError):
+                ours.recv(1)
+    finally:
+        ours.close()
+        theirs.close()
+    Span.objects.filter(job_id=context.job_id).update(ended_at=Now())
 
 
 def _log_signal(path: str, name: str) -> object:
@@ -561,21 +607,9 @@ if os.environ.get("SKIPQUEUE_TEST_SIGNAL_LOG"):  # a worker process's outcome si
         )
 
 
-@task(time_limit=0.3, lease=30.0, max_attempts=1)
-def loops_holding_its_connections_lock() -> None:
-    """Takes its connection's driver lock and loops past its limit: the lock is left
-    held, as by an interrupt that skipped a driver's `with lock:` exit (CPython 3.13)."""
-    from django.db import connection
-
-    connection.ensure_connection()
-    connection.connection.lock.acquire()
-    while True:
-        sum(range(100))
-
-
 @task(time_limit=0.5, lease=2.0, max_attempts=1)
 def sleeps_past_its_limit(seconds: float = 30.0) -> None:
-    """Blocked in C (time.sleep): an interrupt lands only when the sleep ends."""
+    """Blocked in C (time.sleep), never at a safe point."""
     time.sleep(seconds)
 
 
@@ -618,32 +652,6 @@ async def trial_async_loops(seconds: float = 30.0) -> str:
     while time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     return "ran to the end"
-
-
-@task(takes_context=True, time_limit=0.5, lease=30.0, max_attempts=1)
-def trial_swallows(context: TaskContext, seconds: float = 3.0) -> str:
-    """Catches BaseException (a bare except) and keeps going."""
-    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
-    deadline = time.monotonic() + seconds
-    caught = 0
-    while time.monotonic() < deadline:
-        try:
-            sum(range(1000))
-        except BaseException:  # noqa: BLE001
-            caught += 1
-    return f"caught {caught}"
-
-
-@task(takes_context=True, time_limit=0.3, lease=30.0, max_attempts=1)
-def trial_queries_forever(context: TaskContext) -> None:
-    """Loops on ORM queries (and a transaction) until its time limit stops it."""
-    from django.db import transaction
-
-    Run.objects.create(job_id=context.job_id, attempt=context.attempt, pid=os.getpid())
-    while True:
-        with transaction.atomic():
-            Run.objects.filter(job_id=context.job_id).update(attempt=context.attempt)
-            list(Run.objects.filter(job_id=context.job_id)[:5])
 
 
 #: Set by tests/test_job_progress.py to let `reports_progress` finish.

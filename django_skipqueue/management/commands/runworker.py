@@ -218,7 +218,6 @@ class Command(BaseCommand):
                 reap_interval=options["reap_interval"],
                 prefetch=options["prefetch"],
                 schedules=False if options["no_schedules"] else None,
-                exit_on_time_limit=options["processes"] > 1,
             )
         except (ValueError, ConfigurationError) as error:
             raise CommandError(str(error)) from error
