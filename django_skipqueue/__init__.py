@@ -6,15 +6,11 @@ in any module, whether or not the app registry is ready.
 
 from __future__ import annotations
 
-from django_skipqueue.core import collector
-
-collector.pause_for_worker_start()  # first: before the imports of the worker's start-up
-
-from django_skipqueue.core.cron import Cron  # noqa: E402
-from django_skipqueue.core.retry import RetryPolicy  # noqa: E402
-from django_skipqueue.exceptions import DuplicateJobError, Retry, WorkflowFailed  # noqa: E402
-from django_skipqueue.tasks.base import Signature, Task, TaskContext, task  # noqa: E402
-from django_skipqueue.tasks.canvas import chain, chord, group  # noqa: E402
+from django_skipqueue.core.cron import Cron
+from django_skipqueue.core.retry import RetryPolicy
+from django_skipqueue.exceptions import DuplicateJobError, Retry, WorkflowFailed
+from django_skipqueue.tasks.base import Signature, Task, TaskContext, task
+from django_skipqueue.tasks.canvas import chain, chord, group
 
 __version__ = "0.1.0"
 

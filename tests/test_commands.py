@@ -239,11 +239,10 @@ def test_sigterm_ends_a_worker_whose_task_left_a_process_running(start_worker, t
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_runworker_process_collects_garbage_again_once_started_with_its_start_up_frozen():
-    """The collector is off from this package's import to the command's start (43
-    collections, 24 ms of a start-up): it must be on again for the jobs, with what
-    start-up made frozen, in a worker and in the children of `--processes`. A process
-    that is not `runworker` keeps it as it was."""
+def test_a_runworker_process_collects_garbage_with_its_start_up_frozen():
+    """The collector is on for the jobs, with what start-up made frozen, in a worker and
+    in the children of `--processes`. Nothing turns it off: importing the package under
+    any argv (another app's `runworker` listed first, Channels') leaves it as it was."""
     import gc
 
     from tests.processes import run_python
@@ -259,6 +258,12 @@ def test_a_runworker_process_collects_garbage_again_once_started_with_its_start_
     assert gc.isenabled()  # this test process imported the package too: untouched
     shell = run_python("-c", "import gc, django_skipqueue; print(gc.isenabled())")
     assert shell.stdout.strip() == "True"
+    other = run_python(
+        "-c",
+        "import sys; sys.argv = ['manage.py', 'runworker']; import gc, django_skipqueue; "
+        "print(gc.isenabled())",
+    )
+    assert other.stdout.strip() == "True", other.stderr
 
 
 @pytest.mark.django_db(transaction=True)

@@ -24,7 +24,7 @@ def add(a: int, b: int) -> int:
 
 @task
 def collector_state() -> dict[str, object]:
-    """The worker process's garbage collector, as a job sees it (core/collector.py)."""
+    """The worker process's garbage collector, as a job sees it (runworker's gc.freeze)."""
     import gc
 
     return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}

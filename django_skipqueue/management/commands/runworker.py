@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -22,7 +23,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_skipqueue.conf.relay import relay_config
-from django_skipqueue.core import collector
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.management.arguments import (
@@ -223,7 +223,11 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
 
     def handle(self, *args: Any, **options: Any) -> None:
-        collector.resume()  # off since this package's import (core/collector.py)
+        # What start-up made (Django, the apps, psycopg: no garbage) goes to the
+        # collector's permanent generation, so that no full collection walks it again,
+        # and the children of --processes share its pages instead of copying them (as
+        # the documentation of gc.freeze describes). The collector itself is untouched.
+        gc.freeze()
         configure_logging(self, options["verbosity"])
         if options["metrics_port"] is not None and not importlib.util.find_spec(
             "prometheus_client"
