@@ -639,6 +639,21 @@ def test_a_unique_key_that_is_plainly_not_a_secret_is_shown_as_written(superuser
     assert key in page.content.decode()
 
 
+def test_a_secret_passed_positionally_is_masked_as_by_keyword(viewer):
+    """`call_partner(url, "p@ssw0rd")`: a view-only user saw the password, which the same
+    call by keyword masks; the task's parameter names mask it now. A chain step's own
+    arguments come after its parent's result, and are matched past it."""
+    from tests.testapp.tasks import call_partner
+
+    job = JobFactory(task=call_partner.name, args=["https://partner", "p@ssw0rd-1", 5])
+    step = JobFactory(task=call_partner.name, args=["p@ssw0rd-2"], inputs={"results": {"job": 1}})
+    for one in (job, step):
+        page = viewer.get(reverse("admin:skipqueue_job_change", args=[one.id])).content.decode()
+        assert "p@ssw0rd" not in page and "***" in page
+    page = viewer.get(reverse("admin:skipqueue_job_change", args=[job.id])).content.decode()
+    assert "https://partner" in page
+
+
 def test_errors_written_by_another_client_are_masked_on_the_list_and_the_page(superuser_client):
     leak = "ConnectionError: postgres://app:pw-leaked@db/x Authorization: Bearer tok-leaked"
     entry = {"attempt": 1, "at": "2030-01-01T00:00:00+00:00", "type": "E"}

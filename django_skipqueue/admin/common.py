@@ -24,7 +24,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.core.redaction import redact
+from django_skipqueue.core.redaction import redact_call
 from django_skipqueue.core.states import EXPIRED
 from django_skipqueue.models import (
     Job,
@@ -242,10 +242,24 @@ def as_id(text: str) -> int | None:
     return None
 
 
-def arguments_html(args: Any, kwargs: Any) -> str:
-    """A job's or a schedule's arguments as every page of ours shows them: redacted."""
-    data = redact({"args": args, "kwargs": kwargs})
+def arguments_html(args: Any, kwargs: Any, task_name: str = "", skipped: int = 0) -> str:
+    """A job's or a schedule's arguments as every page of ours shows them: redacted, and
+    a positional argument masked where its parameter's name looks secret, as the same
+    value passed by keyword is (`skipped`: the parameters a workflow's inputs fill)."""
+    task = registry.get(task_name) if task_name in registry else None
+    names = task.positional_names[skipped:] if task is not None else ()
+    data = redact_call(args, kwargs, names)
     return format_html("<pre>{}</pre>", json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def inputs_before_args(job: Job) -> int:
+    """How many parameters a workflow job's inputs fill before its own `args` (see
+    Workflow.objects.inputs_of): its parents' results (1), or an on_error job's failed
+    job and error (2); 0 for any other job."""
+    inputs = job.inputs
+    if not inputs or not isinstance(inputs, dict):
+        return 0
+    return 2 if inputs.get("failure") else 1
 
 
 def attempts_text(job: Job) -> str:

@@ -56,6 +56,7 @@ from django_skipqueue.admin.common import (
     arguments_html,
     as_id,
     attempts_text,
+    inputs_before_args,
     short_error,
 )
 from django_skipqueue.admin.queues import QueueOverviewViews
@@ -217,7 +218,7 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         module, _dot, name = job.task.rpartition(".")
         error = ""
         if job.last_error:  # masked again: another client may have written it
-            last_error = redact_text(job.last_error[:2000])
+            last_error = redact_text(job.last_error)[:2000]
             error = format_html(
                 '<br><small class="skipqueue-error skipqueue-cut" title="{}">{}</small>',
                 last_error,
@@ -339,7 +340,7 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, job: Job) -> str:
-        return arguments_html(job.args, job.kwargs)
+        return arguments_html(job.args, job.kwargs, job.task, skipped=inputs_before_args(job))
 
     @admin.display(description=_("unique key"))
     def shown_unique_key(self, job: Job) -> str:
@@ -625,7 +626,7 @@ def failed_headline(job: Job) -> str:
     """'Failed after 3 attempts: ValueError: bad input': a failed job's banner (the
     attempts spent, as the list counts them; the class without its module path)."""
     spent = job.attempts - (job.releases or 0)
-    error = short_error(redact_text(job.last_error[:2000])) if job.last_error else ""
+    error = short_error(redact_text(job.last_error)[:2000]) if job.last_error else ""
     if not error:
         entries = _entries(job.errors)
         if entries:

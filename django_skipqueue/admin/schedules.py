@@ -152,7 +152,7 @@ class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
 
     @admin.display(description=_("arguments"))
     def pretty_args(self, schedule: Schedule) -> str:
-        return arguments_html(schedule.args, schedule.kwargs)
+        return arguments_html(schedule.args, schedule.kwargs, schedule.task)
 
     @admin.display(description=_("latest jobs"))
     def recent_jobs(self, schedule: Schedule) -> str:

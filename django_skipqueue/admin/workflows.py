@@ -75,7 +75,7 @@ class WorkflowAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         if not workflow.error:
             return "-"
         return format_html(
-            '<pre class="skipqueue-error">{}</pre>', redact_text(workflow.error[:4000])
+            '<pre class="skipqueue-error">{}</pre>', redact_text(workflow.error)[:4000]
         )
 
     @admin.display(description=_("jobs"))
@@ -149,6 +149,6 @@ def _note(row: dict[str, Any]) -> str:
     if row["state"] == "waiting" and row["waiting_on"]:
         return format_html(" <small>{}</small>", _("waits on %d") % row["waiting_on"])
     if row["state"] in {"failed", "cancelled"} and row["last_error"]:
-        text = redact_text(row["last_error"][:300]).splitlines() or [""]
+        text = redact_text(row["last_error"])[:300].splitlines() or [""]
         return format_html(' <small class="skipqueue-error">{}</small>', text[0])
     return ""

@@ -15,7 +15,7 @@ only a whole word of the key (words split at punctuation, digits and camelCase),
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from django_skipqueue.conf import get_settings
@@ -169,10 +169,32 @@ def _whole(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
     return MASK, match.end()
 
 
+def _block(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int] | None:
+    """A YAML block scalar under a secret key: every indented line of it masked."""
+    if not is_secret(match["name"], keys):
+        return None
+    newline = "\n" if match["value"].endswith("\n") else ""
+    return f"{match['prefix']}{match['indent']}  {MASK}{newline}", match.end()
+
+
+def _credentials(match: re.Match[str], keys: tuple[str, ...]) -> tuple[str, int]:
+    return f"{match['head']}{MASK}@", match.end()
+
+
 Rule = tuple[str, re.Pattern[str], Replace]
 
 #: (what it masks, pattern, replacement), applied in this order.
 TEXT_RULES: list[Rule] = [
+    (
+        "a YAML block scalar under a secret key (`password: |` and the lines indented under it)",
+        _lazy(
+            r"^(?P<prefix>(?P<indent>[ \t]*)(?P<quote>[\"']?)(?P<name>[A-Za-z0-9_.-]+)(?P=quote)"
+            r"[ \t]*:[ \t]*[|>][-+0-9]*[ \t]*\r?\n)"
+            r"(?P<value>(?:(?P=indent)[ \t]+[^\r\n]*(?:\r?\n|$))+)",
+            re.MULTILINE,
+        ),
+        _block,
+    ),
     (
         "a PEM private key (PKCS#8, RSA, EC, DSA, OPENSSH, ENCRYPTED) or a PGP private key "
         "block, to its END line or, cut short, to the end of its base64",
@@ -203,6 +225,19 @@ TEXT_RULES: list[Rule] = [
         _url_token,
     ),
     (
+        "credentials before a host without a scheme (`app:s3cret@db.internal:5432`)",
+        _lazy(
+            r"(?P<head>(?<![\w/.:@%+-])(?!(?:mailto|sips?|tel|xmpp|urn|news):)"
+            r"[A-Za-z0-9_.%+-]{1,64}:)[^\s:/@'\"]{1,200}@(?=[A-Za-z0-9][A-Za-z0-9.-]*)"
+        ),
+        _credentials,
+    ),
+    (
+        "a URL-encoded `key%3Dvalue` where the key looks secret (`password%3Dhunter2`)",
+        _lazy(rf"(?P<prefix>{_NAME}%3[Dd])(?P<value>[^&\s%]+(?:%(?!26)[0-9A-Fa-f]{{2}}[^&\s%]*)*)"),
+        _key_value,
+    ),
+    (
         "a URL's query parameter that looks secret (`?api_key=`, `&access_token=`, "
         "`?sig=`, `?key=`)",
         _lazy(r"""(?P<prefix>[?&](?P<name>[A-Za-z0-9_.%\[\]-]+)=)(?P<value>[^&#\s'"<>]+)"""),
@@ -229,6 +264,14 @@ TEXT_RULES: list[Rule] = [
         _key_value,
     ),
     (
+        "a secret key's name, a space, then a value of letters and digits (`token S3CRET`)",
+        _lazy(
+            r"(?P<prefix>(?<![A-Za-z0-9_.-])(?P<quote>)(?P<name>[A-Za-z][A-Za-z0-9_-]{1,40})[ \t]+)"
+            r"(?P<value>(?=[^\s,;'\"]*[0-9])(?=[^\s,;'\"]*[A-Za-z])[^\s,;'\"()]{5,})"
+        ),
+        _key_value,
+    ),
+    (
         "credentials after an authentication scheme anywhere (`Bearer <token>`)",
         _lazy(rf"(?P<scheme>\b(?:{'|'.join(AUTH_SCHEMES)})\s+)(?!\*\*\*)[^\s,;\"']+"),
         _scheme_credentials,
@@ -237,7 +280,7 @@ TEXT_RULES: list[Rule] = [
         "tokens whose format gives them away without a key name: Stripe secret keys, "
         "GitHub and Slack tokens, AWS access key ids, JWTs",
         _lazy(
-            r"\b(?:[sr]k_(?:live|test)_[0-9A-Za-z]{10,}|gh[pousr]_[0-9A-Za-z]{30,}"
+            r"\b(?:[sr]k_(?:live|test)_[0-9A-Za-z]+|gh[pousr]_[0-9A-Za-z]{30,}"
             r"|github_pat_[0-9A-Za-z_]{30,}|xox[abposr]-[0-9A-Za-z-]{10,}|AKIA[0-9A-Z]{16}"
             r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
         ),
@@ -259,12 +302,38 @@ def _redact(value: Any, keys: tuple[str, ...]) -> Any:
             for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
-        if len(value) == 2 and isinstance(value[0], str) and is_secret(value[0], keys):
-            return [value[0], MASK]
+        first = value[0] if value else None
+        if (
+            len(value) == 2
+            and isinstance(first, str)
+            and _KEY_NAME.fullmatch(first)
+            and is_secret(first, keys)
+        ):
+            return [first, MASK]  # a (name, value) pair: `["password", "x"]`
         return [_redact(item, keys) for item in value]
     if isinstance(value, str):
         return _redact_text(value, keys)
     return value
+
+
+#: What the first item of a (name, value) pair looks like: a header's or a field's name.
+_KEY_NAME = _lazy(r"[A-Za-z0-9_.-]{1,80}")
+
+
+def redact_call(
+    args: Any, kwargs: Any, names: Sequence[str] = (), keys: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """A job's call as shown: `redact` of its arguments, and each positional argument
+    whose parameter (`names`, in order) looks secret masked whole, as the same value
+    passed by keyword is: `call_partner(url, "p@ssw0rd")` shows `["url", "***"]`."""
+    secrets = _keys(keys)
+    shown = _redact({"args": args, "kwargs": kwargs}, secrets)
+    if isinstance(args, list) and names:
+        shown["args"] = [
+            MASK if index < len(names) and is_secret(names[index], secrets) else item
+            for index, item in enumerate(shown["args"])
+        ]
+    return cast("dict[str, Any]", shown)
 
 
 def redact_text(text: str, keys: Iterable[str] | None = None) -> str:

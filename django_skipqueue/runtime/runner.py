@@ -264,6 +264,10 @@ def describe_error(error: BaseException) -> ErrorInfo:
     """
     kind = type(error)
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
+    # Masked first, then cut: a secret across the cut would be stored with its head
+    # cut off, which no rule recognises (a DSN without its `@`). What is masked is
+    # bounded at four times what is kept: a secret across that bound is cut away.
+    text = redact_text(text[-4 * TRACEBACK_MAX_CHARS :])
     if len(text) > TRACEBACK_MAX_CHARS:
         text = "...(truncated)\n" + text[-TRACEBACK_MAX_CHARS:]
     try:
@@ -272,8 +276,8 @@ def describe_error(error: BaseException) -> ErrorInfo:
         message = f"<str() of the exception raised {type(unprintable).__name__}>"
     return ErrorInfo(
         type=storable_text(f"{kind.__module__}.{kind.__qualname__}"),
-        message=storable_text(redact_text(message[:MESSAGE_MAX_CHARS])),
-        traceback=storable_text(redact_text(text)),
+        message=storable_text(redact_text(message[: 4 * MESSAGE_MAX_CHARS])[:MESSAGE_MAX_CHARS]),
+        traceback=storable_text(text),
     )
 
 

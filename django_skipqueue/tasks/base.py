@@ -445,6 +445,19 @@ class Task(Generic[P, R]):
         )
 
     @property
+    def positional_names(self) -> tuple[str, ...]:
+        """The names of the parameters a job's positional arguments fill, in order (the
+        context left out), for the admin's masking of secret ones; () if unknown."""
+        try:
+            parameters = list(inspect.signature(self.func).parameters.values())
+        except (TypeError, ValueError):
+            return ()
+        if self.takes_context or (self.django_task is not None and self.django_task.takes_context):
+            parameters = parameters[1:]
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return tuple(p.name for p in parameters if p.kind in kinds)
+
+    @property
     def time_limit(self) -> timedelta | None:
         """The hard time limit (stored as `timeout`, its older name)."""
         return self.timeout

@@ -181,6 +181,11 @@ def t23_hangs(seconds: float) -> None:
 
 
 @task(max_attempts=1)
+def call_partner(url: str, password: str, retries: int = 3) -> None:
+    """A secret passed positionally: the admin masks it by its parameter's name."""
+
+
+@task(max_attempts=1)
 def leaks_a_secret(dsn: str) -> None:
     raise ConnectionError(f"could not connect to {dsn} with token=abc123")
 
