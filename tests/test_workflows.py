@@ -23,6 +23,8 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.models import Job, JobState, Workflow, WorkflowState
 from django_skipqueue.testing import run_jobs
+from tests.processes import wait_until
+from tests.testapp import tasks
 from tests.testapp.tasks import (
     add,
     breaks,
@@ -587,3 +589,57 @@ def test_migration_0019_changes_the_workflow_function_both_ways():
     finally:
         call_command("migrate", "skipqueue", verbosity=0)
     assert body().count("(state || '') = 'waiting'") == 3
+
+
+# -- cancel against the members' acks (issue 52, point 2) ----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(240)
+def test_cancelling_a_large_workflow_while_three_workers_ack_its_members_never_deadlocks(
+    start_worker,
+):
+    """The trigger moves a workflow on from the job it finishes: job, children, then the
+    workflow's row; a cancel took the workflow's row, then its jobs: an ack and a cancel
+    of the same workflow deadlocked (14 times in 12 rounds of a 400-member group on
+    three -c 4 workers; four cancels raised, and those workflows ran to the end). Every
+    writer now takes the workflow first. Rounds of a 300-member chord and group, the
+    workflow cancelled (and, every other round, its members by `Job.objects.cancel` as
+    the admin's job action does) while three workers ack its members: the cancel wins
+    each time, and PostgreSQL counts no deadlock."""
+    import time
+
+    from tests.chaos.harness import deadlocks
+
+    workers = [start_worker("--concurrency", "4", "--reap-interval", "1") for _ in range(3)]
+    for worker in workers:
+        worker.wait_for_output("worker started", timeout=20)
+    before = deadlocks()
+    probe = tasks.probe.using(lease=10.0)
+    for round_ in range(6):
+        members = group(probe.si(ms=2) for _ in range(300))
+        flow = chord(members, tasks.chord_body.s()) if round_ % 2 else members
+        workflow = flow.enqueue()
+        ids = list(workflow.jobs.values_list("id", flat=True))
+        wait_until(
+            lambda ids=ids: Job.objects.filter(id__in=ids, state=JobState.DONE).count() >= 40,
+            timeout=30,
+        )
+        if round_ % 2:
+            Job.objects.cancel(ids[len(ids) // 2 :], by="test")
+        assert Workflow.objects.cancel([workflow.id], by="test") == 1
+        workflow.refresh_from_db()
+        assert workflow.state == WorkflowState.CANCELLED
+        wait_until(
+            lambda ids=ids: (
+                not Job.objects.filter(
+                    id__in=ids, state__in=[JobState.PENDING, JobState.WAITING, JobState.RUNNING]
+                ).exists()
+            ),
+            timeout=30,
+            message="a member of the cancelled workflow is still unfinished",
+        )
+    time.sleep(1.0)  # the statistics of the workers' last transactions reach the view
+    assert deadlocks() == before
+    for worker in workers:
+        assert "deadlock detected" not in worker.output()

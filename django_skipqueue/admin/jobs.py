@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.http import (
@@ -495,7 +496,17 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
             if start and time.monotonic() >= deadline:
                 break
             batch = ids[start : start + self.action_batch_size]
-            changed += write(batch)
+            try:
+                changed += write(batch)
+            except DatabaseError as error:  # said, with what was done, not a 500
+                self.message_user(
+                    request,
+                    f"{changed} job(s) {verb}, then the database refused "
+                    f"({str(error).splitlines()[0][:200]}); the rest was not changed. "
+                    f"Run it again to go on.",
+                    messages.ERROR,
+                )
+                return
             done += len(batch)
         if not bounded and done == len(ids):
             _report(self, request, verb, changed, len(ids), why)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import DatabaseError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -123,7 +124,16 @@ class WorkflowAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     )
     def cancel_workflows(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> None:
         ids = list(queryset.values_list("id", flat=True)[:1000])
-        changed = Workflow.objects.cancel(ids, by=request.user.get_username())
+        try:
+            changed = Workflow.objects.cancel(ids, by=request.user.get_username())
+        except DatabaseError as error:  # a lock timeout, a server going away: said, not a 500
+            self.message_user(
+                request,
+                _("No workflow was cancelled: the database refused (%(error)s). Try again.")
+                % {"error": str(error).splitlines()[0][:200]},
+                messages.ERROR,
+            )
+            return
         self.message_user(
             request,
             _("%(changed)d of %(asked)d workflows cancelled (finished ones are left as they are).")

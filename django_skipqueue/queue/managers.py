@@ -1363,11 +1363,19 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         return job_id in self.ack_many([(job_id, attempt, result)])
 
+    def lock_workflows_of(self, ids: Sequence[int]) -> None:
+        """Lock the workflows of these jobs (FOR NO KEY UPDATE, in id order), in the
+        caller's transaction, before it changes the jobs' state (`sql.LOCK_WORKFLOWS_OF`:
+        the one order every such write takes, so none deadlocks with another)."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.LOCK_WORKFLOWS_OF, [list(ids)])
+
     def ack_many(
         self,
         acks: Sequence[tuple[int, int, JSONValue]],
         *,
         errors: dict[int, DatabaseError] | None = None,
+        workflows: bool = False,
     ) -> set[int]:
         """Fenced acks of several jobs in one statement: (job id, attempt, result) each.
 
@@ -1379,13 +1387,20 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         If the statement fails other than by the connection (one row's result breaks a
         constraint, say), each row is acknowledged alone, in a savepoint, so that one
         bad row cannot fail the others. Without `errors`, a row's error is raised.
+
+        `workflows`: some of the jobs belong to a workflow. The ack then runs in a
+        transaction that locks their workflows first (`lock_workflows_of`).
         """
         if not acks:
             return set()
         texts = [None if r is None else encode(r) for _, _, r in acks]
         try:
             params = _ack_parameters(acks, texts)
-            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
+            with (
+                _workflows_first(self, [a[0] for a in acks], workflows),
+                _savepoint_if_in_transaction(self.db),
+                job_cursor(self.db) as cursor,
+            ):
                 rows = _direct_rows(self.db, cursor, sql.ACK_MANY, params)
                 if rows is None:
                     cursor.execute(sql.ACK_MANY, params)
@@ -1402,6 +1417,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for (job_id, attempt, _), text in zip(acks, texts, strict=True):
             try:
                 with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
+                    if workflows:
+                        self.lock_workflows_of([job_id])
                     cursor.execute(sql.ACK_MANY, _ack_parameters([(job_id, attempt, None)], [text]))
                     done.update(row[0] for row in cursor.fetchall())
             except DatabaseError as error:
@@ -1532,18 +1549,26 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """Whether an operator asked this attempt, still held, to stop (one read)."""
         return self.holding(job_id, attempt).filter(cancel_requested_at__isnull=False).exists()
 
-    def end_cancelled(self, job_id: int, attempt: int) -> bool:
+    def end_cancelled(self, job_id: int, attempt: int, *, workflow: bool = False) -> bool:
         """The attempt stopped on a cancel request: the job ends cancelled, never to be
-        retried. One fenced UPDATE; False: the attempt had lost the job."""
-        return (
-            self.holding(job_id, attempt).update(
-                state=JobState.CANCELLED, finished_at=Now(), leased_until=None
+        retried. One fenced UPDATE; False: the attempt had lost the job. `workflow`: the
+        job is a workflow's, whose row is locked first (`lock_workflows_of`)."""
+        with _workflows_first(self, [job_id], workflow):
+            return (
+                self.holding(job_id, attempt).update(
+                    state=JobState.CANCELLED, finished_at=Now(), leased_until=None
+                )
+                == 1
             )
-            == 1
-        )
 
     def fail(
-        self, job_id: int, attempt: int, *, error: ErrorInfo, retry_in: timedelta | None
+        self,
+        job_id: int,
+        attempt: int,
+        *,
+        error: ErrorInfo,
+        retry_in: timedelta | None,
+        workflow: bool = False,
     ) -> JobState | None:
         """Record `error` for this attempt, then retry after `retry_in` or end failed.
 
@@ -1552,8 +1577,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         A job whose cancel was requested is not retried: it ends cancelled (the error is
         kept). At most three fenced UPDATEs, the third only after a cancel request.
         Returns the new state, or None if this attempt had lost the lease (nothing
-        written).
+        written). `workflow`: the job is a workflow's, whose row is locked first, in one
+        transaction with the writes (`lock_workflows_of`).
         """
+        with _workflows_first(self, [job_id], workflow):
+            return self._fail(job_id, attempt, error=error, retry_in=retry_in)
+
+    def _fail(
+        self, job_id: int, attempt: int, *, error: ErrorInfo, retry_in: timedelta | None
+    ) -> JobState | None:
         history = _AppendCapped(F("errors"), error.entry(), get_settings().ERROR_HISTORY_LENGTH)
         if retry_in is not None:
             retry_in = clamped_delay(retry_in)
@@ -1606,7 +1638,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         # Per queue, for the metrics; the lease index serves it (usually no row).
         by_queue = dict(self.expired().order_by().values_list("queue_name").annotate(n=Count("id")))
         try:
-            with _savepoint_if_in_transaction(self.db):
+            with transaction.atomic(using=self.db):  # a savepoint in the caller's
+                if by_queue:  # their workflows first, as every writer takes them
+                    self._lock_workflows_of_set(self.expired())
                 result = self._reap(self.expired())
         except DatabaseError as error:
             if is_transient(error):
@@ -1646,7 +1680,22 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             .values("id")[:limit]
         )
         with transaction.atomic(using=self.db):
+            self._lock_workflows_of_set(self.past_expiry())  # before the jobs' rows
             return _end_as_expired(self.filter(id__in=chosen).past_expiry())
+
+    def _lock_workflows_of_set(self, jobs: JobQuerySet) -> None:
+        """`lock_workflows_of` for the jobs of a set, read in the same statement (the
+        reaper's: which jobs expired is known only to the statement that reaps them;
+        one that expires between the two is reaped without its workflow locked first)."""
+        workflow = self.model._meta.get_field("workflow").related_model
+        assert workflow is not None and not isinstance(workflow, str)  # noqa: S101
+        list(
+            workflow._default_manager.db_manager(self.db)
+            .filter(id__in=jobs.filter(workflow_id__isnull=False).values("workflow_id"))
+            .order_by("id")
+            .select_for_update(no_key=True)
+            .values_list("id", flat=True)
+        )
 
     def _reap(self, jobs: JobQuerySet) -> ReapResult:
         """Reap the expired jobs among `jobs`: each UPDATE's WHERE is `reapable()`'s,
@@ -1717,6 +1766,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             )
 
         def write(batch: list[int]) -> int:
+            with transaction.atomic(using=self.db):
+                self.lock_workflows_of(batch)
+                return write_locked(batch)
+
+        def write_locked(batch: list[int]) -> int:
             newest: dict[tuple[str, str], int] = {}
             plain: list[int] = []
             rows = self.filter(id__in=batch).retryable().values_list("id", "task", "unique_key")
@@ -1750,6 +1804,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         who = by[:ACTOR_MAX_LENGTH]
 
         def write(batch: list[int]) -> int:
+            with transaction.atomic(using=self.db):
+                self.lock_workflows_of(batch)  # before the jobs, as every writer does
+                return write_locked(batch)
+
+        def write_locked(batch: list[int]) -> int:
             pending = self.filter(
                 id__in=batch, state__in=[JobState.PENDING, JobState.WAITING]
             ).update(state=JobState.CANCELLED, finished_at=Now(), cancelled_by=who)
@@ -1844,6 +1903,19 @@ def _job_template(model: type[Job]) -> tuple[list[str], dict[str, Any]]:
     names = [field.attname for field in fields]
     defaults = {field.attname: field.get_default() for field in fields if field.has_default()}
     return names, dict.fromkeys(names) | defaults
+
+
+@contextlib.contextmanager
+def _workflows_first(manager: JobManager, ids: Sequence[int], wanted: bool) -> Iterator[None]:
+    """With `wanted`, a transaction around the block that first locks the workflows of
+    `ids` (`JobManager.lock_workflows_of`); without, nothing: a job of no workflow pays
+    no statement and no transaction."""
+    if not wanted:
+        yield
+        return
+    with transaction.atomic(using=manager.db):
+        manager.lock_workflows_of(ids)
+        yield
 
 
 def _no_row_returned(spec: JobSpec) -> DatabaseError:

@@ -148,7 +148,10 @@ def execute(
         signals.job_released.send(sender=Job, job=job, delay=delay)
         return Execution(job.id, attempt, Outcome.RELEASED, duration)
     if decision.outcome is Outcome.CANCELLED:
-        ended = _persist(lambda: jobs.end_cancelled(job.id, attempt), job, database)
+        in_workflow = job.workflow_id is not None
+        ended = _persist(
+            lambda: jobs.end_cancelled(job.id, attempt, workflow=in_workflow), job, database
+        )
         if ended.unknown:
             return _unknown(job, attempt, duration)
         if not ended.value:
@@ -225,12 +228,13 @@ def acknowledge(successes: Sequence[Success], database: str) -> list[Execution |
     """
     jobs = _job_manager(database)
     acks = [(job.id, attempt, result) for job, attempt, result, _ in successes]
+    workflows = any(job.workflow_id is not None for job, _, _, _ in successes)
     give_up = min(job.lease.total_seconds() for job, _, _, _ in successes)
     what = f"ids={','.join(str(job.id) for job, _, _, _ in successes[:10])}"
     errors: dict[int, DatabaseError] = {}  # rows whose own ack the database refused
     try:
         answer = persist(
-            lambda: jobs.ack_many(acks, errors=errors),
+            lambda: jobs.ack_many(acks, errors=errors, workflows=workflows),
             give_up_after=give_up,
             what=what,
             database=database,
@@ -313,7 +317,7 @@ def release_on_shutdown(attempts: Sequence[tuple[Job, int]], database: str) -> i
                 logger.debug(
                     "job released on shutdown id=%s task=%s attempt=%d", job.id, job.task, attempt
                 )
-            elif jobs.end_cancelled(job.id, attempt):
+            elif jobs.end_cancelled(job.id, attempt, workflow=job.workflow_id is not None):
                 cancelled.append(job.id)
         except DatabaseError as error:
             logger.warning("job not released id=%s: %s; the reaper will", job.id, error)
@@ -430,7 +434,11 @@ def record_failure(
     error, retry_in, duration = decision.error, decision.retry_in, decision.duration
     assert error is not None  # noqa: S101  (a failure has its error)
     answer = _persist(
-        lambda: jobs.fail(job.id, attempt, error=error, retry_in=retry_in), job, database
+        lambda: jobs.fail(
+            job.id, attempt, error=error, retry_in=retry_in, workflow=job.workflow_id is not None
+        ),
+        job,
+        database,
     )
     if answer.unknown:
         return _unknown(job, attempt, duration, error)
