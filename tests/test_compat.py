@@ -1258,13 +1258,8 @@ def _interrupt_at_check(
 
 def _each_check(test: Callable[..., None]) -> Callable[..., None]:
     """The marks of a test that traces every check of an interrupt: a transactional
-    database test, bounded in time, skipped on 3.11."""
+    database test, bounded in time."""
     for mark in (
-        pytest.mark.skipif(
-            sys.version_info[:2] == (3, 11),
-            reason="CPython 3.11 spins a thread that traces while an interrupt given to "
-            "another thread is pending, or was taken back (the time-limit tests leave both)",
-        ),
         pytest.mark.timeout(120, method="thread"),
         pytest.mark.django_db(transaction=True),
     ):
