@@ -192,3 +192,43 @@ def test_claim_size_waits_for_half_the_room_unless_a_thread_is_idle():
     assert sizing.free(held=8, idle_thread=True) == 0
     with pytest.raises(ValueError, match="prefetch must be zero or more"):
         ClaimSize(concurrency=1, fixed=-1)
+
+
+def claimed(*tasks: str) -> list[SimpleNamespace]:
+    return [SimpleNamespace(id=n, task=task, attempts=1) for n, task in enumerate(tasks, 1)]
+
+
+def test_a_claim_beyond_the_idle_threads_gives_back_what_it_cannot_start_soon():
+    """Behind the idle threads, only jobs of tasks known to be short wait, and only while
+    the known run times ahead keep the wait within the window; a job of an unknown or a
+    long task is given back (the mix changed: a worker of two took 96 of 100)."""
+    sizing = ClaimSize(concurrency=2, fixed=None)
+    for _ in range(5):
+        sizing.observe(0.001, "fast")
+        sizing.observe(1.0, "slow")
+    keep, back = sizing.split(claimed("slow", "slow", "slow", "new", "fast", "fast"), idle=2)
+    assert [j.task for j in keep] == ["slow", "slow", "fast", "fast"]
+    assert [j.task for j in back] == ["slow", "new"]
+    assert sizing.cautious and sizing.prefetch() == 0  # no prefetch while the mix is long
+    keep, back = sizing.split(claimed("slow"), idle=1)
+    assert (len(keep), back, sizing.cautious) == (1, [], True)
+    keep, back = sizing.split(claimed("fast", "fast"), idle=2)  # known short again
+    assert not sizing.cautious
+    for _ in range(60):
+        sizing.observe(0.001, "fast")
+    assert sizing.prefetch() > 0
+
+
+def test_short_jobs_wait_only_while_their_known_run_times_fit_the_window():
+    sizing = ClaimSize(concurrency=1, fixed=None)
+    sizing.observe(0.02, "twenty_ms")
+    keep, back = sizing.split(claimed(*["twenty_ms"] * 6), idle=1)
+    # waits 0, 0.02, 0.04 fit the 0.05 s window; 0.06 does not
+    assert (len(keep), len(back)) == (4, 2)
+
+
+def test_a_fixed_prefetch_is_kept_as_asked():
+    sizing = ClaimSize(concurrency=1, fixed=8)
+    keep, back = sizing.split(claimed("unknown", "unknown", "unknown"), idle=0)
+    assert (len(keep), back) == (3, [])
+

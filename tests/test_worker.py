@@ -1061,3 +1061,34 @@ def test_a_burst_worker_that_finds_nothing_never_listens(caplog):
     said = [record.getMessage() for record in caplog.records]
     assert sum(line.startswith("worker stopped") for line in said) == 8
     assert not [line for line in said if line.startswith("worker listening")]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_after_a_run_of_short_jobs_two_workers_share_the_long_ones(start_worker):
+    """Two `-c 2` workers drain 2,000 no-op jobs (their prefetch grows to the cap), then
+    24 jobs of half a second come: the claim was sized by the no-op mean, and one worker
+    took nearly all of them while the other idled (96 of 100 in an outside trial). Jobs
+    of a task not known to be short are given back at once: each worker runs about
+    half."""
+    from collections import Counter
+
+    from tests.testapp.models import Run
+
+    tasks.add.enqueue_many([((n, n), {}) for n in range(2000)])
+    workers = [start_worker("--concurrency", "2") for _ in range(2)]
+    wait_until(
+        lambda: not Job.objects.exclude(state=JobState.DONE).exists(),
+        timeout=60,
+        message="the no-op jobs did not drain",
+    )
+    slow = [job.id for job in tasks.record.enqueue_many([((), {"sleep": 0.5})] * 24)]
+    wait_until(
+        lambda: Job.objects.filter(id__in=slow, state=JobState.DONE).count() == 24,
+        timeout=60,
+        message="the half-second jobs did not finish",
+    )
+    by_worker = Counter(Run.objects.filter(job_id__in=slow).values_list("pid", flat=True))
+    assert sorted(by_worker.values()) != [24] and min(by_worker.values()) >= 6, by_worker
+    assert all(worker.process.poll() is None for worker in workers)
+

@@ -396,18 +396,54 @@ class ClaimSize:
         self.concurrency = concurrency
         self.fixed = fixed
         self.mean_duration: float | None = None  # moving average of jobs' run time
+        #: The same per task: what `split` knows of a claimed job.
+        self.task_means: dict[str, float] = {}
+        #: A claim held jobs it could not start soon (`split` gave them back): no
+        #: prefetch until a claim's jobs are all of tasks known to be short again.
+        self.cautious = False
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: float, task: str | None = None) -> None:
         mean = self.mean_duration
         self.mean_duration = seconds if mean is None else 0.9 * mean + 0.1 * seconds
+        if task is not None:
+            known = self.task_means.get(task)
+            self.task_means[task] = seconds if known is None else 0.9 * known + 0.1 * seconds
 
     def prefetch(self) -> int:
         if self.fixed is not None:
             return self.fixed
-        if self.mean_duration is None:
+        if self.mean_duration is None or self.cautious:
             return 0
         ahead = self.concurrency * self.WINDOW_SECONDS / max(self.mean_duration, 1e-6)
         return int(min(ahead, self.concurrency * self.PER_THREAD_MAX, self.MAX))
+
+    def split(self, jobs: list[Job], *, idle: int) -> tuple[list[Job], list[Job]]:
+        """The claimed `jobs` (in claim order) to run, and those to give back at once.
+
+        The first `idle` go to the idle threads. Behind them, a job may wait in the
+        buffer only if its task is known to take at most WINDOW_SECONDS and the known
+        run times of the buffered jobs ahead of it keep its wait within the window: the
+        claim's size came from the worker's mean over every task, and a change of mix
+        (5,000 no-op jobs, then 100 of a second) was claimed at the old size, one
+        worker of two taking 96 of the 100. A fixed prefetch (`--prefetch`) is kept as
+        asked."""
+        if self.fixed is not None:
+            return jobs, []
+        means, window = self.task_means, self.WINDOW_SECONDS
+        short = all(means.get(job.task, window + 1) <= window for job in jobs)
+        if len(jobs) <= idle:
+            self.cautious = self.cautious and not short
+            return jobs, []
+        keep, back, wait = jobs[:idle], [], 0.0
+        for job in jobs[idle:]:
+            mean = means.get(job.task)
+            if mean is None or mean > window or wait > window:
+                back.append(job)
+            else:
+                keep.append(job)
+                wait += mean / self.concurrency
+        self.cautious = bool(back) or (self.cautious and not short)
+        return keep, back
 
     def free(self, *, held: int, idle_thread: bool) -> int:
         """Jobs to claim now, with `held` buffered or running. Claims wait until half the

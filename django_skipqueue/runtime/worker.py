@@ -439,8 +439,7 @@ class Worker:
             claimed += self._claim_limited(jobs, fast + limited, limit)
         if fast and len(claimed) < limit:
             plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
-            self._hand_over(plain)
-            claimed += plain
+            claimed += self._hand_over(plain)
             self.flow.refresh_soon()  # the jobs are running: now is a good time to read
             if keyed and not first and len(claimed) < limit:
                 claimed += self._claim_limited(jobs, fast, limit - len(claimed))
@@ -456,13 +455,19 @@ class Worker:
         # Keyed jobs still wait if this claim was full or a limit held some back;
         # otherwise the housekeeper's probe or the next keyed NOTIFY says when to look.
         self.flow.note_keyed(len(claimed) >= limit or held_back is not None)
-        self._hand_over(claimed)
-        return claimed
+        return self._hand_over(claimed)
 
-    def _hand_over(self, claimed: list[Job]) -> None:
-        """Hold the claimed jobs (their leases renewed from now) and queue them to run."""
+    def _hand_over(self, claimed: list[Job]) -> list[Job]:
+        """Hold the claimed jobs (their leases renewed from now) and queue them to run,
+        but those that would wait in the buffer longer than the worker can tell
+        (`ClaimSize.split`): given back at once, for any worker to claim. Returns the
+        jobs held."""
         if not claimed:
-            return
+            return claimed
+        idle = self.concurrency - self.held.busy - self._work.qsize()
+        claimed, back = self.sizing.split(claimed, idle=max(idle, 0))
+        if back:
+            claimed += self._give_back(back)
         now = time.monotonic()
         for job in claimed:  # a renewal due before the housekeeper's pass wakes it
             timeout = registry.get(job.task).timeout if job.task in registry else None
@@ -475,6 +480,24 @@ class Worker:
         for job in claimed:
             logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
             self._work.put(job)
+        return claimed
+
+    def _give_back(self, jobs: list[Job]) -> list[Job]:
+        """Release claimed jobs no thread will start soon (fenced, no attempt spent).
+        Returns those the release did not take (a cancel requested meanwhile, or the
+        database's error): they are held and run as claimed."""
+        pairs = [(job.id, job.attempts) for job in jobs]
+        try:
+            given = Job.objects.db_manager(self.database).release_many(pairs)
+        except DatabaseError as error:
+            logger.debug("claimed jobs not given back: %s; they run here", error)
+            return jobs
+        logger.debug(
+            "claimed jobs given back count=%d: their tasks' run times are not known to be "
+            "short, and every thread is taken",
+            len(given),
+        )
+        return [job for job in jobs if job.id not in given]
 
     def _idle_timeout(self) -> float:
         """Until the next scheduled job is due, at most the (jittered) poll interval.
@@ -579,7 +602,7 @@ class Worker:
         self.held.finish(job.id, job.attempts)
         self.stats.finished += 1
         if execution is not None:
-            self.sizing.observe(execution.duration)
+            self.sizing.observe(execution.duration, job.task)
             key = execution.outcome.value
             self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
             self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
