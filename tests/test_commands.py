@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_skipqueue.maintenance.reaper import Reaper
 from django_skipqueue.models import Job, JobState
@@ -353,3 +355,19 @@ def test_a_workers_start_up_imports_neither_the_migrate_commands_nor_the_migrati
     assert "worker stopped" in result.stdout + result.stderr  # it ran
     [loaded] = [line for line in result.stdout.splitlines() if line.startswith("loaded")]
     assert loaded == "loaded []"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_call_command_puts_text_options_through_their_types():
+    """call_command() hands keyword options over as given: "7d" reached the database
+    and raised a raw DataError. Now it is read as the command line reads it, and a bad
+    value is a CommandError naming the option."""
+    from django.core.management import CommandError, call_command
+
+    from tests.factories import JobFactory
+
+    old = JobFactory(state="done", finished_at=timezone.now() - timedelta(days=9))
+    call_command("reapjobs", prune_done_older_than="7d", stdout=io.StringIO())
+    assert not Job.objects.filter(id=old.id).exists()
+    with pytest.raises(CommandError, match="--prune-done-older-than"):
+        call_command("reapjobs", prune_done_older_than="seven days", stdout=io.StringIO())

@@ -669,3 +669,47 @@ def test_a_job_started_receiver_that_raises_fails_the_attempt_and_the_task_is_no
         signals.job_started.disconnect(raises)
     tasks.record.enqueue()
     assert run()[1] is Outcome.SUCCEEDED and Run.objects.count() == 1
+
+
+# -- issue 52, point 7 ------------------------------------------------------------------
+
+
+def _boom(sender, job, **kwargs):
+    raise RuntimeError("the receiver's own bug")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signal_name", ["job_failed", "job_succeeded"])
+def test_an_outcome_receiver_that_raises_changes_nothing_but_a_line_naming_it(caplog, signal_name):
+    """The outcome is written before its signal: a receiver that raises changed the
+    worker's word to "could not record job" (false) and dropped the attempt from its
+    counts. Now its execution is returned as any other, and one line names the
+    receiver."""
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
+    getattr(signals, signal_name).connect(_boom, weak=False)
+    try:
+        if signal_name == "job_failed":
+            tasks.always_fails.using(max_attempts=1).enqueue()
+        else:
+            tasks.add.enqueue(1, 2)
+        job, outcome = run()
+    finally:
+        getattr(signals, signal_name).disconnect(_boom)
+    expected = Outcome.FAILED if signal_name == "job_failed" else Outcome.SUCCEEDED
+    assert outcome == expected
+    lines = [r.getMessage() for r in caplog.records if "receiver raised" in r.getMessage()]
+    assert len(lines) == 1 and f"signal={signal_name}" in lines[0] and "_boom" in lines[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_the_task_asks_for_is_one_info_line_not_an_error(caplog):
+    """`raise Retry(delay=5)` is the task's plan: Celery logs it at INFO; an ERROR with a
+    traceback made every planned retry an error event (Sentry)."""
+    caplog.set_level(logging.DEBUG, logger="django_skipqueue")
+    tasks.retry_counted.enqueue(delay=5.0, until=2)
+    job, outcome = run()
+    assert (outcome, job.state) == (Outcome.RETRYING, JobState.PENDING)
+    ours = [r for r in caplog.records if r.name.startswith("django_skipqueue")]
+    assert not [r for r in ours if r.levelno >= logging.ERROR], [r.getMessage() for r in ours]
+    [line] = [r for r in ours if "job retry requested" in r.getMessage()]
+    assert line.levelno == logging.INFO and "in=5.000s" in line.getMessage()

@@ -231,4 +231,3 @@ def test_a_fixed_prefetch_is_kept_as_asked():
     sizing = ClaimSize(concurrency=1, fixed=8)
     keep, back = sizing.split(claimed("unknown", "unknown", "unknown"), idle=0)
     assert (len(keep), back) == (3, [])
-

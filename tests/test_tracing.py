@@ -341,3 +341,24 @@ def test_a_relayed_message_keeps_the_stored_context_and_baggage():
         lease_seconds=30.0, trace=stored,
     )  # fmt: skip
     assert Message.decode(message.body(), message.properties().headers).trace == stored
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_oversized_baggage_is_not_carried_and_never_logged_whole(caplog):
+    """A 100 KB baggage value (another client's row) was logged whole, unmasked, by the
+    propagator on every attempt. Over W3C's 8,192 bytes it is not carried on, and our
+    one line names its size, not its text."""
+    import logging
+
+    from django_skipqueue.testing import run_jobs
+
+    caplog.set_level(logging.DEBUG)
+    secret = "token=S3CRET-" + "x" * 100_000
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    tasks.add.enqueue(1, 2)
+    Job.objects.update(trace_context={"traceparent": parent, "baggage": secret})
+    run_jobs()
+    assert Job.objects.get().state == JobState.DONE
+    assert all(len(r.getMessage()) < 2000 for r in caplog.records)
+    assert "S3CRET" not in caplog.text
+    assert any("over 8192" in r.getMessage() for r in caplog.records)

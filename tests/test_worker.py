@@ -1091,4 +1091,3 @@ def test_after_a_run_of_short_jobs_two_workers_share_the_long_ones(start_worker)
     by_worker = Counter(Run.objects.filter(job_id__in=slow).values_list("pid", flat=True))
     assert sorted(by_worker.values()) != [24] and min(by_worker.values()) >= 6, by_worker
     assert all(worker.process.poll() is None for worker in workers)
-

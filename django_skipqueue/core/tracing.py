@@ -26,6 +26,8 @@ import os
 import sys
 from typing import Any
 
+from django_skipqueue.core.redaction import redact_text
+
 logger = logging.getLogger(__name__)
 
 #: The `messaging.system` attribute of our spans.
@@ -112,6 +114,11 @@ def _producer_context(
         span.end()
 
 
+#: The longest value of a stored trace context carried on to a job's run: W3C's limit of
+#: a baggage header (8,192 bytes); a `traceparent` is 55 characters.
+CARRIED_VALUE_MAX_CHARS = 8192
+
+
 def start_run(job: Any) -> Any:
     """Before an attempt of `job` (a Job) runs: its CONSUMER span, made current (None
     without OpenTelemetry; None too without an SDK when the job carries no context;
@@ -137,6 +144,18 @@ def _start_run(job: Any, trace: Any, propagate: Any, context: Any) -> Any:
         if isinstance(stored, dict)
         else {}
     )
+    for key, value in list(carrier.items()):
+        if len(value) > CARRIED_VALUE_MAX_CHARS:
+            # W3C caps baggage at 8,192 bytes; a larger value (another client's, say) was
+            # logged whole, secrets and all, by the propagator, on every attempt.
+            del carrier[key]
+            logger.warning(
+                "tracing: job id=%s carries a %s of %d characters, over %d: not carried on",
+                job.id,
+                redact_text(key[:40]),
+                len(value),
+                CARRIED_VALUE_MAX_CHARS,
+            )
     if not carrier and not _can_record(trace):
         # No parent to carry on and no SDK to record: the API would make the invalid
         # span, and attaching it changes nothing a task can see. Skipped, it saves

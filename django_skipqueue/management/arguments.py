@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
@@ -79,3 +80,20 @@ def configure_logging(command: BaseCommand, verbosity: int) -> None:
         handler = logging.StreamHandler(command.stdout)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
+
+
+def typed_options(parser: CommandParser, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with each value given as text to `call_command()` put through its
+    option's `type`, as the command line's are. Django's call_command() passes keyword
+    options as given: `call_command("reapjobs", prune_done_older_than="7d")` reached
+    the database as "7d" and raised a raw DataError. A bad value is a CommandError."""
+    typed = dict(options)
+    for action in parser._actions:  # argparse's list of options, as call_command reads it
+        value = typed.get(action.dest)
+        if not isinstance(value, str) or action.type is None or action.type is str:
+            continue
+        try:
+            typed[action.dest] = action.type(value)  # type: ignore[operator]
+        except (argparse.ArgumentTypeError, ValueError) as error:
+            raise CommandError(f"{action.option_strings[0]}: {error}") from error
+    return typed

@@ -16,12 +16,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from django.db import DatabaseError, connections
+from django.dispatch import Signal
 
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core import tracing
 from django_skipqueue.core.cancel import CancelFlag
+from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.exceptions import (
+    Retry,
     UnknownTaskError,
 )
 from django_skipqueue.faults import is_transient
@@ -145,7 +148,7 @@ def execute(
             delay.total_seconds(),
             decision.raised,
         )
-        signals.job_released.send(sender=Job, job=job, delay=delay)
+        _announce(signals.job_released, job=job, delay=delay)
         return Execution(job.id, attempt, Outcome.RELEASED, duration)
     if decision.outcome is Outcome.CANCELLED:
         in_workflow = job.workflow_id is not None
@@ -374,7 +377,7 @@ def record_success(
     logger.debug(
         "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
     )
-    signals.job_succeeded.send(sender=Job, job=job, result=result, duration=duration)
+    _announce(signals.job_succeeded, job=job, result=result, duration=duration)
     return Execution(job.id, attempt, Outcome.SUCCEEDED, duration)
 
 
@@ -407,7 +410,7 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
         )
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
-        signals.job_released.send(sender=Job, job=job, delay=decision.retry_in)
+        _announce(signals.job_released, job=job, delay=decision.retry_in)
         return Verdict(Outcome.RELEASED, duration, retry_in=decision.retry_in)
     if decision.failed:
         error = decision.error
@@ -415,15 +418,15 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
         _log_raised(job, attempt, duration, error)
         if decision.retry_in is not None and attempt < job.max_attempts:
             retry_in = decision.retry_in
-            signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+            _announce(signals.job_retried, job=job, error=error, run_after=retry_in)
             return Verdict(Outcome.RETRYING, duration, error=error, retry_in=retry_in)
         logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
-        signals.job_failed.send(sender=Job, job=job, error=error, exception=decision.raised)
+        _announce(signals.job_failed, job=job, error=error, exception=decision.raised)
         return Verdict(Outcome.FAILED, duration, error=error)
     logger.debug(
         "job succeeded id=%s task=%s attempt=%d duration=%.3fs", job.id, job.task, attempt, duration
     )
-    signals.job_succeeded.send(sender=Job, job=job, result=decision.result, duration=duration)
+    _announce(signals.job_succeeded, job=job, result=decision.result, duration=duration)
     return Verdict(Outcome.SUCCEEDED, duration, result=decision.result)
 
 
@@ -447,6 +450,17 @@ def record_failure(
         return _lost(job, attempt, duration, error)
     if isinstance(decision.raised, UnknownTaskError):
         logger.error("job task unknown id=%s task=%s attempt=%d", job.id, job.task, attempt)
+    elif isinstance(decision.raised, Retry) and state == JobState.PENDING:
+        # A retry the task asked for is its plan, not an error: one INFO line, as
+        # Celery's, not an ERROR with a traceback (an error event in Sentry each time).
+        logger.info(
+            "job retry requested id=%s task=%s attempt=%d in=%.3fs reason=%s",
+            job.id,
+            job.task,
+            attempt,
+            retry_in.total_seconds() if retry_in else 0.0,
+            error.message,
+        )
     else:
         _log_raised(job, attempt, duration, error)
     if state == JobState.CANCELLED:  # failed after a cancel request: not retried
@@ -460,11 +474,37 @@ def record_failure(
             attempt,
             retry_in.total_seconds() if retry_in else 0.0,
         )
-        signals.job_retried.send(sender=Job, job=job, error=error, run_after=retry_in)
+        _announce(signals.job_retried, job=job, error=error, run_after=retry_in)
         return Execution(job.id, attempt, Outcome.RETRYING, duration, error)
     logger.warning("job failed id=%s task=%s attempt=%d", job.id, job.task, attempt)
-    signals.job_failed.send(sender=Job, job=job, error=error, exception=decision.raised)
+    _announce(signals.job_failed, job=job, error=error, exception=decision.raised)
     return Execution(job.id, attempt, Outcome.FAILED, duration, error)
+
+
+def _announce(signal: Signal, **kwargs: Any) -> None:
+    """Send an outcome signal (its outcome is written already). A receiver that raises
+    changes nothing but a log line naming it: before, the worker logged "could not
+    record job" for a recorded job, and left the attempt out of its counts. (A
+    `job_started` receiver's error fails the attempt instead: runner.py.)"""
+    for receiver, answer in signal.send_robust(sender=Job, **kwargs):
+        if isinstance(answer, Exception):
+            job = kwargs.get("job")
+            logger.error(
+                "signal receiver raised signal=%s receiver=%s job=%s: %s",
+                _SIGNAL_NAMES.get(signal, "?"),
+                getattr(receiver, "__qualname__", repr(receiver)),
+                getattr(job, "id", "-"),
+                redact_text(f"{type(answer).__name__}: {answer}"),
+                exc_info=answer,
+            )
+
+
+#: The outcome signals by name, for `_announce`'s line.
+_SIGNAL_NAMES = {
+    getattr(signals, name): name
+    for name in ("job_released", "job_succeeded", "job_retried", "job_failed")
+    + ("job_outcome_unknown", "job_lost")
+}
 
 
 def _log_raised(job: Job, attempt: int, duration: float, error: ErrorInfo) -> None:
@@ -531,7 +571,7 @@ def _unknown(job: Job, attempt: int, duration: float, error: ErrorInfo | None = 
         job.task,
         attempt,
     )
-    signals.job_outcome_unknown.send(sender=Job, job=job)
+    _announce(signals.job_outcome_unknown, job=job)
     return Execution(job.id, attempt, Outcome.UNKNOWN, duration, error)
 
 
@@ -542,5 +582,5 @@ def _lost(job: Job, attempt: int, duration: float, error: ErrorInfo | None = Non
         job.task,
         attempt,
     )
-    signals.job_lost.send(sender=Job, job=job)
+    _announce(signals.job_lost, job=job)
     return Execution(job.id, attempt, Outcome.LOST, duration, error)

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.maintenance.reaper import PRUNE_BATCH_SIZE, HousekeepingResult, Reaper
-from django_skipqueue.management.arguments import configure_logging, positive_seconds
+from django_skipqueue.management.arguments import configure_logging, positive_seconds, typed_options
 from django_skipqueue.management.preflight import require_migrated
 from django_skipqueue.runtime.stopsignals import StopSignals
 
@@ -82,6 +82,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        options = typed_options(self.create_parser("manage.py", "reapjobs"), options)
         configure_logging(self, options["verbosity"])
         reaper = Reaper(batch_size=options["batch_size"])
         require_migrated(reaper.database)
