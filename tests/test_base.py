@@ -458,3 +458,24 @@ def test_the_fast_call_check_agrees_with_signature_bind(parameters, positional, 
     except TypeError:
         binds = False
     assert _call_shape(func, False).binds(args, kwargs) == binds
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("ids_only", [False, True])
+def test_a_bad_call_deep_in_a_stream_leaves_nothing_and_names_its_position(ids_only):
+    """`enqueue_many(ids_only=True)` of a generator, batches of 100, a bad call at 437:
+    the 400 rows of the batches before it stayed in the caller's still-usable
+    transaction. All or nothing now (a savepoint), and the refusal names the call."""
+    from django.db import transaction
+
+    def calls():
+        for n in range(1000):
+            yield ((object() if n == 437 else n, 2), {})
+
+    with transaction.atomic():
+        kept = tasks.add.enqueue(1, 1)  # the caller's own work before the bad stream
+        with pytest.raises(InvalidJobError, match="call 437: "):
+            tasks.add.enqueue_many(calls(), batch_size=100, ids_only=ids_only)
+        assert list(Job.objects.values_list("id", flat=True)) == [kept.id]
+        tasks.add.enqueue(2, 2)  # the caller's transaction goes on
+    assert Job.objects.count() == 2

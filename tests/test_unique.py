@@ -203,3 +203,40 @@ def test_retrying_two_failed_jobs_of_one_key_retries_the_newest_and_skips_the_ot
         ids[0]: JobState.FAILED,
         ids[1]: JobState.PENDING,
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opposite_orders_in_batches_of_ten_never_deadlock() -> None:
+    """The keys were sorted within each batch only: with batches of 10, two transactions
+    enqueuing 40 keys in opposite orders deadlocked (3 of 3). Sorted across every batch,
+    the second waits for the first and meets its jobs."""
+    calls = [((n,), {}) for n in range(40)]
+    for _ in range(3):
+        Job.objects.all().delete()
+        start, errors, ids = threading.Barrier(2), [], []
+
+        def enqueue(order: list, start=start, errors=errors, ids=ids) -> None:
+            from django.db import connection
+
+            try:
+                start.wait(timeout=10)
+                with transaction.atomic():
+                    ids.append(
+                        sorted(send_invoice.enqueue_many(order, batch_size=10, ids_only=True))
+                    )
+            except Exception as error:  # noqa: BLE001  (a deadlock is what we look for)
+                errors.append(error)
+            finally:
+                connection.close()
+
+        run_in_threads_each([lambda: enqueue(calls), lambda: enqueue(calls[::-1])])
+        assert errors == []
+        assert ids[0] == ids[1] and Job.objects.count() == 40
+
+
+def run_in_threads_each(targets: list) -> None:
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)

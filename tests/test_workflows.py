@@ -643,3 +643,17 @@ def test_cancelling_a_large_workflow_while_three_workers_ack_its_members_never_d
     assert deadlocks() == before
     for worker in workers:
         assert "deadlock detected" not in worker.output()
+
+
+@pytest.mark.django_db
+def test_a_bad_member_deep_in_a_streamed_group_names_its_position():
+    """A group read from a generator: member 1,234 has a call the task refuses. The
+    refusal names it (nothing told which of thousands), and nothing is written."""
+
+    def members():
+        for n in range(2000):
+            yield add.s(n, 1) if n != 1234 else add.s(n, 1, 2)
+
+    with pytest.raises(InvalidJobError, match="member 1234 of the group"):
+        group(members()).enqueue()
+    assert not Job.objects.exists() and not Workflow.objects.exists()

@@ -1040,9 +1040,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         See `Task.enqueue_many` for `ids_only`. Statements: `sql.ENQUEUE_MANY`, one per
         batch, in the caller's transaction; the returned jobs are built from what that
         statement returns (ids, run_at, created_at) and the checked calls.
+
+        All or nothing: the batches run in one atomic() block (a savepoint in the
+        caller's transaction), so a bad call deep in a stream leaves none of the jobs
+        before it, and the caller's transaction goes on usable.
         """
         if batch_size < 1:
             raise InvalidJobError(f"batch_size must be at least 1, got {batch_size}")
+        with transaction.atomic(using=self.db):
+            return self._enqueue_many(task, calls, batch_size=batch_size, ids_only=ids_only)
+
+    def _enqueue_many(
+        self,
+        task: JobSpec,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        batch_size: int,
+        ids_only: bool,
+    ) -> list[Job] | list[int]:
         if task.unique_key is not None:
             return self._enqueue_unique(task, calls, batch_size=batch_size, ids_only=ids_only)
         if ids_only:
@@ -1099,26 +1114,28 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         the call is inserted again, a few times at most. No statement fails on a
         conflict, so the caller's transaction is never aborted by one.
         """
-        ids: list[int] = []
-        first = 0  # the index of the batch's first call, for errors
-        for some in _batches(iter(calls), batch_size):
-            checked = self._checked(task, some, first=first)
-            first += len(some)
-            keys = [task.key_for(args, kwargs) for args, kwargs, _, _ in checked]
-            # One call per key, as if the batch's calls were made one after another: the
-            # first for "existing", the last for "replace", and "raise" on a repeat.
-            chosen: dict[str, int] = {}
-            for position, key in enumerate(keys):
-                if key in chosen and task.on_conflict == "raise":
-                    raise DuplicateJobError(task.name, key, None)
-                if key not in chosen or task.on_conflict == "replace":
-                    chosen[key] = position
-            # The keys in one order, whoever inserts them: two transactions enqueuing the
-            # same keys in opposite orders would otherwise deadlock on the key's index.
-            order = sorted(chosen)
-            holders = self._insert_unique(task, [checked[chosen[key]] for key in order], order)
-            held = dict(zip(order, holders, strict=True))
-            ids.extend(held[key] for key in keys)
+        checked: list[Checked] = []
+        for some in _batches(iter(calls), batch_size):  # checked as they come, for errors
+            checked += self._checked(task, some, first=len(checked))
+        keys = [task.key_for(args, kwargs) for args, kwargs, _, _ in checked]
+        # One call per key, as if the calls were made one after another: the first for
+        # "existing", the last for "replace", and "raise" on a repeat.
+        chosen: dict[str, int] = {}
+        for position, key in enumerate(keys):
+            if key in chosen and task.on_conflict == "raise":
+                raise DuplicateJobError(task.name, key, None)
+            if key not in chosen or task.on_conflict == "replace":
+                chosen[key] = position
+        # The keys in one order across every batch, whoever inserts them: two
+        # transactions enqueuing the same keys in opposite orders deadlocked on the key's
+        # index when each batch alone was sorted (3 of 3, batches of 10).
+        order = sorted(chosen)
+        held: dict[str, int] = {}
+        for start in range(0, len(order), batch_size):
+            part = order[start : start + batch_size]
+            holders = self._insert_unique(task, [checked[chosen[key]] for key in part], part)
+            held.update(zip(part, holders, strict=True))
+        ids = [held[key] for key in keys]
         if ids_only:
             return ids
         found = self.in_bulk(ids)
@@ -1298,9 +1315,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             )
         checked: list[Checked] = []
         for call in calls:
-            args, kwargs = _call_pair(task.name, call, first + len(checked))
-            task.check_call(args, kwargs)
-            checked.append(encode_arguments(args, kwargs, limit=limit))
+            index = first + len(checked)
+            args, kwargs = _call_pair(task.name, call, index)
+            try:
+                task.check_call(args, kwargs)
+                checked.append(encode_arguments(args, kwargs, limit=limit))
+            except InvalidJobError as error:
+                if len(calls) > 1 or first:  # enqueue_many: which call, of thousands
+                    error.args = (f"call {index}: {error}", *error.args[1:])
+                raise
         self._check_room(task, len(checked), settings)
         return checked
 

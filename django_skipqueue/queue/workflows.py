@@ -181,7 +181,10 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             body_id = extra_ids[0] if body is not None else None
             member_ids: list[int] = []
             for batch in _chunks(iter(members), INSERT_BATCH):
-                encoded = [checks.encoded(planned) for planned in batch]
+                encoded = [
+                    checks.encoded(planned, position=len(member_ids) + index)
+                    for index, planned in enumerate(batch)
+                ]
                 self._check_room(batch)
                 dependents = [body_id] if body_id is not None else None
                 if _one_plain_spec(batch):  # the common fan-out: one INSERT by columns
@@ -521,7 +524,20 @@ class _Checks:
         self.relayed = relayed_queues() if self.settings.RELAY else set()
         self.bounded: dict[int, JobSpec] = {}  # specs checked already, by identity
 
-    def encoded(self, planned: PlannedJob) -> tuple[Any, Any, str, str]:
+    def encoded(
+        self, planned: PlannedJob, position: int | None = None
+    ) -> tuple[Any, Any, str, str]:
+        """The job's encoded arguments, once its checks pass; `position`, a streamed
+        group's member's index, is named in a refusal (member 70,001 of a generator)."""
+        if position is None:
+            return self._encoded(planned)
+        try:
+            return self._encoded(planned)
+        except InvalidJobError as error:
+            error.args = (f"member {position} of the group: {error}", *error.args[1:])
+            raise
+
+    def _encoded(self, planned: PlannedJob) -> tuple[Any, Any, str, str]:
         spec = planned.spec
         if self.bounded.get(id(spec)) is not spec:
             self._check_spec(spec)
