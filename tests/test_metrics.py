@@ -4,6 +4,7 @@ from the database. Real worker processes; the endpoint is scraped over HTTP."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import urllib.request
@@ -240,3 +241,73 @@ def test_attempts_ended_by_a_time_limit_are_counted():
         thread.join(timeout=20)
     rows = QueueMinute.objects.filter(queue_name="default")
     assert (sum(r.retried for r in rows), sum(r.failed for r in rows)) == (1, 1)
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_every_series_a_worker_may_count_is_there_at_zero_before_its_first_job(
+    start_worker, processes
+):
+    """Counters appeared at their first increment: no `outcome="failed"` series and no
+    lease expirations until one happened, so the documented rate() alerts had no data.
+    A worker (and each child of a pool) makes them at 0 as it starts; the build's series
+    is there too, and a single process's `process_*` ones."""
+    port = free_port()
+    start_worker("--processes", processes, "--metrics-port", str(port))
+
+    def primed() -> bool:
+        try:
+            samples = scrape(port)
+        except OSError:
+            return False
+        return ("skipqueue_lease_expirations_total", (("queue", "default"),)) in samples
+
+    wait_until(primed, timeout=30, message="no lease-expirations series before any expiry")
+    samples = scrape(port)
+    for outcome in ("succeeded", "retried", "failed", "lost"):
+        key = (
+            "skipqueue_jobs_finished_total",
+            (("outcome", outcome), ("queue", "default"), ("task", tasks.always_fails.name)),
+        )
+        assert samples.get(key) == 0.0, outcome
+    assert not any(
+        labels and dict(labels).get("outcome") in ("retrying", "refused") for _, labels in samples
+    )
+    [build] = [labels for name, labels in samples if name == "skipqueue_build_info"]
+    assert dict(build)["version"]
+    has_process = any(name.startswith("process_") for name, _ in samples)
+    assert has_process == (processes == "1")
+
+
+@pytest.mark.timeout(120)
+def test_a_pools_metrics_files_stay_one_set_per_slot_and_a_killed_pools_are_removed(
+    start_worker,
+):
+    """`--max-jobs` replaces children again and again: each left its own files, so the
+    directory grew with every child (200 files, a scrape 6 -> 26 ms) and stayed in the
+    temporary directory after a SIGKILL of the parent. Files are now the slot's, reused
+    by the child that replaces another, with the counts carried on; the next pool
+    removes the directory of one that died."""
+    import glob
+    import tempfile
+
+    tasks.add.enqueue_many([((n, n), {}) for n in range(60)])
+    port = free_port()
+    pool = start_worker(
+        "--processes", "2", "--concurrency", "1", "--max-jobs", "5", "--metrics-port", str(port)
+    )
+    wait_until(lambda: Job.objects.filter(state=JobState.DONE).count() == 60, timeout=60)
+    wait_until(
+        lambda: finished(scrape(port), "succeeded", tasks.add.name) == 60,
+        timeout=20,
+        message="the replaced children's counts were not carried on",
+    )
+    assert pool.output().count("replacing it") >= 8
+    [directory] = glob.glob(f"{tempfile.gettempdir()}/skipqueue-metrics-{pool.pid}-*")
+    files = os.listdir(directory)
+    assert len(files) <= 2 * 2, files  # counters and histograms of two slots
+    pool.signal(signal.SIGKILL)
+    pool.wait(timeout=10)
+    assert os.path.isdir(directory)  # a SIGKILL cleans nothing up
+    again = start_worker("--processes", "2", "--metrics-port", str(free_port()))
+    again.wait_for_output("worker pool started", timeout=20)
+    assert not os.path.exists(directory)

@@ -19,7 +19,7 @@ def test_the_closing_summary_names_every_outcome():
     finish(stats, Outcome.SUCCEEDED, 3)
     finish(stats, Outcome.RETRYING)
     assert stats.summary() == (
-        "claimed=4 succeeded=3 retrying=1 failed=0 released=0 lost=0 unknown=0 cancelled=0 "
+        "claimed=4 succeeded=3 retried=1 failed=0 released=0 lost=0 unknown=0 cancelled=0 "
         "timed_out=0 "
         "released_on_stop=0 expired=0"
     )

@@ -326,7 +326,7 @@ def test_the_closing_line_counts_every_outcome(caplog):
         Worker(max_jobs=7, listen=False, reap_interval=0, poll_interval=0.05).run()
 
     (line,) = [r.getMessage() for r in caplog.records if "worker stopped" in r.getMessage()]
-    for count in ("succeeded=2", "retrying=2", "failed=2", "released=1", "lost=0"):
+    for count in ("succeeded=2", "retried=2", "failed=2", "released=1", "lost=0"):
         assert count in line, line
 
 

@@ -468,7 +468,7 @@ def record_failure(
         return Execution(job.id, attempt, Outcome.CANCELLED, duration, error)
     if state == JobState.PENDING:
         logger.debug(
-            "job retrying id=%s task=%s attempt=%d in=%.3fs",
+            "job retried id=%s task=%s attempt=%d in=%.3fs",
             job.id,
             job.task,
             attempt,

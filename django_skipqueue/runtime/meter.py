@@ -17,7 +17,7 @@ import bisect
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from django.db import DatabaseError
@@ -33,6 +33,7 @@ class Series(Protocol):
     def finished(self, queue: str, task: str, outcome: str, duration: float) -> None: ...
     def picked_up(self, queue: str, seconds: float) -> None: ...
     def lease_expired(self, queue: str, count: int) -> None: ...
+    def prime(self, queues: Sequence[str], tasks: Mapping[str, str]) -> None: ...
 
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,6 @@ FLUSH_SECONDS = 5.0
 #: (about 12 MB) by each flush, and the cycle collector walked them in every full
 #: collection.
 FOLD_AT = 2048
-
-#: The QueueMinute column that counts each label.
-_COLUMNS = {"refused": "lost"}
 
 
 def _empty() -> dict[str, Any]:
@@ -85,6 +83,13 @@ class Meter:
         if self.prometheus is not None:
             self.prometheus.finished(queue, task, OUTCOME_LABELS[outcome], duration)
 
+    def prime(self, queues: Sequence[str], tasks: Mapping[str, str]) -> None:
+        """Every series this worker may count, made at 0 now (`tasks`: name -> queue):
+        a counter that appears only at its first increment leaves an alert on its rate
+        without data until then."""
+        if self.prometheus is not None:
+            self.prometheus.prime(queues, tasks)
+
     def leases_expired(self, by_queue: Mapping[str, int]) -> None:
         """The reaper of this process took back these expired leases, per queue."""
         if self.prometheus is not None:
@@ -116,8 +121,7 @@ class Meter:
                 counts["pickup_seconds"] = counts.get("pickup_seconds", 0.0) + seconds
                 counts["pickup_buckets"][bisect.bisect_left(PICKUP_BUCKETS, seconds)] += 1
             else:
-                label = OUTCOME_LABELS[outcome]
-                column = _COLUMNS.get(label, label)
+                column = OUTCOME_LABELS[outcome]  # the QueueMinute column of the same name
                 counts[column] = counts.get(column, 0) + 1
                 counts["runs"] = counts.get("runs", 0) + 1
                 counts["run_seconds"] = counts.get("run_seconds", 0.0) + seconds

@@ -67,6 +67,7 @@ class WorkerPool:
         *,
         replace: bool = True,
         helper: Callable[[], int] | None = None,
+        in_child: Callable[[int], None] | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
@@ -74,6 +75,11 @@ class WorkerPool:
         self.run_child = run_child
         self.replace = replace
         self.children: dict[int, float] = {}  # pid: when it started (monotonic)
+        #: pid: its slot, 0 to processes - 1; a replacement takes the slot of the child
+        #: it replaces. `in_child(slot)` runs in each new child before its worker (the
+        #: metrics' files are the slot's, so the pool's stay bounded).
+        self.slots: dict[int, int] = {}
+        self.in_child = in_child
         self.stopping = False
         self.replaced = 0
         self._restart_delay = QUICK_EXIT_SECONDS
@@ -88,8 +94,8 @@ class WorkerPool:
         connections.close_all()  # no connection may be shared with a child
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
-        for _ in range(self.processes):
-            self._spawn()
+        for slot in range(self.processes):
+            self._spawn(slot)
         if self.helper is not None:
             self.helper_pid = self._fork(self.helper)
         logger.info(
@@ -107,18 +113,19 @@ class WorkerPool:
                 self._replace_helper(pid, os.waitstatus_to_exitcode(status))
                 continue
             started = self.children.pop(pid, None)
+            slot = self.slots.pop(pid, 0)
             if started is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
             if self.stopping or not self.replace:
                 failed |= code != 0
                 continue
-            self._replace(pid, code, time.monotonic() - started)
+            self._replace(pid, code, time.monotonic() - started, slot)
         self._stop_helper()
         logger.info("worker pool stopped replaced=%d", self.replaced)
         return 1 if failed else 0
 
-    def _replace(self, pid: int, code: int, lived: float) -> None:
+    def _replace(self, pid: int, code: int, lived: float, slot: int) -> None:
         how = f"exited with {code}" if code >= 0 else f"was killed by signal {-code}"
         if lived < QUICK_EXIT_SECONDS:
             delay = self._restart_delay
@@ -140,7 +147,7 @@ class WorkerPool:
             log = logger.info if code == 0 else logger.error
             log("worker child pid=%d %s; replacing it", pid, how)
         self.replaced += 1
-        self._spawn()
+        self._spawn(slot)
 
     def _replace_helper(self, pid: int, code: int) -> None:
         """The helper exited while the pool runs: started again after a delay that
@@ -169,10 +176,12 @@ class WorkerPool:
         except (ProcessLookupError, ChildProcessError):
             pass
 
-    def _spawn(self) -> None:
-        self.children[self._fork(self.run_child)] = time.monotonic()
+    def _spawn(self, slot: int) -> None:
+        pid = self._fork(self.run_child, slot)
+        self.children[pid] = time.monotonic()
+        self.slots[pid] = slot
 
-    def _fork(self, run: Callable[[], int]) -> int:
+    def _fork(self, run: Callable[[], int], slot: int | None = None) -> int:
         # The child starts with SIGTERM and SIGINT blocked, and the worker unblocks them
         # once its handlers are in place (stopsignals.StopSignals.install): a signal the
         # parent forwards meanwhile waits for them, instead of killing a child that has
@@ -194,6 +203,8 @@ class WorkerPool:
                 _stop_with_parent()
                 if run is not self.run_child:  # a helper installs no handlers: default
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+                elif self.in_child is not None and slot is not None:
+                    self.in_child(slot)
                 code = run()
             except BaseException:  # noqa: BLE001  (a child never returns into the parent's code)
                 traceback.print_exc()

@@ -77,7 +77,7 @@ TRACEBACK_MAX_CHARS = 32 * 1024
 
 class Outcome(str, enum.Enum):
     SUCCEEDED = "succeeded"  # acked: done
-    RETRYING = "retrying"  # failed attempt, pending again after a backoff
+    RETRYING = "retried"  # failed attempt, pending again after a backoff
     FAILED = "failed"  # ended failed
     RELEASED = "released"  # attempt given back (Retry)
     LOST = "lost"  # the fence refused the write: this attempt had lost the job
@@ -85,16 +85,10 @@ class Outcome(str, enum.Enum):
     CANCELLED = "cancelled"  # stopped on an operator's cancel request: ended cancelled
 
 
-#: An attempt's outcome as the metrics name it (the `outcome` label).
-OUTCOME_LABELS: Mapping[Outcome, str] = {
-    Outcome.SUCCEEDED: "succeeded",
-    Outcome.RETRYING: "retried",
-    Outcome.RELEASED: "released",  # given back by the task (Retry): not a failure
-    Outcome.FAILED: "failed",
-    Outcome.CANCELLED: "cancelled",
-    Outcome.LOST: "refused",  # the fence refused the outcome: the attempt had lost the job
-    Outcome.UNKNOWN: "unknown",
-}
+#: An attempt's outcome as every place names it (logs, counts, `run_jobs`, the QueueMinute
+#: columns, the metrics' `outcome` label): the Outcome's value. One name each: the
+#: metrics said `retried` and `refused` where the logs said `retrying` and `lost`.
+OUTCOME_LABELS: Mapping[Outcome, str] = {outcome: outcome.value for outcome in Outcome}
 
 
 @dataclass(slots=True)

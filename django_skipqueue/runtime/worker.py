@@ -222,6 +222,11 @@ class Worker:
         """Run until stopped (or the burst, job or memory limit); returns the exit code:
         0, or EXIT_TIME_LIMIT when it stopped for a task past its hard time limit whose
         code still runs (the caller should end the process: timelimits.py)."""
+        # In the process that counts (a pool's child, after its fork: made in the parent,
+        # a series' values would be the parent's, never the pool's shared files).
+        self.meter.prime(
+            self.queues, {name: registry.get(name).queue_name for name in registry.names()}
+        )
         self._register()
         self._start_threads()
         logger.info(

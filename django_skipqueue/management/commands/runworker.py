@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -246,11 +245,17 @@ class Command(BaseCommand):
             if threading.current_thread() is not threading.main_thread():
                 raise CommandError("--processes needs the main thread (it handles signals)")
             with self.pool_metrics(options, worker.database) as helper:
+                in_child: Callable[[int], None] | None = None
+                if helper is not None:
+                    from django_skipqueue.runtime.prometheus import count_as_slot
+
+                    in_child = count_as_slot
                 pool = WorkerPool(
                     options["processes"],
                     lambda: self.run_worker(self.make_worker(options), options),
                     replace=not options["burst"],
                     helper=helper,
+                    in_child=in_child,
                 )
                 code = pool.run()
             if code:
@@ -295,7 +300,11 @@ class Command(BaseCommand):
         if options["metrics_port"] is None:
             yield None
             return
-        from django_skipqueue.runtime.prometheus import prepare_multiprocess, serve_pool
+        from django_skipqueue.runtime.prometheus import (
+            pool_directory,
+            prepare_multiprocess,
+            serve_pool,
+        )
 
         port, address = options["metrics_port"], options["metrics_address"]
         try:  # here, so that a port in use stops the pool now, not its helper forever
@@ -305,7 +314,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--metrics-port {port}: cannot listen on {address}: {error}"
             ) from error
-        directory = tempfile.mkdtemp(prefix="skipqueue-metrics-")
+        directory = pool_directory()
         try:
             prepare_multiprocess(directory)
             yield lambda: serve_pool(port, address, database, directory)
