@@ -657,3 +657,43 @@ def test_a_bad_member_deep_in_a_streamed_group_names_its_position():
     with pytest.raises(InvalidJobError, match="member 1234 of the group"):
         group(members()).enqueue()
     assert not Job.objects.exists() and not Workflow.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_waiting_threads_share_one_listen_connection_and_all_wake():
+    """Each waiting thread LISTENed on a connection of its own: 20 waiters held 40
+    backends, and at 50 other clients were refused ("too many clients"). They share
+    one now, and a finishing ack wakes every one of them (not its one-second poll)."""
+    import time
+
+    workflows = [chain(add.s(n, 1), double.s()).enqueue() for n in range(20)]
+    answers: dict[int, object] = {}
+    woken: dict[int, float] = {}
+    ready = threading.Barrier(21)
+
+    def waiter(workflow_id: int) -> None:
+        try:
+            ready.wait(timeout=10)
+            answers[workflow_id] = Workflow.objects.get(id=workflow_id).wait(timeout=20)
+            woken[workflow_id] = time.monotonic()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=waiter, args=(w.id,)) for w in workflows]
+    for thread in threads:
+        thread.start()
+    ready.wait(timeout=10)
+    time.sleep(0.3)  # the waiters are past their first look (a deadline, not a sync)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN%%'"
+        )
+        listening = cursor.fetchone()[0]
+    finished_at = time.monotonic()
+    run_jobs()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert listening == 1
+    assert answers == {w.id: 2 * (n + 1) for n, w in enumerate(workflows)}
+    assert max(woken.values()) - finished_at < 5

@@ -25,7 +25,6 @@ import functools
 import itertools
 import json
 import logging
-import select
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,7 +53,8 @@ from django_skipqueue.exceptions import (
     WorkflowFailed,
     WorkflowNotFinished,
 )
-from django_skipqueue.queue import sql
+from django_skipqueue.queue import finished, sql
+from django_skipqueue.queue.finished import finished_listener
 from django_skipqueue.queue.managers import _insert_defaults
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ T = TypeVar("T")
 #: Channel of the NOTIFY sent when a workflow finishes (no payload: waiters re-read
 #: their own row). Waiting polls as well, every POLL_SECONDS, in case a NOTIFY is lost
 #: (a pooler that does not pass LISTEN on, say).
-FINISHED_CHANNEL = "skipqueue!workflow"
+FINISHED_CHANNEL = finished.FINISHED_CHANNEL
 POLL_SECONDS = 1.0
 #: Rows of one INSERT when a workflow's jobs are written.
 INSERT_BATCH = 5000
@@ -385,11 +385,12 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
 
     def wait_for(self, workflow: Any, timeout: float | None = None) -> Any:
         """Block until `workflow` finishes; its result, or WorkflowFailed. TimeoutError
-        after `timeout` seconds. LISTENs on its own connection (never the caller's, which
-        may be in a transaction); polls every POLL_SECONDS as the fallback."""
+        after `timeout` seconds. Woken through this process's one LISTEN connection for
+        every waiter (queue/finished.py: never the caller's connection, which may be in
+        a transaction); reads the row again every POLL_SECONDS as the fallback."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        listener = _listener(self.db)
-        try:
+        with finished_listener(self.db).waiting() as listener:
+            seen = listener.generation
             while True:
                 workflow.refresh_from_db(fields=["state"])
                 if workflow.state != WorkflowState.RUNNING:
@@ -398,13 +399,7 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
                 if left is not None and left <= 0:
                     raise TimeoutError(f"workflow {workflow.id} still running after {timeout} s")
                 wait = POLL_SECONDS if left is None else min(POLL_SECONDS, left)
-                if listener is None:
-                    time.sleep(wait)
-                    continue
-                _wait_notified(listener, wait)
-        finally:
-            if listener is not None:
-                listener.close()
+                seen = listener.wait(seen, wait)
 
     # -- operators ---------------------------------------------------------------------
 
@@ -595,25 +590,3 @@ def _replaced(tree: Any, values: dict[int, Any]) -> Any:
     if isinstance(tree, list):
         return [_replaced(item, values) for item in tree]
     return values[int(tree)]
-
-
-def _listener(alias: str) -> Any:
-    """A connection of its own, LISTENing for finished workflows (None if it cannot)."""
-    try:
-        wrapper = connections[alias]
-        listener = wrapper.get_new_connection(wrapper.get_connection_params())
-        listener.autocommit = True
-        sql.listen_channel(listener, FINISHED_CHANNEL)
-        return listener
-    except Exception as error:  # noqa: BLE001  (waiting falls back to polling)
-        logger.debug("workflow wait: no LISTEN, polling: %r", error)
-        return None
-
-
-def _wait_notified(listener: Any, seconds: float) -> None:
-    """Until a notification arrives on `listener`, or `seconds` pass."""
-    if list(listener.notifies(timeout=0, stop_after=1)):
-        return
-    select.select([listener.fileno()], [], [], max(seconds, 0.0))
-    for _ in listener.notifies(timeout=0):
-        pass

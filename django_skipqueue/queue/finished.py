@@ -1,0 +1,143 @@
+"""One LISTEN connection per process and database for every thread that waits for a
+workflow to finish (`Workflow.wait()`, `await_result()`).
+
+Each waiting thread opened a connection of its own: 20 waiters held 40 backends, and at
+50 other clients were refused with "too many clients". Now the waiters share one
+connection. No thread is started for it: whichever waiter finds nobody reading the
+socket reads it (for at most its own wait), and a notification read wakes every waiter
+through one condition, each then reading its own workflow's row again. A waiter that
+finds another reading waits on the condition. The connection is open while anyone
+waits (`waiting()`), and closed when the last waiter leaves. Notifications are counted
+(`generation`): a waiter that read the count before it looked at its row is woken by
+any notification that came after, even one another waiter read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import connections
+
+from django_skipqueue.queue import sql
+
+logger = logging.getLogger(__name__)
+
+#: The channel a finished workflow's transaction notifies (workflows.FINISHED_CHANNEL).
+FINISHED_CHANNEL = "skipqueue!workflow"
+
+
+class FinishedListener:
+    """The shared LISTEN connection of one database alias (see the module doc)."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._changed = threading.Condition()
+        self._generation = 0  # notifications read so far
+        self._reading = False  # a waiter is reading the socket
+        self._connection: Any = None
+        self._pid = os.getpid()
+        self._waiters = 0
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[FinishedListener]:
+        """Around one wait: the connection is opened and LISTENs before the block's first
+        look at a row (no notification after it is missed), and is closed when the last
+        waiter of the process leaves."""
+        with self._changed:
+            self._waiters += 1
+            self._ensure()
+        try:
+            yield self
+        finally:
+            with self._changed:
+                self._waiters -= 1
+                if not self._waiters and self._connection is not None:
+                    self._drop(self._connection)
+
+    @property
+    def generation(self) -> int:
+        """Read it before looking at the row you wait on; hand it to `wait`."""
+        with self._changed:
+            return self._generation
+
+    def wait(self, seen: int, seconds: float) -> int:
+        """Until a notification newer than `seen` was read, or `seconds` passed; returns
+        the generation now."""
+        deadline = time.monotonic() + max(seconds, 0.0)
+        with self._changed:
+            while self._generation == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                connection = None if self._reading else self._ensure()
+                if connection is None:  # another waiter reads, or no LISTEN: wait
+                    self._changed.wait(left)
+                    continue
+                self._reading = True
+                self._changed.release()
+                try:
+                    read = _read(connection, left)
+                except Exception as error:  # noqa: BLE001  (a broken connection: reopened)
+                    logger.debug("workflow wait: the LISTEN connection failed: %r", error)
+                    read = 0
+                    self._drop(connection)
+                finally:
+                    self._changed.acquire()
+                    self._reading = False
+                self._generation += read
+                self._changed.notify_all()
+            return self._generation
+
+    def _ensure(self) -> Any:
+        """The connection, opened and listening if need be (the condition held)."""
+        if self._pid != os.getpid():  # forked: the parent's socket is not ours to use
+            self._connection, self._pid = None, os.getpid()
+        if self._connection is None:
+            try:
+                wrapper = connections[self.alias]
+                connection = wrapper.get_new_connection(wrapper.get_connection_params())
+                connection.autocommit = True
+                sql.listen_channel(connection, FINISHED_CHANNEL)
+            except Exception as error:  # noqa: BLE001  (waiting falls back to polling)
+                logger.debug("workflow wait: no LISTEN, polling: %r", error)
+                return None
+            self._connection = connection
+        return self._connection
+
+    def _drop(self, connection: Any) -> None:
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001,S110  (it failed already)
+            pass
+        if self._connection is connection:
+            self._connection = None
+
+
+def _read(connection: Any, seconds: float) -> int:
+    """How many notifications arrive on `connection` within `seconds` (at least one
+    ends the wait; those already there are taken at once)."""
+    found = len(list(connection.notifies(timeout=0)))
+    if found:
+        return found
+    select.select([connection.fileno()], [], [], seconds)
+    return len(list(connection.notifies(timeout=0)))
+
+
+_listeners: dict[str, FinishedListener] = {}
+_listeners_lock = threading.Lock()
+
+
+def finished_listener(alias: str) -> FinishedListener:
+    """This process's listener for `alias` (made once)."""
+    with _listeners_lock:
+        listener = _listeners.get(alias)
+        if listener is None:
+            listener = _listeners[alias] = FinishedListener(alias)
+        return listener
