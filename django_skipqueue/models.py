@@ -308,6 +308,11 @@ class Job(models.Model):
             ("retry_job", "Can retry failed or cancelled jobs"),
             ("cancel_job", "Can cancel pending jobs and ask running ones to stop"),
             ("requeue_job", "Can requeue stuck jobs"),
+            (
+                "view_job_payload",
+                "Can see job payloads: arguments, results, error messages and tracebacks, "
+                "unique keys, progress notes",
+            ),
         ]
         indexes = [
             # The claim: WHERE state = 'pending' AND queue_name = ... AND run_at <= now()

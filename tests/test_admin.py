@@ -639,12 +639,13 @@ def test_a_unique_key_that_is_plainly_not_a_secret_is_shown_as_written(superuser
     assert key in page.content.decode()
 
 
-def test_a_secret_passed_positionally_is_masked_as_by_keyword(viewer):
+def test_a_secret_passed_positionally_is_masked_as_by_keyword(client):
     """`call_partner(url, "p@ssw0rd")`: a view-only user saw the password, which the same
     call by keyword masks; the task's parameter names mask it now. A chain step's own
     arguments come after its parent's result, and are matched past it."""
     from tests.testapp.tasks import call_partner
 
+    viewer = staff(client, "view_job_payload")
     job = JobFactory(task=call_partner.name, args=["https://partner", "p@ssw0rd-1", 5])
     step = JobFactory(task=call_partner.name, args=["p@ssw0rd-2"], inputs={"results": {"job": 1}})
     for one in (job, step):
@@ -652,6 +653,47 @@ def test_a_secret_passed_positionally_is_masked_as_by_keyword(viewer):
         assert "p@ssw0rd" not in page and "***" in page
     page = viewer.get(reverse("admin:skipqueue_job_change", args=[job.id])).content.decode()
     assert "https://partner" in page
+
+
+def test_a_user_without_the_payload_permission_sees_classes_and_shapes_only(client):
+    """A view-only operator is safe whatever a masking rule misses: without
+    `view_job_payload`, no argument, result, error message, traceback, unique key or
+    progress note reaches any page (jobs, workflows, schedules); task names, states,
+    error classes and shapes do."""
+    from tests.testapp.tasks import call_partner
+
+    plain = "plain-value-no-rule-masks"
+    job = JobFactory(
+        failed=True,
+        task=call_partner.name,
+        args=["https://partner", plain],
+        kwargs={"note": plain},
+        result={"echo": plain},
+        unique_key=f"k-{plain}",
+        progress={"done": 1, "total": 2, "note": plain},
+        last_error=f"builtins.ValueError: {plain}",
+        errors=[
+            {
+                "attempt": 1,
+                "at": "2030-01-01T00:00:00+00:00",
+                "type": "builtins.ValueError",
+                "message": plain,
+                "traceback": f"Traceback\nValueError: {plain}",
+            }
+        ],
+    )
+    viewer = staff(client)
+    for url in (reverse(CHANGELIST), reverse("admin:skipqueue_job_change", args=[job.id])):
+        text = viewer.get(url).content.decode()
+        assert plain not in text, url
+        assert "ValueError" in text and "call_partner" in text
+    page = viewer.get(reverse("admin:skipqueue_job_change", args=[job.id])).content.decode()
+    assert "(str, str)" in page and "note: str" in page and "dict of 1" in page
+    client.logout()
+    User.objects.filter(username="staff").delete()
+    seeing = staff(client, "view_job_payload")
+    text = seeing.get(reverse("admin:skipqueue_job_change", args=[job.id])).content.decode()
+    assert plain in text  # no rule masks it: the permission shows it
 
 
 def test_errors_written_by_another_client_are_masked_on_the_list_and_the_page(superuser_client):

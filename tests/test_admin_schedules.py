@@ -219,7 +219,8 @@ def test_a_schedule_name_holding_nul_in_the_url_is_not_a_500(viewer, view):
     assert response.status_code in (302, 403, 404), response.status_code
 
 
-def test_a_schedules_page_masks_its_arguments_as_a_jobs_page_does(viewer, secretive):
+def test_a_schedules_page_masks_its_arguments_as_a_jobs_page_does(client, secretive):
+    viewer = staff_with(client, "view_schedule", "view_job_payload")
     page = viewer.get(reverse("admin:skipqueue_schedule_change", args=["secretive"]))
     text = page.content.decode()
     assert page.status_code == 200

@@ -1,9 +1,12 @@
-"""What the admins share: the paginator, the filters, the own-lookups rule, and the
-small formatters of times, ages, attempts and arguments."""
+"""What the admins share: the paginator, the filters, the own-lookups rule, the payload
+gate, and the small formatters of times, ages, attempts and arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -220,6 +223,87 @@ class OwnLookupsOnly:
         return super().get_object(request, object_id, from_field)  # type: ignore[misc]
 
 
+#: The permission to see what jobs carry: arguments, results, error messages and
+#: tracebacks, unique keys, progress notes (Job's Meta).
+PAYLOAD_PERMISSION = "skipqueue.view_job_payload"
+
+#: Whether the request being answered may see payloads: set around each view of ours
+#: (`PayloadGate`), read by the formatters, which Django calls with a row only. False
+#: outside a view: what nobody asked to see is not shown.
+_payloads_shown: ContextVar[bool] = ContextVar("skipqueue_payloads_shown", default=False)
+
+
+def shows_payloads() -> bool:
+    """Whether the request being answered may see payloads (PAYLOAD_PERMISSION)."""
+    return _payloads_shown.get()
+
+
+@contextlib.contextmanager
+def payloads_for(request: HttpRequest) -> Iterator[None]:
+    """Within the block, `shows_payloads()` answers for this request's user."""
+    token = _payloads_shown.set(bool(request.user.has_perm(PAYLOAD_PERMISSION)))
+    try:
+        yield
+    finally:
+        _payloads_shown.reset(token)
+
+
+class PayloadGate:
+    """A staff user without PAYLOAD_PERMISSION sees task names, states, times, error
+    classes and shapes (an argument's type, a result's kind), never the values: a
+    view-only operator is safe whatever a masking rule misses. Each view is rendered
+    inside `payloads_for` (Django renders a TemplateResponse after the view returns,
+    which would be outside it)."""
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        with payloads_for(request):
+            return _rendered(super().changelist_view(request, extra_context))  # type: ignore[misc]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        with payloads_for(request):
+            return _rendered(
+                super().change_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+            )
+
+
+def _rendered(response: HttpResponse) -> HttpResponse:
+    render = getattr(response, "render", None)
+    if render is not None and not getattr(response, "is_rendered", True):
+        render()
+    return response
+
+
+def shape(value: Any) -> str:
+    """What a payload is without what it says: `str`, `int`, `list of 3`, `dict of 2`."""
+    if isinstance(value, dict):
+        return f"dict of {len(value)}"
+    if isinstance(value, (list, tuple)):
+        return f"list of {len(value)}"
+    return "null" if value is None else type(value).__name__
+
+
+def error_class(text: str) -> str:
+    """The class of an error summary ('builtins.ValueError: bad input' -> 'ValueError'),
+    without its message: what a user without PAYLOAD_PERMISSION sees of an error."""
+    kind = (text.splitlines() or [""])[0].partition(": ")[0].strip()
+    if not kind or " " in kind:
+        return str(_("an error (its message is hidden)"))
+    return kind.rpartition(".")[2]
+
+
+def hidden(what: str | _StrPromise) -> str:
+    """What stands in for a payload a user may not see."""
+    return format_html('<span class="skipqueue-hidden">{}</span>', what)
+
+
 class ReadOnly:
     """Rows are never added, edited or deleted from our admin: operators act through the
     guarded verbs (actions), and the rows are written by the protocol only."""
@@ -246,6 +330,14 @@ def arguments_html(args: Any, kwargs: Any, task_name: str = "", skipped: int = 0
     """A job's or a schedule's arguments as every page of ours shows them: redacted, and
     a positional argument masked where its parameter's name looks secret, as the same
     value passed by keyword is (`skipped`: the parameters a workflow's inputs fill)."""
+    if not shows_payloads():
+        positional = ", ".join(shape(item) for item in args) if isinstance(args, list) else "?"
+        named = (
+            ", ".join(f"{name}: {shape(item)}" for name, item in kwargs.items())
+            if isinstance(kwargs, dict)
+            else "?"
+        )
+        return hidden(f"({positional}) {{{named}}}")
     task = registry.get(task_name) if task_name in registry else None
     names = task.positional_names[skipped:] if task is not None else ()
     data = redact_call(args, kwargs, names)

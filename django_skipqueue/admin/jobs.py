@@ -43,6 +43,7 @@ from django_skipqueue.admin.common import (
     EstimatedCountPaginator,
     HealthFilter,
     OwnLookupsOnly,
+    PayloadGate,
     QueueFilter,
     ReadOnly,
     ScheduleFilter,
@@ -57,15 +58,20 @@ from django_skipqueue.admin.common import (
     arguments_html,
     as_id,
     attempts_text,
+    error_class,
+    hidden,
     inputs_before_args,
+    payloads_for,
+    shape,
     short_error,
+    shows_payloads,
 )
 from django_skipqueue.admin.queues import QueueOverviewViews
 from django_skipqueue.admin.workers import with_status
 
 
 @admin.register(Job)
-class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
+class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
@@ -218,7 +224,11 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         what the job is and why it is in trouble, in one cell."""
         module, _dot, name = job.task.rpartition(".")
         error = ""
-        if job.last_error:  # masked again: another client may have written it
+        if job.last_error and not shows_payloads():
+            error = format_html(
+                '<br><small class="skipqueue-error">{}</small>', error_class(job.last_error)
+            )
+        elif job.last_error:  # masked again: another client may have written it
             last_error = redact_text(job.last_error)[:2000]
             error = format_html(
                 '<br><small class="skipqueue-error skipqueue-cut" title="{}">{}</small>',
@@ -229,7 +239,8 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         if job.schedule:
             origin = format_html(" · ⏱ {}", job.schedule)
         elif job.unique_key:
-            origin = format_html(" · key {}", redact_key(job.unique_key)[:60])
+            key = redact_key(job.unique_key)[:60] if shows_payloads() else "(hidden)"
+            origin = format_html(" · key {}", key)
         return format_html(
             '<span class="skipqueue-cut" title="{}"><b>{}</b></span><br>'
             '<small class="skipqueue-cut">{} · {}{}</small>{}',
@@ -337,6 +348,12 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         if not job.progress:
             return "-"
         at = job.progress.get("at") if isinstance(job.progress, dict) else None
+        if not shows_payloads():  # the note is the task's own text
+            fraction = job.progress_fraction
+            done = "reported" if fraction is None else f"{fraction:.0%}"
+            return format_html(
+                "{} {}<br><small>{}</small>", done, hidden("(note hidden)"), at or ""
+            )
         return format_html("{}<br><small>{}</small>", progress_html(job), at or "")
 
     @admin.display(description=_("arguments"))
@@ -346,12 +363,16 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     @admin.display(description=_("unique key"))
     def shown_unique_key(self, job: Job) -> str:
         """Masked where it may be a token (a reset link's, say): see redaction.redact_key."""
+        if job.unique_key and not shows_payloads():
+            return hidden(_("set (hidden)"))
         return redact_key(job.unique_key) if job.unique_key else "-"
 
     @admin.display(description=_("return value"))
     def pretty_result(self, job: Job) -> str:
         if job.result is None:
             return "-"
+        if not shows_payloads():
+            return hidden(shape(job.result))
         return format_html("<pre>{}</pre>", json.dumps(redact(job.result), indent=2))
 
     @admin.display(description=_("worker"))
@@ -390,6 +411,15 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     def error_history(self, job: Job) -> str:
         if not job.errors:
             return "-"
+        if not shows_payloads():  # when and what class, never the message or traceback
+            return format_html_join(
+                "",
+                "<p><b>attempt {} at {}: {}</b></p>",
+                (
+                    (e.get("attempt"), e.get("at"), str(e.get("type")).rpartition(".")[2])
+                    for e in reversed(_entries(job.errors))
+                ),
+            )
         if not _entries(job.errors):  # written by hand or by another client
             return format_html("<pre>{}</pre>", json.dumps(redact(job.errors), indent=2))
         return format_html_join(
@@ -555,6 +585,16 @@ class JobAdmin(QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         """The job's page, with a stuck banner and the actions that apply to it now."""
+        with payloads_for(request):  # the banners are made here, before the page
+            return self._change_view(request, object_id, form_url, extra_context)
+
+    def _change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str,
+        extra_context: dict[str, Any] | None,
+    ) -> HttpResponse:
         job_id = as_id(object_id)
         job = self.get_queryset(request).filter(pk=job_id).first() if job_id is not None else None
         extra: dict[str, Any] = {**(extra_context or {})}
@@ -637,12 +677,16 @@ def failed_headline(job: Job) -> str:
     """'Failed after 3 attempts: ValueError: bad input': a failed job's banner (the
     attempts spent, as the list counts them; the class without its module path)."""
     spent = job.attempts - (job.releases or 0)
-    error = short_error(redact_text(job.last_error)[:2000]) if job.last_error else ""
+    if not shows_payloads():
+        error = error_class(job.last_error) if job.last_error else ""
+    else:
+        error = short_error(redact_text(job.last_error)[:2000]) if job.last_error else ""
     if not error:
         entries = _entries(job.errors)
         if entries:
             last = entries[-1]
-            error = short_error(f"{last.get('type')}: {redact(last.get('message'))}")
+            message = redact(last.get("message")) if shows_payloads() else "(hidden)"
+            error = short_error(f"{last.get('type')}: {message}")
     if len(error) > 500:
         error = error[:500] + "…"
     text = ngettext("Failed after %(n)d attempt", "Failed after %(n)d attempts", spent) % {

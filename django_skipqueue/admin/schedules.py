@@ -20,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from django_skipqueue.admin.common import (
     STYLESHEET,
     OwnLookupsOnly,
+    PayloadGate,
     ReadOnly,
     _report,
     _when,
@@ -35,7 +36,7 @@ from django_skipqueue.models import (
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
+class ScheduleAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     """The periodic schedules, read-only (their definitions live in code), with their
     next occurrence and the jobs of their latest ones. Pausing takes its own permission
     (skipqueue.pause_schedule)."""

@@ -14,7 +14,15 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from django_skipqueue.admin.common import STYLESHEET, OwnLookupsOnly, ReadOnly
+from django_skipqueue.admin.common import (
+    STYLESHEET,
+    OwnLookupsOnly,
+    PayloadGate,
+    ReadOnly,
+    error_class,
+    hidden,
+    shows_payloads,
+)
 from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.models import Job, Workflow
 
@@ -25,7 +33,7 @@ MAX_INDENT = 8
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
+class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
@@ -75,6 +83,8 @@ class WorkflowAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     def shown_error(self, workflow: Workflow) -> str:
         if not workflow.error:
             return "-"
+        if not shows_payloads():  # the error's text names the failed job's error message
+            return hidden(_("hidden: seeing it takes the payload permission"))
         return format_html(
             '<pre class="skipqueue-error">{}</pre>', redact_text(workflow.error)[:4000]
         )
@@ -158,6 +168,10 @@ class WorkflowAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
 def _note(row: dict[str, Any]) -> str:
     if row["state"] == "waiting" and row["waiting_on"]:
         return format_html(" <small>{}</small>", _("waits on %d") % row["waiting_on"])
+    if row["state"] in {"failed", "cancelled"} and row["last_error"] and not shows_payloads():
+        return format_html(
+            ' <small class="skipqueue-error">{}</small>', error_class(row["last_error"])
+        )
     if row["state"] in {"failed", "cancelled"} and row["last_error"]:
         text = redact_text(row["last_error"])[:300].splitlines() or [""]
         return format_html(' <small class="skipqueue-error">{}</small>', text[0])
