@@ -412,3 +412,28 @@ def test_the_rules_compile_on_first_use_and_survive_a_copy_and_pickling():
     again = pickle.loads(pickle.dumps(redaction.TEXT_RULES[url][1]))  # noqa: S301  (our own)
     assert again.search("dsn redis://:pw@host") is not None
     assert redaction.redact_text("redis://:pw@host") == "redis://:***@host"
+
+
+def test_a_secret_across_the_bound_of_what_is_masked_is_dropped_not_kept_in_part():
+    """The message is masked up to four times what is kept: masking a long quoted
+    password before it shrank the text, and the DSN across that bound was kept with its
+    `@` cut off, its password readable (an outside trial). The bound is a word's edge."""
+    from django_skipqueue.runtime.runner import MESSAGE_MAX_CHARS, describe_error
+
+    secret = "Hunter2SuperSecret"  # noqa: S105  (the secret to keep out)
+    tail = f"' db=postgres://app:{secret}@db.internal:5432/x"
+    bound = 4 * MESSAGE_MAX_CHARS
+    for into in range(18, 40, 3):  # the bound inside the DSN, before its `@`
+        pad = bound - len("password='") - len("' db=postgres://app:") - into + 18
+        message = "password='" + "x" * pad + tail
+        stored = describe_error(RuntimeError(message)).message
+        assert secret[:6] not in stored, (into, stored[-60:])
+
+
+def test_a_variadic_parameter_named_like_a_secret_masks_what_fills_it():
+    from tests.testapp.tasks import takes_secrets
+
+    names = takes_secrets.positional_names
+    assert names == ("user", "*passwords")
+    shown = redact_call(["bob", "PW3secretval", "another"], {}, names)
+    assert shown["args"] == ["bob", "***", "***"]

@@ -260,3 +260,53 @@ def test_a_keyed_task_stuck_in_c_holds_its_slot_until_its_worker_exits_then_free
     )
     assert time.monotonic() - exited < 15  # not at the stuck job's lease (30 s)
     assert b.process.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_short_lease_outlives_the_stop_until_the_stuck_attempts_failure(start_worker):
+    """A stuck keyed job with a 0.25 s lease, beside a job still running after the stop's
+    grace: the stop waited a second for that job's thread while no lease was renewed,
+    the stuck job's lease ran out first, the reaper gave it (and its key) to another
+    worker, the key's next job ran beside the stuck code, and the job ran again (an
+    outside trial, 6 of 6). Now its lease is extended past the stop and no thread in a
+    job is waited for: the failure is written while the attempt owns the job."""
+    from tests.testapp.models import Span
+
+    stuck = tasks.reads_a_silent_socket.using(lease=0.25).enqueue("short", 60.0)
+    busy = tasks.occupy.enqueue(10.0)  # no limit: still running when the grace ends
+    a = start_worker("--concurrency", "2", "--grace", "1", "--reap-interval", "1")
+    wait_until(lambda: Span.objects.filter(job_id=stuck.id).exists(), timeout=15)
+    following = [tasks.reads_a_silent_socket.using(lease=0.25).enqueue("short", 0.3).id]
+    b = start_worker("--concurrency", "1", "--reap-interval", "0.3")
+    b.wait_for_output("worker started", timeout=15)
+    while a.process.poll() is None:
+        assert not Span.objects.filter(job_id__in=following).exists(), (
+            "the key's next job started while the stuck code still ran"
+        )
+        time.sleep(0.02)
+    assert a.process.returncode == EXIT_TIME_LIMIT
+    stuck.refresh_from_db()
+    assert (stuck.state, stuck.attempts, stuck.expirations) == (JobState.FAILED, 1, 0)
+    assert "lease lost" not in a.output()
+    wait_until(
+        lambda: Job.objects.get(id=following[0]).state == JobState.DONE,
+        timeout=15,
+        message="the key's next job did not run after the exit",
+    )
+    assert Span.objects.filter(job_id=stuck.id).count() == 1  # never run again
+    assert Job.objects.get(id=busy.id).state in (JobState.PENDING, JobState.DONE)
+
+
+@pytest.mark.timeout(90)
+def test_a_stuck_task_holding_its_own_row_does_not_hold_the_exit(start_worker):
+    """The task locks its own job's row, then blocks: the failure's write waited on that
+    lock for as long as the code ran (26 s for a 25 s sleep). It waits a second now, and
+    the job is left to the reaper."""
+    held = tasks.holds_its_own_row.enqueue(seconds=30.0)
+    worker = start_worker("--concurrency", "1", "--grace", "1", "--burst")
+    started = time.monotonic()
+    assert worker.wait(timeout=30) == EXIT_TIME_LIMIT
+    assert time.monotonic() - started < 15
+    assert "left to the reaper" in worker.output()
+    held.refresh_from_db()
+    assert held.state == JobState.RUNNING and held.expirations == 0  # the reaper's, later

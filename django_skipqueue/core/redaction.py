@@ -324,13 +324,21 @@ def redact_call(
     args: Any, kwargs: Any, names: Sequence[str] = (), keys: Iterable[str] | None = None
 ) -> dict[str, Any]:
     """A job's call as shown: `redact` of its arguments, and each positional argument
-    whose parameter (`names`, in order) looks secret masked whole, as the same value
-    passed by keyword is: `call_partner(url, "p@ssw0rd")` shows `["url", "***"]`."""
+    whose parameter (`names`, in order; a last `*name` for a variadic one) looks secret
+    masked whole, as the same value passed by keyword is: `call_partner(url, "p@ssw0rd")`
+    shows `["url", "***"]`."""
     secrets = _keys(keys)
     shown = _redact({"args": args, "kwargs": kwargs}, secrets)
     if isinstance(args, list) and names:
+        # A last name `*rest` is a variadic parameter's: it names every argument past it.
+        rest = names[-1][1:] if names[-1].startswith("*") else None
+        named = names[:-1] if rest is not None else names
+
+        def name_of(index: int) -> str | None:
+            return named[index] if index < len(named) else rest
+
         shown["args"] = [
-            MASK if index < len(names) and is_secret(names[index], secrets) else item
+            MASK if (name := name_of(index)) is not None and is_secret(name, secrets) else item
             for index, item in enumerate(shown["args"])
         ]
     return cast("dict[str, Any]", shown)

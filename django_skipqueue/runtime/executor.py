@@ -29,7 +29,7 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.faults import is_transient
 from django_skipqueue.models import Job, JobState
-from django_skipqueue.queue.connections import discard, discard_connection
+from django_skipqueue.queue.connections import bounded, discard, discard_connection
 from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.registry import registry
 
@@ -431,18 +431,31 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
 
 
 def record_failure(
-    jobs: JobManager, job: Job, attempt: int, decision: Decision, database: str
+    jobs: JobManager,
+    job: Job,
+    attempt: int,
+    decision: Decision,
+    database: str,
+    *,
+    lock_seconds: float | None = None,
 ) -> Execution:
-    """Write a failed attempt's `decision` through the fence, then log and signal it."""
+    """Write a failed attempt's `decision` through the fence, then log and signal it.
+
+    With `lock_seconds`, a lock on the row is waited for that long at most, and the
+    write is tried for twice that (a stopping worker's write of a task it gives up on,
+    whose own transaction may hold the row: timelimits.py); else for up to a lease."""
     error, retry_in, duration = decision.error, decision.retry_in, decision.duration
     assert error is not None  # noqa: S101  (a failure has its error)
-    answer = _persist(
-        lambda: jobs.fail(
-            job.id, attempt, error=error, retry_in=retry_in, workflow=job.workflow_id is not None
-        ),
-        job,
-        database,
-    )
+
+    def write() -> JobState | None:
+        in_workflow = job.workflow_id is not None
+        if lock_seconds is None:
+            return jobs.fail(job.id, attempt, error=error, retry_in=retry_in, workflow=in_workflow)
+        with bounded(database, lock_seconds):
+            return jobs.fail(job.id, attempt, error=error, retry_in=retry_in, workflow=in_workflow)
+
+    give_up = job.lease.total_seconds() if lock_seconds is None else 2 * lock_seconds
+    answer = persist(write, give_up_after=give_up, what=f"id={job.id}", database=database)
     if answer.unknown:
         return _unknown(job, attempt, duration, error)
     state = answer.value

@@ -300,6 +300,27 @@ class InFlight:
                     return thread
             return None
 
+    def shortest_run(self, now: float) -> float | None:
+        """How long the job that started last has run, of those threads are inside now
+        (None if no thread is inside one)."""
+        with self._lock:
+            started = [
+                flight.started_at
+                for job_id, attempt in self._running.values()
+                if (flight := self._flights.get(job_id)) is not None and flight.attempt == attempt
+            ]
+        return now - max(started) if started else None
+
+    def holds(self, flight: Flight) -> bool:
+        """Whether `flight` is still held (its attempt not finished)."""
+        with self._lock:
+            return self._flights.get(flight.job.id) is flight
+
+    def running_threads(self) -> list[threading.Thread]:
+        """The executor threads inside a job now."""
+        with self._lock:
+            return list(self._running)
+
     def past_their_limit(self) -> list[Flight]:
         """The held attempts past their hard time limit whose code has not stopped."""
         with self._lock:

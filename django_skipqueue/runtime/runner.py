@@ -260,8 +260,9 @@ def describe_error(error: BaseException) -> ErrorInfo:
     text = "".join(traceback.format_exception(kind, error, error.__traceback__))
     # Masked first, then cut: a secret across the cut would be stored with its head
     # cut off, which no rule recognises (a DSN without its `@`). What is masked is
-    # bounded at four times what is kept: a secret across that bound is cut away.
-    text = redact_text(text[-4 * TRACEBACK_MAX_CHARS :])
+    # bounded at four times what is kept, at a word's edge (`_words_after`): a secret
+    # across that bound is dropped whole, never kept in part.
+    text = redact_text(_words_after(text, len(text) - 4 * TRACEBACK_MAX_CHARS))
     if len(text) > TRACEBACK_MAX_CHARS:
         text = "...(truncated)\n" + text[-TRACEBACK_MAX_CHARS:]
     try:
@@ -270,9 +271,34 @@ def describe_error(error: BaseException) -> ErrorInfo:
         message = f"<str() of the exception raised {type(unprintable).__name__}>"
     return ErrorInfo(
         type=storable_text(f"{kind.__module__}.{kind.__qualname__}"),
-        message=storable_text(redact_text(message[: 4 * MESSAGE_MAX_CHARS])[:MESSAGE_MAX_CHARS]),
+        message=storable_text(
+            redact_text(_words_before(message, 4 * MESSAGE_MAX_CHARS))[:MESSAGE_MAX_CHARS]
+        ),
         traceback=storable_text(text),
     )
+
+
+#: The edge of a word: where a cut leaves no token (a DSN, a key) in part.
+_SPACE = re.compile(r"\s")
+
+
+def _words_before(text: str, end: int) -> str:
+    """`text` up to `end`, less the word that `end` cuts (all of `text` if it is shorter).
+    Masking shrinks a text, so what follows the cut could be kept by the final cut:
+    cut in a word, a password's DSN lost its `@` and no rule knew it (an outside trial)."""
+    if len(text) <= end:
+        return text
+    cut = text[:end]
+    spaces = list(_SPACE.finditer(cut, max(end - 4096, 0)))
+    return cut[: spaces[-1].start()] if spaces else cut[: max(end - 4096, 0)]
+
+
+def _words_after(text: str, start: int) -> str:
+    """`text` from `start`, less the word that `start` cuts (all of it if `start` <= 0)."""
+    if start <= 0:
+        return text
+    space = _SPACE.search(text, start, min(start + 4096, len(text)))
+    return text[space.end() :] if space else text[min(start + 4096, len(text)) :]
 
 
 def _call(

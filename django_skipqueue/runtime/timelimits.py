@@ -24,15 +24,16 @@ A threaded worker restarts whole for one stuck task; under `--processes` one chi
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
 from django_skipqueue.exceptions import TimeLimitExceeded
 from django_skipqueue.models import Job
+from django_skipqueue.queue.connections import bounded
 from django_skipqueue.runtime.executor import Execution, record_failure
 from django_skipqueue.runtime.inflight import PAST, STUCK, Flight, InFlight
 from django_skipqueue.runtime.runner import decide_failure
@@ -46,6 +47,10 @@ logger = logging.getLogger(__name__)
 #: How long past its hard limit a task's code may go on before its worker stops: time to
 #: reach its next `check_cancelled()`, or to return.
 GRACE_SECONDS = 1.0
+#: How long the stuck attempt's failure waits for a lock on its row: the task's own
+#: transaction may hold it for as long as its code runs (a SELECT ... FOR UPDATE of its
+#: job); past that the job is left to the reaper, after its lease.
+LOCK_SECONDS = 1.0
 #: The exit code of a worker that stopped for a task past its time limit: not 0, so that
 #: a supervisor (systemd, Kubernetes) or the `--processes` pool starts a new process.
 EXIT_TIME_LIMIT = 3
@@ -102,11 +107,20 @@ class HardLimits:
             )
             self.stop(f"job {job.id} past its time limit of {limit:g}s did not stop")
 
-    def stuck_threads(self) -> list[threading.Thread]:
-        """The executor threads running attempts past their limit: a stop does not wait
-        for them."""
-        threads = (self.held.thread_of(f.job.id, f.attempt) for f in self.held.past_their_limit())
-        return [thread for thread in threads if thread is not None]
+    def keep_leases(self, margin: float) -> None:
+        """Before a stopping worker's threads end (its housekeeper's renewals with them):
+        the lease of each attempt past its limit, once more, a lease and `margin` from
+        now, so that it outlives the rest of the stop and the failure is written while
+        the attempt still owns the job (a 0.25 s lease ran out first, and the reaper
+        gave the job, and its concurrency slot, to another worker while the code ran)."""
+        jobs = Job.objects.db_manager(self.database)
+        for flight in self.held.past_their_limit():
+            lease = timedelta(seconds=flight.lease_seconds + margin)
+            try:
+                with bounded(self.database, LOCK_SECONDS):  # its own code may lock its row
+                    jobs.renewal(flight.job.id, flight.attempt, lease, keep_if_cancelled=True)
+            except DatabaseError as error:
+                logger.warning("job lease not extended id=%s: %s", flight.job.id, error)
 
     def fail_stuck(self) -> list[tuple[Job, Execution]]:
         """The attempts still past their limit, failed through the fence with
@@ -121,8 +135,12 @@ class HardLimits:
             exceeded = TimeLimitExceeded(flight.cancel.exceeded or 0.0)
             ran = time.monotonic() - flight.started_at
             decision = decide_failure(task, exceeded, flight.attempt, ran)
+            if not self.held.holds(flight):  # its code ended meanwhile: written by its thread
+                continue
             try:
-                execution = record_failure(jobs, job, flight.attempt, decision, self.database)
+                execution = record_failure(
+                    jobs, job, flight.attempt, decision, self.database, lock_seconds=LOCK_SECONDS
+                )
             except DatabaseError as error:
                 logger.error("job outcome not written id=%s: %s; left to the reaper", job.id, error)
                 continue

@@ -310,7 +310,7 @@ class Worker:
                 break
             free = self._free_slots()
             if free <= 0:
-                self._wake.wait(1.0)
+                self._wake.wait(self._unhoard())
                 continue
             try:
                 claimed = self._claim(free)
@@ -486,6 +486,27 @@ class Worker:
             logger.debug("job claimed id=%s task=%s attempt=%d", job.id, job.task, job.attempts)
             self._work.put(job)
         return claimed
+
+    def _unhoard(self) -> float:
+        """Every thread busy, and jobs waiting in the buffer: if each thread has been in
+        its job longer than the prefetch window, the buffer's jobs would wait longer than
+        the claim expected (a known-short task whose jobs turned slow: what a task took
+        before said nothing of these arguments), so they are given back for any worker
+        to claim, and no more is claimed ahead until the jobs are short again. Returns
+        how long the dispatcher waits before it looks again."""
+        if not self._work.qsize() or self.sizing.fixed is not None:
+            return 1.0
+        window = self.sizing.WINDOW_SECONDS
+        shortest = self.held.shortest_run(time.monotonic())
+        if self.held.busy < self.concurrency or shortest is None or shortest < window:
+            return window
+        waiting = self.held.unstarted(self._work.drain())
+        kept = self._give_back([flight.job for flight in waiting])
+        self.sizing.cautious = True
+        if kept:  # not given back (a cancel requested, the database's error): run here
+            self._hand_over(kept)
+        logger.debug("buffered jobs given back count=%d", len(waiting) - len(kept))
+        return 1.0
 
     def _give_back(self, jobs: list[Job]) -> list[Job]:
         """Release claimed jobs no thread will start soon (fenced, no attempt spent).
@@ -753,9 +774,11 @@ class Worker:
                 flight.job.task,
             )
         self._release(flights)
-        # Threads stuck past a time limit are not waited for: their jobs' leases, no
-        # longer renewed from here, must not run out before their failure is written.
-        self._end_threads(skip=self.time_limits.stuck_threads())
+        # The attempts past their limit are failed last, below, while they own their
+        # jobs: their leases are extended past the rest of the stop first, and no thread
+        # still inside a job is waited for (a second each, while no lease is renewed).
+        self.time_limits.keep_leases(KEEP_MARGIN_SECONDS)
+        self._end_threads(skip=self.held.running_threads())
         for job, execution in self.time_limits.fail_stuck():
             self._finished(job, execution)
         try:

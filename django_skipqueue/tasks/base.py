@@ -455,7 +455,10 @@ class Task(Generic[P, R]):
         if self.takes_context or (self.django_task is not None and self.django_task.takes_context):
             parameters = parameters[1:]
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        return tuple(p.name for p in parameters if p.kind in kinds)
+        names = tuple(p.name for p in parameters if p.kind in kinds)
+        rest = [p.name for p in parameters if p.kind == inspect.Parameter.VAR_POSITIONAL]
+        # `*passwords`: every argument past the named ones fills it (redact_call).
+        return (*names, f"*{rest[0]}") if rest else names
 
     @property
     def time_limit(self) -> timedelta | None:

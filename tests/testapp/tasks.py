@@ -680,3 +680,21 @@ async def async_progress(context: TaskContext, steps: int) -> int:
         await asyncio.sleep(0)
         context.set_progress(done + 1, steps)
     return steps
+
+
+@task(takes_context=True, time_limit=0.5, lease=30.0, max_attempts=1)
+def holds_its_own_row(context: TaskContext, seconds: float = 20.0) -> None:
+    """Locks its own job's row in a transaction, then blocks past its limit: the
+    worker's failure of it would wait on that lock for as long as the code runs."""
+    from django.db import transaction
+
+    from django_skipqueue.models import Job
+
+    with transaction.atomic():
+        Job.objects.select_for_update().filter(id=context.job_id).exists()
+        time.sleep(seconds)
+
+
+@task
+def takes_secrets(user: str, *passwords: str) -> None:
+    """A variadic parameter named like a secret (the admin masks what fills it)."""
