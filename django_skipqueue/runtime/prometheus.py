@@ -24,14 +24,17 @@ more child, the metrics server, adds them up on each scrape. One port for the po
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import django
 from django.db import DatabaseError, connections
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, values
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -286,17 +289,15 @@ class BuildInfo(Collector):
     has no Info, and the build is the same in every child of a pool."""
 
     def collect(self) -> Iterator[Metric]:
-        import platform
-
-        import django
-
-        from django_skipqueue import __version__
-
+        try:
+            version = importlib.metadata.version("django-skipqueue")
+        except importlib.metadata.PackageNotFoundError:  # run from a tree, not installed
+            version = "unknown"
         info = InfoMetricFamily("skipqueue_build", "The running django-skipqueue build.")
         info.add_metric(
             [],
             {
-                "version": __version__,
+                "version": version,
                 "python": platform.python_version(),
                 "django": django.get_version(),
             },
