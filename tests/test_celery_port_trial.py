@@ -113,13 +113,13 @@ def test_sigterm_gives_away_the_slot_of_a_keyed_job_past_its_limit_while_its_cod
     a.signal()
     overlap = []
     while a.process.poll() is None:
-        state = Job.objects.get(id=first.id).state
-        later = Span.objects.filter(job_id__in=[first.id, second.id]).exclude(
-            job_id=first.id, ended_at__isnull=True
-        )
-        if later.exists():
-            overlap.append((round(time.monotonic(), 2), state, list(later.values_list("job_id"))))
         time.sleep(0.02)
+    # The key's next job never started before the stuck attempt's failure was written,
+    # the stopping process's last write, which its exit follows within milliseconds.
+    stuck_ended = Job.objects.get(id=first.id).finished_at
+    later = Span.objects.filter(job_id=second.id, started_at__lt=stuck_ended)
+    if later.exists():
+        overlap.append((stuck_ended, list(later.values_list("job_id", "started_at"))))
     # 0: the SIGTERM came first; 3: the task's grace ran out first. Either way the job
     # failed last, and the key's next job never ran beside it.
     assert a.process.returncode in (0, 3)

@@ -779,15 +779,26 @@ class Worker:
         # still inside a job is waited for (a second each, while no lease is renewed).
         self.time_limits.keep_leases(KEEP_MARGIN_SECONDS)
         self._end_threads(skip=self.held.running_threads())
-        for job, execution in self.time_limits.fail_stuck():
+        self._flush_counts()
+        self._mark_stopped()  # dead at once, for the admin and the pruner
+        logger.info("worker stopped reason=%s %s", self.stop_reason or "-", self.stats.summary())
+        # Last, the failures of the attempts past their limit whose code still runs: a
+        # key's slot is free once one is written, and the process ends right after
+        # (`runworker` exits as `run()` returns, EXIT_TIME_LIMIT), so that the key's
+        # next job does not start while the stuck code can still run. Their counts
+        # follow, in one more statement.
+        written = self.time_limits.fail_stuck()
+        for job, execution in written:
             self._finished(job, execution)
+        if written:
+            self._flush_counts()
+        connections.close_all()
+
+    def _flush_counts(self) -> None:
         try:
             self.meter.flush(self.database)  # the last seconds' counts
         except DatabaseError as error:
             logger.warning("worker counts not written: %s", error)
-        self._mark_stopped()  # dead at once, for the admin and the pruner
-        connections.close_all()
-        logger.info("worker stopped reason=%s %s", self.stop_reason or "-", self.stats.summary())
 
     def _release(self, flights: list[Flight]) -> None:
         """Give these attempts back at a stop (executor.release_on_shutdown), counted."""

@@ -394,6 +394,14 @@ class Command(BaseCommand):
             if relay is not None:
                 relay.stop.set()
                 relay.wake.set()
+        if worker.stuck_threads:
+            # A task's code still runs past its time limit, and its attempt's failure was
+            # the worker's last write: end the process now (timelimits.py), not after
+            # the relay's join and the summary.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(code)
         if relay is not None and relay.thread is not None:
             relay.thread.join(timeout=30)
         if progress is not None:
