@@ -126,7 +126,8 @@ class HardLimits:
         """The attempts still past their limit, failed through the fence with
         TimeLimitExceeded (logged and signalled as any failed attempt): the last write
         of a stopping worker before its process ends, so that a concurrency slot is
-        never free while the code that held it runs. Returns what was written."""
+        free only from then, milliseconds before the code that held it stops with the
+        process. Returns what was written."""
         written = []
         jobs = Job.objects.db_manager(self.database)
         for flight in self.held.past_their_limit():
