@@ -171,7 +171,7 @@ def test_t26_rolling_deploy_jobs_for_a_task_only_new_workers_know_end_done():
         old = run_jobs(limit=10)
     finally:
         registry.register(add)
-    assert {execution.outcome.value for execution in old} == {"retrying"}
+    assert {execution.outcome.value for execution in old} == {"retried"}
     wait_until(lambda: Job.objects.due().count() == 20, timeout=10)
     run_jobs()
     assert Job.objects.filter(id__in=ids, state="done").count() == 20
