@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from django_skipqueue.queue.managers import JobManager
 
 from django_skipqueue.runtime.runner import (  # noqa: F401  (this module's face too)
-    OUTCOME_LABELS,
     OUTSIDE_ATOMIC,
     Decision,
     Outcome,
@@ -192,7 +191,7 @@ def _span_outcome(job: Job, decision: Decision) -> str:
     outcome = decision.outcome
     if outcome is Outcome.RETRYING and job.attempts >= job.max_attempts:
         outcome = Outcome.FAILED
-    return OUTCOME_LABELS[outcome]
+    return outcome.value
 
 
 _MANAGERS: dict[str, JobManager] = {}

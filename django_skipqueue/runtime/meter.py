@@ -24,7 +24,7 @@ from django.db import DatabaseError
 
 from django_skipqueue.models import PICKUP_BUCKETS, QueueMinute
 from django_skipqueue.queue.connections import bounded
-from django_skipqueue.runtime.runner import OUTCOME_LABELS, Outcome
+from django_skipqueue.runtime.runner import Outcome
 
 
 class Series(Protocol):
@@ -81,7 +81,7 @@ class Meter:
         if len(self._events) >= FOLD_AT:
             self._fold()
         if self.prometheus is not None:
-            self.prometheus.finished(queue, task, OUTCOME_LABELS[outcome], duration)
+            self.prometheus.finished(queue, task, outcome.value, duration)
 
     def prime(self, queues: Sequence[str], tasks: Mapping[str, str]) -> None:
         """Every series this worker may count, made at 0 now (`tasks`: name -> queue):
@@ -121,7 +121,7 @@ class Meter:
                 counts["pickup_seconds"] = counts.get("pickup_seconds", 0.0) + seconds
                 counts["pickup_buckets"][bisect.bisect_left(PICKUP_BUCKETS, seconds)] += 1
             else:
-                column = OUTCOME_LABELS[outcome]  # the QueueMinute column of the same name
+                column = outcome.value  # the QueueMinute column of the same name
                 counts[column] = counts.get(column, 0) + 1
                 counts["runs"] = counts.get("runs", 0) + 1
                 counts["run_seconds"] = counts.get("run_seconds", 0.0) + seconds

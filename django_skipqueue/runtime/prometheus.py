@@ -48,7 +48,7 @@ from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.models import PICKUP_BUCKETS, Job, Queue, WorkerProcess, queue_names_of
 from django_skipqueue.queue.connections import discard_connection
-from django_skipqueue.runtime.runner import OUTCOME_LABELS
+from django_skipqueue.runtime.runner import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ DURATION_BUCKETS = (
     float("inf"),
 )  # fmt: skip
 #: The `outcome` label's values: the names the logs, the counts and `run_jobs` use too.
-OUTCOMES = tuple(OUTCOME_LABELS.values())
+OUTCOMES = tuple(outcome.value for outcome in Outcome)
 #: The `state` label of skipqueue_queue_jobs, and the gauge each comes from.
 JOB_STATES = ("pending_due", "scheduled", "waiting", "running", "stuck")
 

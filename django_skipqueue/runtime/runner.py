@@ -76,6 +76,9 @@ TRACEBACK_MAX_CHARS = 32 * 1024
 
 
 class Outcome(str, enum.Enum):
+    """An attempt's outcome; its value is its one name everywhere (logs, counts,
+    `run_jobs`, the QueueMinute columns, the metrics' `outcome` label)."""
+
     SUCCEEDED = "succeeded"  # acked: done
     RETRYING = "retried"  # failed attempt, pending again after a backoff
     FAILED = "failed"  # ended failed
@@ -83,12 +86,6 @@ class Outcome(str, enum.Enum):
     LOST = "lost"  # the fence refused the write: this attempt had lost the job
     UNKNOWN = "unknown"  # no answer from the database within a lease: the reaper owns it
     CANCELLED = "cancelled"  # stopped on an operator's cancel request: ended cancelled
-
-
-#: An attempt's outcome as every place names it (logs, counts, `run_jobs`, the QueueMinute
-#: columns, the metrics' `outcome` label): the Outcome's value. One name each: the
-#: metrics said `retried` and `refused` where the logs said `retrying` and `lost`.
-OUTCOME_LABELS: Mapping[Outcome, str] = {outcome: outcome.value for outcome in Outcome}
 
 
 @dataclass(slots=True)
