@@ -4,6 +4,7 @@ token bucket (one per task, in skipqueue_ratebucket)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from django.db.models import F
 from django_skipqueue import group, task
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.models import Job, JobState, RateBucket
+from django_skipqueue.runtime.worker import Worker
 from tests.processes import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Span
@@ -106,3 +108,30 @@ def test_two_worker_processes_together_keep_a_tasks_rate(start_worker):
             break
     assert Job.objects.get(id=plain.id).state == JobState.DONE
     assert len(served_by) == 2
+
+
+def test_a_bucket_that_refilled_since_the_claim_still_counts_for_a_burst():
+    """A CI run under load: a burst claimed nothing (the bucket empty), the bucket refilled
+    before the look that decides the exit, and the look, seeing no empty bucket, let the
+    burst exit past the task's due jobs. A refilled bucket that no claim touched since now
+    says 0 seconds; the burst claims once more. Once: a job whose key another worker's
+    job fills is no candidate, its bucket stays "refilled", and the burst still exits."""
+    tasks.three_a_minute.enqueue_many([((n,), {}) for n in range(5)])
+    assert len(claim()[0]) == 3
+    jobs = Job.objects
+    assert 19 < jobs.seconds_until_rate_refill(["default"]) <= 20
+    RateBucket.objects.update(empty_until=F("empty_until") - timedelta(seconds=21))
+    assert jobs.seconds_until_rate_refill(["default"]) == 0.0  # was None: "nothing waits"
+
+    Job.objects.all().delete()
+    RateBucket.objects.all().delete()
+    tasks.rated_and_keyed.enqueue_many([((), {"account": "a"})] * 2)
+    assert len(claim()[0]) == 1  # its key is full now, and its bucket empty
+    RateBucket.objects.update(empty_until=F("empty_until") - timedelta(seconds=2))
+    worker = Worker(burst=True, listen=False)
+    runs = threading.Thread(target=worker.run)
+    runs.start()
+    runs.join(timeout=20)
+    assert not runs.is_alive()  # one more claim, then the exit: no loop
+    assert worker.stop_reason == "burst: no due job left"
+    assert Job.objects.filter(state=JobState.PENDING).count() == 1

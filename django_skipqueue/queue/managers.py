@@ -683,19 +683,22 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return self.due().for_queues(queues).filter(concurrency_key__isnull=False).exists()
 
     def seconds_until_rate_refill(self, queues: Sequence[str]) -> float | None:
-        """Seconds (the database's clock) until the first empty token bucket of a due
-        job in `queues` holds a token again; None if no due job waits on an empty
-        bucket. `claimable_under_limits` leaves such jobs out without a wait: a burst
-        worker asks here before it exits past them."""
+        """Seconds (the database's clock) until the first token bucket that a claim left
+        empty, of a due job in `queues`, holds a token again: 0 if it refilled since; None
+        if no due job waits on such a bucket. `claimable_under_limits` leaves such jobs out
+        without a wait: a burst worker asks here before it exits past them. A bucket that
+        refilled between the claim that found it empty and this look still counts (its
+        `empty_until` stays set until a claim touches it): the burst's next claim takes
+        its job (a CI run under load exited past one, the look saying "nothing waits")."""
         waiting = self.due().for_queues(queues).filter(rate_key__isnull=False).values("rate_key")
         left = (
             _rate_bucket_model(self.model)
             .objects.db_manager(self.db)
-            .filter(empty_until__gt=Now(), key__in=waiting)
+            .filter(empty_until__isnull=False, key__in=waiting)
             .annotate(left=ExpressionWrapper(F("empty_until") - Now(), DurationField()))
             .aggregate(soonest=Min("left"))["soonest"]
         )
-        return left.total_seconds() if left is not None else None
+        return max(left.total_seconds(), 0.0) if left is not None else None
 
     def claim_limited(
         self,

@@ -167,6 +167,7 @@ class Worker:
         )
         self._held_back: float | None = None  # seconds until a limit may let more through
         self._burst_looked = False  # a burst with nothing to claim looked further once
+        self._burst_refilled = False  # ... and found a bucket refilled since (once)
         self._last_full = False  # the last claim took all it asked for
         self.held = InFlight()
         self._work = Buffer()  # claimed jobs on their way to the executor threads
@@ -330,7 +331,7 @@ class Worker:
             linger = self.waiting.after_claim(len(claimed))
             done = not claimed and self.burst and self.in_flight == 0
             if claimed:
-                self._burst_looked = False
+                self._burst_looked = self._burst_refilled = False
             elif done:
                 more = self._burst_more()
                 if more is not None:  # due jobs to claim now, or once a limit allows
@@ -391,6 +392,10 @@ class Worker:
             return None
         if refill is None:
             return None
+        if refill == 0.0:  # refilled since the claim: one more claim, not a loop (a job
+            if self._burst_refilled:  # whose key another worker fills is not a candidate,
+                return None  # and its bucket, untouched, stays "refilled")
+            self._burst_refilled = True
         self._burst_looked = False  # after the wait: the keyed claim, then look again
         self.flow.note_keyed(True)
         return refill

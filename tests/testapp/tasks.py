@@ -632,6 +632,11 @@ def three_a_minute(n: int = 0) -> int:
     return n
 
 
+@task(rate_limit="1/s", concurrency_key=("account",), concurrency_limit=1)
+def rated_and_keyed(account: str) -> str:
+    return account
+
+
 # -- the outside trial of issue 27 (tests/test_celery_port_trial.py) ---------------------
 
 
