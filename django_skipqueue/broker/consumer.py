@@ -31,7 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from django_skipqueue.broker.handoff import Done, Handoff
+from django_skipqueue.broker.handoff import Done, Handoff, Held
 from django_skipqueue.broker.message import Message
 from django_skipqueue.broker.topology import (
     BROKER_DELIVERIES_HEADER,
@@ -65,6 +65,11 @@ logger = logging.getLogger(__name__)
 #: With RESULTS: the most outcomes written back in one statement, and how long one waits.
 WRITE_BACK_BATCH = 200
 WRITE_BACK_SECONDS = 0.2
+#: The share of the broker's consumer timeout (RELAY CONSUMER_TIMEOUT) a delivery may be
+#: held unacked before the consumer acts itself: the broker checks its timeout on its
+#: channel's tick, so it closes the channel at that timeout or a little later, never
+#: before.
+HOLD_SHARE = 0.9
 
 
 @dataclass
@@ -73,6 +78,7 @@ class ConsumerStats:
     retried: int = 0
     dead: int = 0
     reconnects: int = 0
+    handed_back: int = 0  # deliveries published again unrun, near the consumer timeout
 
 
 class Consumer:
@@ -105,8 +111,12 @@ class Consumer:
         self._write_due = 0.0
         self._retry_declared: set[str] = set()
         self._running = 0  # deliveries handed to the pool and not acked yet
-        #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
-        self._suspects: list[tuple[int, Message, int]] = []
+        #: Redelivered messages, run alone: (tag, message, deliveries without an ack, the
+        #: process clock when it came).
+        self._suspects: list[tuple[int, Message, int, float]] = []
+        #: How long a delivery is held unacked, waiting or running, before the consumer
+        #: acts itself (`_overdue`): nine tenths of the broker's consumer timeout.
+        self.hold_seconds = HOLD_SHARE * config.consumer_timeout
         self._isolating = False
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
@@ -195,12 +205,13 @@ class Consumer:
                             ch, publisher, method.delivery_tag, message, deliveries
                         )
                         return
-                    self._suspects.append((method.delivery_tag, message, deliveries))
+                    came = time.monotonic()
+                    self._suspects.append((method.delivery_tag, message, deliveries, came))
                     return
-                self._submit(pool, generation, method.delivery_tag, message)
+                self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
 
             def turn() -> None:  # in this thread, from process_data_events
-                self._time_out(generation)
+                self._overdue(channel, publisher, generation)
                 self._settle(channel, publisher, generation)
                 self._isolate(channel, publisher, pool, generation)
                 self._flush_counts()
@@ -229,18 +240,29 @@ class Consumer:
                     logger.debug("closing the broker connection failed: %r", error)
 
     def _submit(
-        self, pool: ThreadPoolExecutor, generation: int, tag: int, message: Message
+        self,
+        pool: ThreadPoolExecutor,
+        generation: int,
+        tag: int,
+        message: Message,
+        deliveries: int,
+        came: float,
     ) -> None:
+        """Hand a delivery to the pool; held until `came` plus `hold_seconds` at most."""
         self._running += 1
+        held = Held(message, deliveries, give_up_at=came + self.hold_seconds)
+        self._handoff.hold((generation, tag), held)
         pool.submit(self._run, generation, tag, message)
 
     def _isolate(
         self, channel: Any, publisher: Any, pool: ThreadPoolExecutor, generation: int
     ) -> None:
         """Run redelivered messages one at a time, with nothing else unacked: prefetch 1
-        until they are done, each started once everything else was acked. The other
-        redelivered messages held meanwhile are published again as fresh copies (then
-        acked), since a return to the queue would count as a delivery against them."""
+        until they are done, each started once everything else was acked and a thread
+        is free (one may still run a task of a lost connection). The other redelivered
+        messages are published again as fresh copies (then acked), since a return to the
+        queue would count as a delivery against them; so is a suspect still waiting when
+        the broker's consumer timeout nears (it did not run: it keeps its count)."""
         if self._suspects and not self._isolating:
             # No new delivery while any is unacked. A channel-wide (global) limit, as
             # RabbitMQ applies a per-consumer one only to consumers created after it:
@@ -251,24 +273,46 @@ class Consumer:
                 "broker consumer: %d redelivered job(s), running them one at a time",
                 len(self._suspects),
             )
-        if self._isolating and self._running == 0 and not self._pending_write:
-            if self._suspects:
-                tag, message, _ = self._suspects.pop(0)
-                for other_tag, other, deliveries in self._suspects:
-                    # A fresh copy, as a return to the queue would count as a delivery;
-                    # it carries the count so far, and is run alone in its turn.
-                    publisher.basic_publish(
-                        "",
-                        broker_queue(other.queue),
-                        other.body(),
-                        other.properties(**{DELIVERIES_HEADER: deliveries}),
-                    )
-                    channel.basic_ack(other_tag)
-                self._suspects.clear()
-                self._submit(pool, generation, tag, message)
-            else:
-                channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
-                self._isolating = False
+        if not self._isolating:
+            return
+        alone = (
+            self._running == 0
+            and not self._pending_write
+            and self._handoff.busy() < self.concurrency
+        )
+        if alone and self._suspects:
+            tag, message, deliveries, came = self._suspects.pop(0)
+            for other_tag, other, other_deliveries, _ in self._suspects:
+                self._hand_back(channel, publisher, other_tag, other, other_deliveries)
+            self._suspects.clear()
+            self._submit(pool, generation, tag, message, deliveries, came)
+        elif alone:
+            channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
+            self._isolating = False
+        else:
+            now, waiting = time.monotonic(), []
+            for suspect in self._suspects:
+                if now >= suspect[3] + self.hold_seconds:
+                    self._hand_back(channel, publisher, *suspect[:3])
+                else:
+                    waiting.append(suspect)
+            self._suspects = waiting
+
+    def _hand_back(
+        self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
+    ) -> None:
+        """Publish a delivery that did not run again as a fresh copy that carries its count
+        of deliveries so far (a return to the queue would add one), then ack it."""
+        headers = {DELIVERIES_HEADER: deliveries} if deliveries else {}
+        publisher.basic_publish(
+            "",
+            broker_queue(message.queue),
+            message.body(),
+            message.properties(**headers),
+            mandatory=True,
+        )
+        ack(channel, tag)
+        self.stats.handed_back += 1
 
     def _dead_letter_undelivered(
         self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
@@ -292,15 +336,43 @@ class Consumer:
         channel.basic_ack(tag)
         self.stats.dead += 1
 
-    def _time_out(self, generation: int) -> None:
-        """Jobs past their task's timeout are settled as failed attempts (retried through
-        the broker, or dead-lettered after the last), as a worker gives up on them. Their
-        threads cannot be stopped: each holds a thread of the pool until its task
-        returns, and what it returns then is dropped."""
-        for tag, message in self._handoff.expired(generation, time.monotonic()):
-            task = registry.get(message.task)
-            seconds = task.timeout.total_seconds() if task.timeout else 0.0
-            raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
+    def _overdue(self, channel: Any, publisher: Any, generation: int) -> None:
+        """Deliveries past their time (`Handoff.overdue`):
+        - one that did not start, as the broker's consumer timeout nears (it waited for
+          a thread behind long tasks): handed back, as a fresh copy keeping its count;
+        - one running past its task's timeout, or as the broker's consumer timeout nears:
+          settled as a failed attempt (retried through the broker, or dead-lettered
+          after the last), as a worker gives up on it.
+        The broker would otherwise close the channel, and count a delivery against every
+        message unacked on it: innocent neighbours reached DELIVERY_LIMIT that way (an
+        outside trial, with DELIVERY_LIMIT 2). A running task's thread cannot be
+        stopped: it holds a thread of the pool until its task returns, and what it
+        returns then is dropped."""
+        found = self._handoff.overdue(generation, time.monotonic())
+        if found.unstarted:
+            logger.warning(
+                "broker consumer: %d job(s) waited %.0fs for a thread, near the broker's "
+                "consumer timeout (RELAY CONSUMER_TIMEOUT %ss): handed back to the queue",
+                len(found.unstarted),
+                self.hold_seconds,
+                self.config.consumer_timeout,
+            )
+        for tag, held in found.unstarted:
+            self._running -= 1
+            self._hand_back(channel, publisher, tag, held.message, held.deliveries)
+        for tag, held, by_broker in found.running:
+            message = held.message
+            task = registry.get(message.task) if message.task in registry else None
+            if by_broker:
+                seconds = self.hold_seconds
+                raised = TimeoutError(
+                    f"the job ran {seconds:.0f}s, near the broker's consumer timeout (RELAY "
+                    f"CONSUMER_TIMEOUT {self.config.consumer_timeout}s), which would close "
+                    "the channel and count a delivery against every job unacked on it"
+                )
+            else:
+                seconds = task.timeout.total_seconds() if task and task.timeout else 0.0
+                raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
             error = describe_error(raised)
             logger.error(
                 "job timed out id=%s task=%s attempt=%d timeout=%.3fs: its thread is given up on",
@@ -330,9 +402,9 @@ class Consumer:
             trace_context=message.trace,
         )
         task = registry.get(job.task) if job.task in registry else None
-        if task is not None and task.timeout is not None:
-            deadline = time.monotonic() + task.timeout.total_seconds()
-            self._handoff.timed((generation, tag), deadline, message)
+        timeout = task.timeout.total_seconds() if task and task.timeout else None
+        if not self._handoff.start((generation, tag), timeout, time.monotonic()):
+            return  # handed back while it waited, or its connection is gone
         try:
             verdict = run_brokered(job, database=self.database)
         except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
@@ -340,9 +412,8 @@ class Consumer:
             verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
         finally:
             connections[self.database].close_if_unusable_or_obsolete()
-        # A delivery settled already as timed out (_time_out): this late outcome is dropped.
-        timed = task is not None and task.timeout is not None
-        self._handoff.finish(Done(generation, tag, message, verdict), timed=timed)
+        # A delivery settled already as timed out (_overdue): this late outcome is dropped.
+        self._handoff.finish(Done(generation, tag, message, verdict))
 
     # -- acting on verdicts ------------------------------------------------------------
 

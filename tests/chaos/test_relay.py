@@ -217,3 +217,67 @@ def test_under_steady_load_a_poison_is_dead_lettered_and_no_innocent_is(
     print(f"\nsteady load: jobs={len(healthy)} poison deaths={deaths} dead={len(dead)}")
     assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
     assert 2 <= deaths <= 3  # each delivery of the poison killed one consumer, then it died
+
+
+@pytest.fixture
+def consumer_timeout_4s():
+    """The broker's consumer_timeout at 4 s, checked every second, for this test, then
+    as it was (RabbitMQ 3.10: settings of the whole broker, read as a channel opens; the
+    fault tests run one at a time, and no other suite's test holds a delivery 4 s)."""
+
+    def ctl(expression: str) -> str:
+        return subprocess.run(
+            ["rabbitmqctl", "-q", "eval", expression],
+            check=True,
+            timeout=60,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    names = ("consumer_timeout", "channel_tick_interval")
+    before = {name: ctl(f"application:get_env(rabbit, {name}).") for name in names}
+    ctl("application:set_env(rabbit, consumer_timeout, 4000).")
+    ctl("application:set_env(rabbit, channel_tick_interval, 1000).")
+    yield 4
+    for name, value in before.items():
+        if value.startswith("{ok,"):
+            ctl(f"application:set_env(rabbit, {name}, {value[4:-1]}).")
+        else:
+            ctl(f"application:unset_env(rabbit, {name}).")
+
+
+@pytest.mark.timeout(240)
+def test_near_the_consumer_timeout_no_innocent_delivery_is_counted(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T55 (issue 52): two jobs that run 9 s, at concurrency 2, past a broker consumer
+    timeout of 4 s, with ten short jobs behind them. Before: the broker closed the
+    channel, counting a delivery against every unacked message, the short jobs waiting
+    for a thread among them; redelivered, they waited again behind the long jobs' threads
+    (still running) and the next close dead-lettered them at DELIVERY_LIMIT 2. Now the
+    consumer acts before the broker: the long jobs' attempts time out (retried, then
+    dead-lettered after their last), the waiting ones are handed back uncounted, and no
+    channel is closed."""
+    queue = broker_queue_name
+    settings = relay_settings(queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s)
+    probe = tasks.probe.using(queue_name=queue)
+    slow = [job.id for job in probe.using(max_attempts=2).enqueue_many([((), {"ms": 9000})] * 2)]
+    healthy = [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 10)]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "2", settings=settings)
+    deadline = time.monotonic() + 150
+    while Effect.objects.filter(job_id__in=healthy).count() < len(healthy) or depth(
+        dead_queue(queue)
+    ) < len(slow):
+        if time.monotonic() > deadline:
+            print(supervisor.logs()[-8000:])
+            pytest.fail("the short jobs did not all run, or the long ones were not dead-lettered")
+        time.sleep(0.5)
+    dead = drain(dead_queue(queue))
+    errors = [properties.headers.get("x-skipqueue-error", "") for _, properties, _ in dead]
+    handed_back = consumer.output().count("handed back")
+    print(f"\nconsumer timeout: dead={len(dead)} handed back={handed_back}")
+    assert sorted(int(properties.message_id) for _, properties, _ in dead) == sorted(slow)
+    assert all("near the broker's consumer timeout" in error for error in errors), errors
+    assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
+    assert DuplicateEffect.objects.filter(job_id__in=healthy).count() == 0
