@@ -15,8 +15,14 @@ def done(tag: int, generation: int = 1) -> Done:
     return Done(generation, tag, message=f"message {tag}", verdict="ok")  # type: ignore[arg-type]
 
 
-def held(tag: int, give_up_at: float = 1e9, deliveries: int = 0) -> Held:
-    return Held(message=f"message {tag}", deliveries=deliveries, give_up_at=give_up_at)  # type: ignore[arg-type]
+def held(tag: int, give_up_at: float = 1e9, deliveries: int = 0, hand_back_at: float = 1e9) -> Held:
+    return Held(
+        message=f"message {tag}",  # type: ignore[arg-type]
+        deliveries=deliveries,
+        came=0.0,
+        hand_back_at=hand_back_at,
+        give_up_at=give_up_at,
+    )
 
 
 def started(
@@ -96,20 +102,36 @@ def test_a_delivery_past_its_deadline_is_given_up_once_and_its_late_verdict_drop
 def test_near_the_brokers_timeout_a_waiting_delivery_is_handed_back_and_a_running_one_timed_out():
     """An outside trial: deliveries that waited for a thread behind long tasks stayed
     unacked past the broker's consumer timeout, which closed the channel and counted a
-    delivery against each; innocent jobs reached DELIVERY_LIMIT. Now the one waiting is
-    handed back (its thread, once free, skips it) and the one running is timed out, by
+    delivery against each; innocent jobs reached DELIVERY_LIMIT. Now one still waiting
+    at half that timeout is handed back, and one running at nine tenths is timed out, by
     the broker's timeout and not its task's (a later one)."""
     handoff = Handoff()
     handoff.connected(lambda: None)
     started(handoff, 1, timeout=60.0, give_up_at=9.0)
-    handoff.hold((1, 2), held(2, give_up_at=9.0, deliveries=1))
+    handoff.hold((1, 2), held(2, give_up_at=9.0, hand_back_at=5.0, deliveries=1))
     assert handoff.busy() == 1
-    found = handoff.overdue(1, now=9.5)
+    found = handoff.overdue(1, now=5.5)
     assert [(tag, h.deliveries) for tag, h in found.unstarted] == [(2, 1)]
-    assert [(tag, by_broker) for tag, _, by_broker in found.running] == [(1, True)]
-    assert handoff.start((1, 2), None, now=10.0) is False  # handed back: never run
+    assert found.running == []
+    assert handoff.start((1, 2), None, now=6.0) is False  # handed back: never run
+    [(tag, _, by_broker)] = handoff.overdue(1, now=9.5).running
+    assert (tag, by_broker) == (1, True)
     assert handoff.finish(done(1)) is False
     assert handoff.busy() == 0
+
+
+def test_a_delivery_that_waited_half_the_timeout_is_not_started_late():
+    """The same trial: a 2 s job that waited for a thread started just before the give-up
+    time and was timed out a moment later, its attempt lost, dead-lettered on its last
+    one ("the job ran 4s"). A thread that reaches a delivery past its hand-back time
+    skips it, and the consuming thread hands it back."""
+    handoff = Handoff()
+    handoff.connected(lambda: None)
+    handoff.hold((1, 3), held(3, give_up_at=9.0, hand_back_at=5.0))
+    assert handoff.start((1, 3), None, now=5.2) is False
+    assert handoff.busy() == 0
+    [(tag, _)] = handoff.overdue(1, now=5.3).unstarted
+    assert tag == 3
 
 
 def test_a_timeout_and_a_late_verdict_racing_settle_the_delivery_exactly_once():

@@ -58,6 +58,7 @@ from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, 
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.runtime.presence import Presence
 from django_skipqueue.runtime.runner import retry_delay
+from django_skipqueue.runtime.timelimits import GRACE_SECONDS
 from django_skipqueue.tasks.registry import registry
 
 logger = logging.getLogger(__name__)
@@ -65,11 +66,18 @@ logger = logging.getLogger(__name__)
 #: With RESULTS: the most outcomes written back in one statement, and how long one waits.
 WRITE_BACK_BATCH = 200
 WRITE_BACK_SECONDS = 0.2
-#: The share of the broker's consumer timeout (RELAY CONSUMER_TIMEOUT) a delivery may be
-#: held unacked before the consumer acts itself: the broker checks its timeout on its
-#: channel's tick, so it closes the channel at that timeout or a little later, never
-#: before.
-HOLD_SHARE = 0.9
+#: Shares of the broker's consumer timeout (RELAY CONSUMER_TIMEOUT), counted from each
+#: delivery as the broker counts it, after which the consumer acts itself
+#: (`Consumer._overdue`): a delivery not started by half of it is handed back, never
+#: started (so that a task starts with at least 0.4 of the timeout to run, and a large
+#: prefetch is handed back long before the broker's close); one running at nine tenths
+#: is timed out. The broker checks its timeout on its channel's tick, so it closes the
+#: channel at that timeout or a little later, never before.
+HAND_BACK_SHARE = 0.5
+GIVE_UP_SHARE = 0.9
+#: How long a stopping consumer whose thread is stuck in a task it gave up on waits for
+#: its other running jobs before it closes its connection (they come again).
+STUCK_STOP_SECONDS = 10.0
 
 
 @dataclass
@@ -114,9 +122,18 @@ class Consumer:
         #: Redelivered messages, run alone: (tag, message, deliveries without an ack, the
         #: process clock when it came).
         self._suspects: list[tuple[int, Message, int, float]] = []
-        #: How long a delivery is held unacked, waiting or running, before the consumer
-        #: acts itself (`_overdue`): nine tenths of the broker's consumer timeout.
-        self.hold_seconds = HOLD_SHARE * config.consumer_timeout
+        #: After how long from its delivery a delivery waiting for a thread is handed
+        #: back, and a running one is timed out (`_overdue`).
+        self.hand_back_seconds = HAND_BACK_SHARE * config.consumer_timeout
+        self.give_up_seconds = GIVE_UP_SHARE * config.consumer_timeout
+        #: The consumers of this connection (their tags), None while paused for
+        #: suspects; `_cautious`: since the pause, at prefetch 1 until a fresh delivery.
+        self._consumer_tags: list[str] | None = None
+        self._cautious = False
+        self._widen = False
+        #: A task it gave up on still ran GRACE_SECONDS later: it stopped, to be replaced
+        #: (`runworker --broker` exits with EXIT_TIME_LIMIT).
+        self.stuck = False
         self._isolating = False
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
@@ -149,12 +166,13 @@ class Consumer:
                     self._suspects.clear()
                     self._handoff.lost()
                     self._running, self._isolating = 0, False
+                    self._consumer_tags, self._cautious, self._widen = None, False, False
                     delay = backoff.next()
                     logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
                     self.presence.beat()  # alive, if not connected: not "lost"
                     self.stop.wait(delay)
         finally:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=not self.stuck)
             self._flush_counts(now=True)
 
             self.presence.stopped()
@@ -172,7 +190,6 @@ class Consumer:
             self._retry_declared.clear()
             for name in self.queues:
                 declare(channel, name, self.config)
-            channel.basic_qos(prefetch_count=self.prefetch)
             pika_channel_impl(channel).add_on_close_callback(_log_channel_closed)
 
             def deliver(ch: Any, method: Any, properties: Any, body: bytes) -> None:
@@ -191,12 +208,13 @@ class Consumer:
                     return
                 headers = properties.headers or {}
                 earlier = _count(headers.get(DELIVERIES_HEADER))
-                if method.redelivered or earlier:
-                    # A consumer died or lost its connection holding it: perhaps this
-                    # message killed it. Run it alone (below), so that a crash on it
-                    # holds no other message: the delivery limit counts every unacked
-                    # delivery of a dead consumer, and innocent neighbours must not
-                    # reach it with the poison.
+                if method.redelivered or earlier or message.alone:
+                    # A consumer died or lost its connection holding it (or gave up on
+                    # its last attempt while it ran): perhaps this message killed it.
+                    # Run it alone (below), so that a crash on it holds no other
+                    # message: the delivery limit counts every unacked delivery of a
+                    # dead consumer, and innocent neighbours must not reach it with the
+                    # poison.
                     deliveries = earlier + _count(headers.get(BROKER_DELIVERIES_HEADER))
                     if method.redelivered and not headers.get(BROKER_DELIVERIES_HEADER):
                         deliveries += 1  # a classic queue does not count for us
@@ -208,29 +226,46 @@ class Consumer:
                     came = time.monotonic()
                     self._suspects.append((method.delivery_tag, message, deliveries, came))
                     return
+                if self._cautious:  # a fresh one: back to the full prefetch (`turn`)
+                    self._cautious, self._widen = False, True
                 self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
 
             def turn() -> None:  # in this thread, from process_data_events
                 self._overdue(channel, publisher, generation)
                 self._settle(channel, publisher, generation)
-                self._isolate(channel, publisher, pool, generation)
+                abandoned = self._abandoned()
+                self._isolate(channel, publisher, pool, generation, abandoned=abandoned)
+                self._steer(channel, deliver, consume=not self._isolating)
                 self._flush_counts()
 
             # A finished job wakes this thread at once (the acks free prefetch room).
             self._handoff.connected(lambda: connection.add_callback_threadsafe(turn))
-            for name in self.queues:
-                channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
+            self._resume(channel, deliver, self.prefetch)
             backoff.reset()
             logger.info("broker consumer connected queues=%s", ",".join(self.queues))
             while not self.stop.is_set():
                 connection.process_data_events(time_limit=0.2)
                 turn()
                 self.presence.beat()
-            # Stopping: no new deliveries. Jobs not started yet stay unacked (RabbitMQ
-            # delivers them again once this connection closes); those running finish
-            # and are settled.
+            # Stopping: no new deliveries. Those not started are given back, keeping
+            # their count (a return to the queue by the close would add one against
+            # each, at every restart); those running finish and are settled, within
+            # STUCK_STOP_SECONDS where a thread never returns (then they come again).
             channel.stop_consuming()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for tag, held in self._handoff.unstarted(generation):
+                self._running -= 1
+                self._hand_back(channel, publisher, tag, held.message, held.deliveries)
+            for tag, message, deliveries, _ in self._suspects:
+                self._hand_back(channel, publisher, tag, message, deliveries)
+            self._suspects.clear()
+            if self.stuck:
+                until = time.monotonic() + STUCK_STOP_SECONDS
+                while self._running > 0 and time.monotonic() < until:
+                    connection.process_data_events(time_limit=0.1)
+                    self._settle(channel, publisher, generation)
+            else:
+                pool.shutdown(wait=True)
             self._settle(channel, publisher, generation, final=True)
         finally:
             if connection.is_open:
@@ -248,26 +283,39 @@ class Consumer:
         deliveries: int,
         came: float,
     ) -> None:
-        """Hand a delivery to the pool; held until `came` plus `hold_seconds` at most."""
+        """Hand a delivery to the pool, held from `came` (`_overdue` says how long)."""
         self._running += 1
-        held = Held(message, deliveries, give_up_at=came + self.hold_seconds)
+        held = Held(
+            message,
+            deliveries,
+            came=came,
+            hand_back_at=came + self.hand_back_seconds,
+            give_up_at=came + self.give_up_seconds,
+        )
         self._handoff.hold((generation, tag), held)
         pool.submit(self._run, generation, tag, message)
 
     def _isolate(
-        self, channel: Any, publisher: Any, pool: ThreadPoolExecutor, generation: int
+        self,
+        channel: Any,
+        publisher: Any,
+        pool: ThreadPoolExecutor,
+        generation: int,
+        *,
+        abandoned: bool,
     ) -> None:
-        """Run redelivered messages one at a time, with nothing else unacked: prefetch 1
-        until they are done, each started once everything else was acked and a thread
-        is free (one may still run a task of a lost connection). The other redelivered
-        messages are published again as fresh copies (then acked), since a return to the
-        queue would count as a delivery against them; so is a suspect still waiting when
-        the broker's consumer timeout nears (it did not run: it keeps its count)."""
+        """Run redelivered messages one at a time, alone in the process: no delivery
+        taken meanwhile (`_steer` cancels the consumers), each started once everything
+        else was acked, no thread is left in a task given up on, and a thread is free
+        (one may still run a task of a lost connection). The other redelivered messages
+        are published again as fresh copies (then acked), since a return to the queue
+        would count as a delivery against them; so is one still waiting at half the
+        broker's consumer timeout (it did not run: it keeps its count), and every one
+        while a thread runs a task given up on (it may be the poison, and its crash
+        would count against every message held). Then the consumers come back at
+        prefetch 1, so that those copies come one at a time, and at the full prefetch
+        from the first fresh delivery on."""
         if self._suspects and not self._isolating:
-            # No new delivery while any is unacked. A channel-wide (global) limit, as
-            # RabbitMQ applies a per-consumer one only to consumers created after it:
-            # this consumer's own prefetch would go on filling up behind the suspects.
-            channel.basic_qos(prefetch_count=1, global_qos=True)
             self._isolating = True
             logger.warning(
                 "broker consumer: %d redelivered job(s), running them one at a time",
@@ -278,6 +326,7 @@ class Consumer:
         alone = (
             self._running == 0
             and not self._pending_write
+            and not abandoned
             and self._handoff.busy() < self.concurrency
         )
         if alone and self._suspects:
@@ -287,16 +336,76 @@ class Consumer:
             self._suspects.clear()
             self._submit(pool, generation, tag, message, deliveries, came)
         elif alone:
-            channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
             self._isolating = False
+            self._cautious, self._widen = True, False
         else:
             now, waiting = time.monotonic(), []
             for suspect in self._suspects:
-                if now >= suspect[3] + self.hold_seconds:
+                if abandoned or now >= suspect[3] + self.hand_back_seconds:
                     self._hand_back(channel, publisher, *suspect[:3])
                 else:
                     waiting.append(suspect)
             self._suspects = waiting
+
+    def _abandoned(self) -> bool:
+        """Whether a thread still runs a task given up on (`_overdue`). It may be a poison
+        that crashes the process late (an outside trial: one that exited 5 s in, past the
+        3.6 s at which it was given up on, took innocent jobs' deliveries with it), so
+        meanwhile no redelivered job runs or is held (`_isolate`); if it still runs
+        GRACE_SECONDS later, the consumer stops, giving back what did not start, as a
+        worker does for a task past its hard time limit, and `runworker --broker` exits
+        with EXIT_TIME_LIMIT for its supervisor to start another (Python cannot stop the
+        thread)."""
+        since = self._handoff.abandoned_since()
+        if since is None:
+            return False
+        if not self.stuck and time.monotonic() - since >= GRACE_SECONDS:
+            logger.error(
+                "broker consumer: a task it gave up on still runs %.0fs later; stopping, "
+                "to be replaced (its thread cannot be stopped)",
+                GRACE_SECONDS,
+            )
+            self.stuck = True
+            self.stop.set()
+        return True
+
+    def _steer(self, channel: Any, deliver: Any, *, consume: bool) -> None:
+        """Consume, or not: cancelled while redelivered jobs run alone, back after (at
+        prefetch 1, `_cautious`); at the full prefetch again once a fresh delivery came
+        (`_widen`).
+
+        Cancelled, not held back by a channel-wide prefetch of 1: RabbitMQ ignores a
+        global prefetch on quorum queues (an outside trial: 20 deliveries where 10 were
+        allowed, and fresh jobs ran beside a poison). Deliveries already on their way
+        when the cancel reaches the broker are returned to the queue by pika, which
+        counts one delivery against each: at most a round trip's worth, once a pause."""
+        if not consume:
+            if self._consumer_tags is not None:
+                self._pause(channel)
+            return
+        if self._consumer_tags is None:
+            self._resume(channel, deliver, 1 if self._cautious else self.prefetch)
+            self._widen = False
+        elif self._widen:
+            self._widen = False
+            self._pause(channel)
+            self._resume(channel, deliver, self.prefetch)
+
+    def _pause(self, channel: Any) -> None:
+        """No new delivery: this connection's consumers cancelled (what they delivered
+        stays unacked on the channel, and is acked there as usual)."""
+        for consumer_tag in self._consumer_tags or ():
+            channel.basic_cancel(consumer_tag)
+        self._consumer_tags = None
+
+    def _resume(self, channel: Any, deliver: Any, prefetch: int) -> None:
+        """Consume every queue again, at `prefetch` unacked deliveries (a per-consumer
+        limit applies to consumers made after it)."""
+        channel.basic_qos(prefetch_count=prefetch)
+        self._consumer_tags = [
+            channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
+            for name in self.queues
+        ]
 
     def _hand_back(
         self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
@@ -337,24 +446,27 @@ class Consumer:
         self.stats.dead += 1
 
     def _overdue(self, channel: Any, publisher: Any, generation: int) -> None:
-        """Deliveries past their time (`Handoff.overdue`):
-        - one that did not start, as the broker's consumer timeout nears (it waited for
-          a thread behind long tasks): handed back, as a fresh copy keeping its count;
-        - one running past its task's timeout, or as the broker's consumer timeout nears:
+        """Deliveries past their time (`Handoff.overdue`), counted from each delivery as
+        RabbitMQ counts its consumer timeout:
+        - one not started by half that timeout (it waited for a thread, behind long
+          tasks): handed back, as a fresh copy keeping its count, never started late
+          with little of the timeout left to run;
+        - one running past its task's timeout, or at nine tenths of the broker's:
           settled as a failed attempt (retried through the broker, or dead-lettered
-          after the last), as a worker gives up on it.
+          after the last), as a worker gives up on it; its next attempt runs alone.
         The broker would otherwise close the channel, and count a delivery against every
         message unacked on it: innocent neighbours reached DELIVERY_LIMIT that way (an
         outside trial, with DELIVERY_LIMIT 2). A running task's thread cannot be
         stopped: it holds a thread of the pool until its task returns, and what it
         returns then is dropped."""
-        found = self._handoff.overdue(generation, time.monotonic())
+        now = time.monotonic()
+        found = self._handoff.overdue(generation, now)
         if found.unstarted:
             logger.warning(
-                "broker consumer: %d job(s) waited %.0fs for a thread, near the broker's "
+                "broker consumer: %d job(s) waited %.0fs for a thread, half the broker's "
                 "consumer timeout (RELAY CONSUMER_TIMEOUT %ss): handed back to the queue",
                 len(found.unstarted),
-                self.hold_seconds,
+                self.hand_back_seconds,
                 self.config.consumer_timeout,
             )
         for tag, held in found.unstarted:
@@ -363,30 +475,33 @@ class Consumer:
         for tag, held, by_broker in found.running:
             message = held.message
             task = registry.get(message.task) if message.task in registry else None
+            started = held.started_at if held.started_at is not None else held.came
             if by_broker:
-                seconds = self.hold_seconds
+                seconds = now - started
                 raised = TimeoutError(
-                    f"the job ran {seconds:.0f}s, near the broker's consumer timeout (RELAY "
-                    f"CONSUMER_TIMEOUT {self.config.consumer_timeout}s), which would close "
-                    "the channel and count a delivery against every job unacked on it"
+                    f"the job waited {started - held.came:.1f}s for a thread and ran "
+                    f"{seconds:.1f}s: nine tenths of the broker's consumer timeout (RELAY "
+                    f"CONSUMER_TIMEOUT {self.config.consumer_timeout}s), counted from its "
+                    "delivery; past it the broker would close the channel and count a "
+                    "delivery against every job unacked on it"
                 )
             else:
                 seconds = task.timeout.total_seconds() if task and task.timeout else 0.0
                 raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
             error = describe_error(raised)
             logger.error(
-                "job timed out id=%s task=%s attempt=%d timeout=%.3fs: its thread is given up on",
+                "job timed out id=%s task=%s attempt=%d ran=%.3fs: its thread is given up on",
                 message.job_id,
                 message.task,
                 message.attempt,
-                seconds,
+                now - started,
             )
             retry_in = retry_delay(task, raised, message.attempt)  # the runner's rule
             if retry_in is not None and message.attempt < message.max_attempts:
                 verdict = Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
             else:
                 verdict = Verdict(Outcome.FAILED, seconds, error=error)
-            self._handoff.settle_here(Done(generation, tag, message, verdict))
+            self._handoff.settle_here(Done(generation, tag, message, verdict, given_up=True))
 
     def _run(self, generation: int, tag: int, message: Message) -> None:
         job = Job(
@@ -475,7 +590,7 @@ class Consumer:
             declare_retry(publisher, done.message.queue, exponent)
             self._retry_declared.add(name)
         released = done.verdict.outcome is Outcome.RELEASED
-        following = done.message.next_attempt(released=released)
+        following = done.message.next_attempt(released=released, alone=done.given_up)
         publisher.basic_publish(
             "",
             retry_queue(done.message.queue, exponent),
@@ -525,6 +640,8 @@ def _log_channel_closed(channel: Any, reason: Exception) -> None:
             "or raise it: %s",
             text,
         )
+    elif getattr(reason, "reply_code", None) == 200:  # ours: a clean close or a stop
+        logger.debug("broker channel closed: %s", text)
     else:
         logger.warning("broker channel closed: %s", text)
 

@@ -41,22 +41,31 @@ class Done:
     tag: int
     message: Message
     verdict: Verdict
+    given_up: bool = False  # settled by the consuming thread while its task still ran
 
 
 @dataclass
 class Held:
-    """A delivery the consumer holds unacked: waiting for a thread, or running."""
+    """A delivery the consumer holds unacked: waiting for a thread, or running. Its times
+    are the process clock's, counted from the delivery, as the broker counts its
+    consumer timeout (`consumer.Consumer._overdue`)."""
 
     message: Message
     #: Deliveries so far without an ack (what a copy published in its place carries).
     deliveries: int
-    #: By the process clock: past it, the broker's consumer timeout is near. Not started
-    #: yet, the delivery is given back (`overdue`); running, its attempt is timed out.
+    #: When it came. Not started by `hand_back_at`, it is given back, never started.
+    came: float
+    hand_back_at: float
+    #: Running at `give_up_at` (the broker's timeout near), its attempt is timed out.
     give_up_at: float
     #: Past it, its task's own timeout ended the attempt (None: no timeout, or not
     #: started yet).
     deadline: float | None = None
-    started: bool = False
+    started_at: float | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,9 @@ class Handoff:
         self._wake_pending = False
         self._wake: Callable[[], None] = lambda: None
         self._busy = 0
+        #: Running deliveries given up on (`overdue`) whose thread has not returned:
+        #: when each was given up on.
+        self._abandoned: dict[Delivery, float] = {}
         self._soonest = float("inf")  # no held delivery is due before this
 
     def connected(self, wake: Callable[[], None]) -> None:
@@ -101,16 +113,20 @@ class Handoff:
         """The consuming thread hands `delivery` to the pool."""
         with self._lock:
             self._held[delivery] = held
-            self._soonest = min(self._soonest, held.give_up_at)
+            self._soonest = min(self._soonest, held.hand_back_at)
 
     def start(self, delivery: Delivery, timeout: float | None, now: float) -> bool:
-        """A pool thread is about to run `delivery`: False if it is no longer held (given
-        back, or its connection is gone): the thread skips it. `timeout`: the task's."""
+        """A pool thread is about to run `delivery`: False if it must not (the thread
+        skips it): no longer held (given back, or its connection is gone), or held so
+        long that it is to be given back (`overdue` does that, in the consuming thread)
+        rather than started with little of the broker's timeout left. `timeout`: the
+        task's own."""
         with self._lock:
             held = self._held.get(delivery)
-            if held is None:
+            if held is None or now >= held.hand_back_at:
                 return False
-            held.started = True
+            held.started_at = now
+            self._soonest = min(self._soonest, held.give_up_at)
             if timeout is not None:
                 held.deadline = now + timeout
                 self._soonest = min(self._soonest, held.deadline)
@@ -123,6 +139,7 @@ class Handoff:
         consuming thread unless a wake-up is on its way."""
         with self._lock:
             self._busy -= 1
+            self._abandoned.pop((done.generation, done.tag), None)
             if self._held.pop((done.generation, done.tag), None) is None:
                 return False
             self._done.append(done)
@@ -148,9 +165,12 @@ class Handoff:
             for delivery, held in list(self._held.items()):
                 if delivery[0] != generation:
                     continue
-                due = held.give_up_at
-                if held.deadline is not None:
-                    due = min(due, held.deadline)
+                if not held.started:
+                    due = held.hand_back_at
+                elif held.deadline is not None:
+                    due = min(held.give_up_at, held.deadline)
+                else:
+                    due = held.give_up_at
                 if now < due:
                     soonest = min(soonest, due)
                     continue
@@ -160,8 +180,24 @@ class Handoff:
                 else:  # by the broker's timeout unless its task's came first
                     by_broker = held.deadline is None or held.give_up_at < held.deadline
                     running.append((delivery[1], held, by_broker))
+                    self._abandoned[delivery] = now
             self._soonest = soonest
         return Overdue(unstarted, running)
+
+    def abandoned_since(self) -> float | None:
+        """When the first running delivery still inside its task was given up on (None:
+        every such thread returned)."""
+        with self._lock:
+            return min(self._abandoned.values(), default=None)
+
+    def unstarted(self, generation: int) -> list[tuple[int, Held]]:
+        """The held deliveries of this connection no thread started, taken (a thread that
+        reaches one later skips it): a stopping consumer gives them back."""
+        with self._lock:
+            taken = [(d, h) for d, h in self._held.items() if d[0] == generation and not h.started]
+            for delivery, _ in taken:
+                del self._held[delivery]
+        return [(delivery[1], held) for delivery, held in taken]
 
     def busy(self) -> int:
         """Pool threads inside a task now, of any connection (a thread whose connection

@@ -66,6 +66,13 @@ def test_sigkilling_the_relay_while_it_publishes_5000_jobs_loses_none(
     assert duplicates <= kills * batch
 
 
+def restarted(supervisor, consumer, settings, concurrency: str):
+    """A new consumer in place of one that exited, as its supervisor would start one."""
+    supervisor.workers.remove(consumer)
+    supervisor.retired.append(consumer)
+    return supervisor.start("--broker", "--concurrency", concurrency, settings=settings)
+
+
 def wait_for_effects(ids: list[int], timeout: float) -> None:
     wait_until(
         lambda: Effect.objects.filter(job_id__in=ids).count() == len(ids),
@@ -257,7 +264,8 @@ def test_near_the_consumer_timeout_no_innocent_delivery_is_counted(
     (still running) and the next close dead-lettered them at DELIVERY_LIMIT 2. Now the
     consumer acts before the broker: the long jobs' attempts time out (retried, then
     dead-lettered after their last), the waiting ones are handed back uncounted, and no
-    channel is closed."""
+    channel is closed. A task given up on that still runs a second later stops its
+    consumer (exit code 3), which its supervisor replaces, as here."""
     queue = broker_queue_name
     settings = relay_settings(queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s)
     probe = tasks.probe.using(queue_name=queue)
@@ -266,18 +274,87 @@ def test_near_the_consumer_timeout_no_innocent_delivery_is_counted(
     supervisor.start(settings=settings, command="relayjobs")
     consumer = supervisor.start("--broker", "--concurrency", "2", settings=settings)
     deadline = time.monotonic() + 150
+    stuck_exits = 0
     while Effect.objects.filter(job_id__in=healthy).count() < len(healthy) or depth(
         dead_queue(queue)
     ) < len(slow):
         if time.monotonic() > deadline:
             print(supervisor.logs()[-8000:])
             pytest.fail("the short jobs did not all run, or the long ones were not dead-lettered")
-        time.sleep(0.5)
+        if consumer.process.poll() is not None:  # stopped for a task it gave up on
+            assert consumer.process.returncode == 3
+            stuck_exits += 1
+            consumer = restarted(supervisor, consumer, settings, "2")
+        time.sleep(0.2)
     dead = drain(dead_queue(queue))
     errors = [properties.headers.get("x-skipqueue-error", "") for _, properties, _ in dead]
-    handed_back = consumer.output().count("handed back")
-    print(f"\nconsumer timeout: dead={len(dead)} handed back={handed_back}")
+    handed_back = supervisor.logs().count("handed back")
+    print(f"\nconsumer timeout: dead={len(dead)} handed back={handed_back} exits={stuck_exits}")
     assert sorted(int(properties.message_id) for _, properties, _ in dead) == sorted(slow)
-    assert all("near the broker's consumer timeout" in error for error in errors), errors
+    assert all("of the broker's consumer timeout" in error for error in errors), errors
     assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
     assert DuplicateEffect.objects.filter(job_id__in=healthy).count() == 0
+
+
+@pytest.mark.timeout(240)
+def test_jobs_that_wait_for_a_thread_are_handed_back_not_started_late(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T56 (the outside trial of T55): at `--concurrency 1` with a prefetch of 4, 1 s
+    jobs of a single attempt waited for the thread; one started just before the
+    give-up time was timed out a moment later ("the job ran 4s") and dead-lettered,
+    though its task finished. Now a delivery still waiting at half the consumer timeout
+    is handed back, never started late: every job runs once, none is dead-lettered."""
+    queue = broker_queue_name
+    settings = relay_settings(
+        queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s, PREFETCH=4
+    )
+    jobs = tasks.probe.using(queue_name=queue, max_attempts=1).enqueue_many(
+        [((), {"ms": 1000})] * 8
+    )
+    ids = [job.id for job in jobs]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "1", settings=settings)
+    wait_for_effects(ids, timeout=120)
+    time.sleep(1)
+    print(f"\nwaiting jobs: handed back={consumer.output().count('handed back')}")
+    assert depth(dead_queue(queue)) == 0
+    assert DuplicateEffect.objects.filter(job_id__in=ids).count() == 0
+    assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
+
+
+@pytest.mark.timeout(240)
+def test_a_poison_that_kills_only_after_the_timeout_takes_no_innocent_with_it(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T57 (the same trial): a task that kills its process 5 s in, past the 3.6 s at
+    which its attempt is timed out: acked as a failed attempt, its retry was a fresh
+    message, run beside others, and each of its kills counted a delivery against the
+    innocent jobs then unacked (3 of 60 dead-lettered at DELIVERY_LIMIT 2). Now a
+    consumer whose thread runs a task it gave up on takes no delivery, and stops (to be
+    replaced) if it still runs a second later; the attempt after one given up on runs
+    alone: its kills hold no other job."""
+    queue = broker_queue_name
+    settings = relay_settings(
+        queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s, PREFETCH=10
+    )
+    probe = tasks.probe.using(queue_name=queue)
+    poison = probe.using(max_attempts=3).enqueue(ms=5000, mode="late-exit")
+    healthy = [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 40)]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "2", settings=settings)
+    deaths = 0
+    deadline = time.monotonic() + 180
+    while Effect.objects.filter(job_id__in=healthy).count() < len(healthy) or not depth(
+        dead_queue(queue)
+    ):
+        if time.monotonic() > deadline:
+            print(supervisor.logs()[-8000:])
+            pytest.fail("the innocent jobs did not all run, or the poison never ended dead")
+        if consumer.process.poll() is not None:
+            deaths += 1
+            consumer = restarted(supervisor, consumer, settings, "2")
+        time.sleep(0.2)
+    dead = drain(dead_queue(queue))
+    print(f"\nlate poison: deaths={deaths} dead={len(dead)}")
+    assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
