@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -358,3 +359,28 @@ def test_a_poison_that_kills_only_after_the_timeout_takes_no_innocent_with_it(
     dead = drain(dead_queue(queue))
     print(f"\nlate poison: deaths={deaths} dead={len(dead)}")
     assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
+
+
+@pytest.mark.timeout(180)
+def test_one_sigkill_dead_letters_no_innocent_at_a_delivery_limit_of_2(
+    supervisor, broker_queue_name
+):
+    """T58 (the second outside trial): one SIGKILL of a consumer, no poison, 300 short
+    jobs, DELIVERY_LIMIT 2. Its redelivered jobs ran alone, but the consumer gave the
+    others back before it stopped consuming: the acks made room, the broker sent more,
+    and pika returned what arrived during the cancel, which RabbitMQ counts: 6 of 300
+    dead-lettered (450 of 500 at a prefetch of 500). Now it stops consuming first."""
+    queue = broker_queue_name
+    settings = relay_settings(queue, DELIVERY_LIMIT=2)
+    ids = [
+        job.id for job in tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 50})] * 300)
+    ]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    wait_until(lambda: Effect.objects.filter(job_id__in=ids).count() >= 30, timeout=60)
+    consumer.signal(signal.SIGKILL)
+    consumer.wait(timeout=10)
+    supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    wait_for_effects(ids, timeout=120)
+    print(f"\none sigkill: dead={depth(dead_queue(queue))}")
+    assert depth(dead_queue(queue)) == 0
