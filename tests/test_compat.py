@@ -770,56 +770,6 @@ def test_a_statement_the_session_lost_is_sent_unnamed_then_prepared_again(
     assert not caplog.records and compat.may_prepare(connection)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_workers_claim_and_ack_run_again_are_prepared_on_its_session_and_load_alike(
-    new_session, worker_process
-):
-    """A worker's claim (its parameters quoted in) and its ack go straight to libpq
-    outside a transaction, named and prepared at their second run, as the enqueue does;
-    what they load equals what the ORM loads, timestamps, JSON and all, and what they
-    write is what the cursor path writes. Inside a transaction, and while queries are
-    logged, they take Django's cursor."""
-    from django.test.utils import CaptureQueriesContext
-
-    from tests.testapp.tasks import add
-
-    jobs = [add.using(priority=n % 3).enqueue(n, n) for n in range(9)]
-    claimed = []
-    for _ in range(3):
-        claimed += Job.objects.claim(queues=["default"], limit=2, worker=worker_process)
-        [done] = Job.objects.ack_many([(claimed[-2].pk, claimed[-2].attempts, {"r": [1, "é"]})])
-        assert done == claimed[-2].pk
-        assert Job.objects.ack_many([(claimed[-1].pk, claimed[-1].attempts + 1, None)]) == set()
-    pid = connection.connection.info.backend_pid
-    statement = _last_statement_of(pid)  # the ack's, with its parameters apart
-    assert statement.lstrip().startswith("UPDATE skipqueue_job") and "$1" in statement
-    runs = _prepared_runs()
-    # Each prepared at its second run: 3 claims, 6 acks, 9 enqueues.
-    assert sorted(runs.values()) == [3 - 1, 6 - 1, 9 - 1]
-    for job in claimed:
-        loaded = Job.objects.get(pk=job.pk)
-        assert job.state == JobState.RUNNING and job.attempts == 1
-        for field in Job._meta.concrete_fields:
-            if field.attname in ("state", "result", "finished_at", "leased_until"):
-                continue  # acked since
-            assert getattr(job, field.attname) == getattr(loaded, field.attname), field.attname
-            assert type(getattr(job, field.attname)) is type(getattr(loaded, field.attname))
-    acked = Job.objects.filter(pk__in=[job.pk for job in claimed[::2]])
-    assert {job.state for job in acked} == {JobState.DONE}
-    assert {repr(job.result) for job in acked} == {repr({"r": [1, "é"]})}
-    assert Job.objects.filter(state=JobState.RUNNING).count() == 3
-    with transaction.atomic():  # unnamed, through the transaction
-        [inside] = Job.objects.claim(queues=["default"], limit=1, worker=worker_process)
-        assert Job.objects.ack(inside.pk, inside.attempts)
-    with CaptureQueriesContext(connection) as captured:  # logged: Django's cursor
-        [logged] = Job.objects.claim(queues=["default"], limit=1, worker=worker_process)
-        assert Job.objects.ack(logged.pk, logged.attempts, result=7)
-    assert [q["sql"].lstrip()[:4] for q in captured.captured_queries] == ["WITH", "UPDA"]
-    assert _prepared_runs() == runs
-    assert Job.objects.get(pk=logged.pk).result == 7
-    assert Job.objects.filter(state=JobState.PENDING).count() == len(jobs) - 8
-
-
 def _claim_twice(worker: Any, limit: int = 1) -> list[Job]:
     """Two claims of `limit` by `worker`: its statement named at the second."""
     return [
@@ -908,82 +858,11 @@ def test_an_integer_column_of_a_direct_result_is_read_whatever_its_width():
     assert compat.binary_bigint((-2).to_bytes(2, "big", signed=True)) == -2
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_named_claim_is_planned_again_after_the_table_grew(
-    new_session, worker_process, monkeypatch
-):
-    """A claim named while the job table was nearly empty keeps the plan made then (a
-    statement without parameters is planned once): a sequential scan, which an outside
-    trial measured at 56 ms a claim once the table held 200,000 rows, until an ANALYZE.
-    It is planned again once `_REPLAN_SECONDS` old (shortened here)."""
-    from tests.testapp.tasks import add
-
-    monkeypatch.setattr(compat, "_REPLAN_SECONDS", 0.3)
-    with connection.cursor() as cursor:  # no autovacuum ANALYZE may replan it meanwhile
-        cursor.execute("ALTER TABLE skipqueue_job SET (autovacuum_enabled = false)")
-        cursor.execute("ANALYZE skipqueue_job")
-    try:
-        for n in range(4):
-            add.enqueue(n, n)
-        _claim_twice(worker_process)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%claimable%%'"
-            )
-            [(name,)] = cursor.fetchall()
-        assert "Seq Scan" in _plan_of(name)  # planned for a table of a few rows
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state,
-                    run_at, lease, attempts, max_attempts, expirations, releases, last_error,
-                    errors, created_at)
-                SELECT 'tests.testapp.tasks.add', '[]', '{}', 'other', 0, 'done', now(),
-                       interval '5 minutes', 1, 5, 0, 0, '', '[]', now()
-                FROM generate_series(1, 50000)
-                """
-            )
-        time.sleep(0.4)
-        [job] = Job.objects.claim(queues=["default"], limit=1, worker=worker_process)
-        assert job.attempts == 1
-        assert "Seq Scan" not in _plan_of(name)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE skipqueue_job RESET (autovacuum_enabled)")
-
-
 def _plan_of(name: str) -> str:
     """The plan this session keeps for its named statement `name` (EXPLAIN, not run)."""
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN EXECUTE {name}")  # a name of ours: skipqueue_<hex>
         return "\n".join(row[0] for row in cursor.fetchall())
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_session_keeps_a_bounded_number_of_named_statements(
-    new_session, worker_process, monkeypatch
-):
-    """A worker's claims differ by their batch size, and each kept plan takes server
-    memory (about 167 kB a claim's): at most `_MAX_NAMED` are kept on a session (3
-    here); one more is named only in place of one planned `_REPLAN_SECONDS` ago or
-    more, the least run since (an outside trial counted 58 claims named in 20 s at
-    concurrency 16, 9.7 MB of the server's plan cache)."""
-    from tests.testapp.tasks import add
-
-    monkeypatch.setattr(compat, "_MAX_NAMED", 3)
-    monkeypatch.setattr(compat, "_REPLAN_SECONDS", 0.3)
-    add.enqueue_many([((n, n), {}) for n in range(200)])
-    for limit in (1, 2, 3, 4, 5):
-        _claim_twice(worker_process, limit)
-        assert len(_prepared_runs()) <= 3
-    assert len(_prepared_runs()) == 3  # the first three sizes; the others unnamed
-    time.sleep(0.4)
-    for _ in range(3):
-        Job.objects.claim(queues=["default"], limit=1, worker=worker_process)  # the most run
-    _claim_twice(worker_process, 5)
-    runs = _prepared_runs()
-    assert len(runs) == 3 and 3 in runs.values()  # size 5 took the place of a less run one
-    assert Job.objects.filter(state=JobState.RUNNING).count() == 2 * (1 + 2 + 3 + 4 + 5) + 3 + 10
 
 
 @pytest.mark.django_db(transaction=True)
@@ -1133,7 +1012,6 @@ def test_statements_lost_where_psycopg_prepares_its_own_never_stop_the_naming(
 def _alarm_once_waiting_on_a_lock(raw: Any) -> None:
     """SIGALRM to the main thread once `raw`'s session waits on a lock (within 20 s)."""
     import signal
-    import time
 
     pid = raw.info.backend_pid
     watcher = connection.get_new_connection(connection.get_connection_params())
@@ -1304,48 +1182,6 @@ def test_an_interrupt_at_each_check_of_an_enqueue_releases_the_connection(new_se
         "_exchange",
         "_last_result",
     } <= places
-
-
-@_each_check
-def test_an_interrupt_at_each_check_of_a_claim_and_an_ack_releases_the_connection(
-    new_session, worker_process
-):
-    """The same for a worker's claim and its ack, which go straight to libpq through the
-    same `_direct` (named, prepared and unnamed runs): the lock is free after each
-    interrupt, and the next claim and ack succeed."""
-    from tests.testapp.tasks import add
-
-    def claim(_: int) -> list[Job]:
-        return Job.objects.claim(queues=["default"], limit=2, worker=worker_process)
-
-    def ack(n: int) -> set[int]:
-        return Job.objects.ack_many([(n, 1, {"n": n})])
-
-    leaked, places = [], set()
-    for action in (claim, ack):
-        for runs_before in (0, 1, 2):  # unnamed; PREPARE and named run; named run
-            point = 0
-            while True:
-                connection.close()
-                connection.ensure_connection()
-                add.enqueue(0, 0)
-                for n in range(runs_before):
-                    action(n)
-                place = _interrupt_at_check(point, action, compat._direct)
-                if place is None:
-                    break
-                places.add((action.__name__, place[0]))
-                raw = connection.connection
-                if raw is not None and raw.lock.locked():
-                    leaked.append((action.__name__, runs_before, place))
-                    raw.lock.release()  # to go on and list every place
-                action(point)
-                point += 1
-    assert leaked == []
-    for name in ("claim", "ack"):
-        assert {"_direct", "_run_named", "_prepare", "_exchange", "_last_result"} <= {
-            function for action, function in places if action == name
-        }
 
 
 def _enqueue_statement() -> str:

@@ -643,8 +643,8 @@ def test_writes_that_name_jobs_by_id_find_them_by_the_primary_key_with_many_runn
         assert Job.objects.report_progress(job_id, 1, {"done": 1})
     with CaptureQueriesContext(connection) as cancel:
         assert Job.objects.cancel([job_id]) == 1
-    # The ack as a worker runs it: a named statement of its session (compat.direct_result),
-    # whose generic plan PostgreSQL keeps where it costs no more than a custom one.
+    # The ack prepared, as a pooler or a server-binding connection may run it: its generic
+    # plan, which PostgreSQL keeps where it costs no more than a custom one.
     numbered = compat._positional(sql.ACK_MANY)[0].decode()
     with connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_generic_plan")

@@ -35,7 +35,6 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.dispatch import Signal
 from psycopg import pq
-from psycopg.adapt import Transformer
 from psycopg.errors import error_from_result
 from psycopg.generators import execute as libpq_execute
 from psycopg.types.datetime import TimestamptzLoader
@@ -533,28 +532,6 @@ def direct_row(
     return None if direct is None else _first_row(direct)
 
 
-def direct_result(
-    connection: BaseDatabaseWrapper, statement: str, params: Mapping[str, Any] | None, context: Any
-) -> DirectResult | None:
-    """All rows of `statement` run as `direct_row` runs it (parameters as there; None: the
-    statement takes none, its `%` signs are its own), in text form, loaded by the
-    loaders of `context` (the psycopg cursor whose adapters Django's cursor would load
-    them with: the kept cursor of `job_cursor`), as a `DirectResult`; None, having sent
-    nothing, where Django's cursor must run it. For the claim and the ack, which a worker
-    runs again and again: outside a transaction they are named statements of the
-    session (`_run_named`), planned once. The claim's statement has its parameters
-    quoted in (`JobManager._bound_claim`), so its plan is made for the very values it
-    runs with (a statement without parameters has no other).
-
-    Measured: parsing, analysis and planning were 7 % of the machine's CPU in a drain at
-    `--processes 2 --concurrency 4` (perf; benchmarks/RESULTS.md, "sixteenth pass").
-    """
-    direct = _direct(connection, statement, params, 0)
-    if direct is None:
-        return None
-    return DirectResult(connection, context, direct)
-
-
 def _direct(
     connection: BaseDatabaseWrapper,
     statement: str,
@@ -636,45 +613,6 @@ def _first_row(result: Any) -> tuple[Any, ...]:
     if result is None or not result.ntuples:
         return ()
     return tuple([result.get_value(0, column) for column in range(result.nfields)])
-
-
-class DirectResult:
-    """The rows of `direct_result`, read as a cursor's (`fetchall`, `fetchone`, `scroll`,
-    `rowcount`, `pgresult`: what `loading.fetch_jobs` and `compat.fetch_all` ask),
-    each value loaded by the loaders Django's cursor would use, its loading errors
-    raised as Django's. Relied on: psycopg's `adapt.Transformer` (`set_pgresult`,
-    `load_rows`, `load_row`), the machinery psycopg's own cursors load rows with."""
-
-    __slots__ = ("_connection", "_position", "_transformer", "pgresult", "rowcount")
-
-    def __init__(self, connection: BaseDatabaseWrapper, context: Any, result: Any) -> None:
-        self._connection = connection
-        self._transformer = Transformer(context)
-        self._transformer.set_pgresult(result)
-        self.pgresult = result
-        self.rowcount = result.ntuples if result is not None else -1
-        self._position = 0
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        start, self._position = self._position, max(self.rowcount, 0)
-        if start >= self._position:
-            return []
-        with self._connection.wrap_database_errors:
-            return self._transformer.load_rows(start, self._position, tuple)
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        if self._position >= self.rowcount:
-            return None
-        with self._connection.wrap_database_errors:
-            row = self._transformer.load_row(self._position, tuple)
-        self._position += 1
-        return row
-
-    def scroll(self, value: int, mode: str = "relative") -> None:
-        position = value if mode == "absolute" else self._position + value
-        if not 0 <= position <= max(self.rowcount, 0):
-            raise IndexError("position out of bound")
-        self._position = position
 
 
 def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:

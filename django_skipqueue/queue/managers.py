@@ -26,7 +26,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, models, transaction
-from django.db.backends.utils import CursorWrapper
 from django.db.models import (
     Count,
     DurationField,
@@ -50,10 +49,8 @@ from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core import tracing
 from django_skipqueue.core.compat import (
-    DirectResult,
     binary_bigint,
     binary_timestamptz,
-    direct_result,
     direct_row,
     fetch_all,
     fetch_one,
@@ -261,10 +258,9 @@ def _ack_parameters(
 ) -> dict[str, str]:
     """`sql.ACK_MANY`'s parameters for (id, attempt, result) rows and their results'
     JSON texts: the results as one JSON object by id (None left out), the ids as an
-    array's text, and the attempts as one JSON object by id; all three text, which
-    Django's cursor and `compat.direct_result` send alike. Where an id comes twice, its
-    higher attempt is kept: attempts never go down, so only that one can still hold the
-    job."""
+    array's text, and the attempts as one JSON object by id; all three text. Where an id
+    comes twice, its higher attempt is kept: attempts never go down, so only that one can
+    still hold the job."""
     chosen: dict[int, tuple[int, str | None]] = {}
     for (job_id, attempt, _), text in zip(acks, texts, strict=True):
         if job_id not in chosen or attempt > chosen[job_id][0]:
@@ -482,16 +478,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             statement, params = self._bound_claim(names, limit, worker, lease)
             # One statement, its own transaction in autocommit (no BEGIN and COMMIT
             # round trips: measured 1.37x the cost per job with them, at 16 a claim);
-            # inside the caller's atomic(), a savepoint of the caller's transaction. A
-            # worker's statement, its parameters quoted in, goes straight to libpq where
-            # nothing can tell, a named statement of the session (compat.direct_result).
+            # inside the caller's atomic(), a savepoint of the caller's transaction.
+            # Through Django's cursor: a named statement sent straight on libpq drained
+            # slower (issue 53: run_peers.sh, the peer benchmark, three interleaved
+            # runs each, median 1.77x PgQueuer's drain at --concurrency 4 with it,
+            # 2.22x without; --processes 2, 0.51x and 0.63x pgbench's LIMIT 10).
             unloadable: list[tuple[int, str]] = []
             with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
-                rows = _direct_rows(self.db, cursor, statement, params)
-                if rows is None:
-                    cursor.execute(statement, params)
-                    rows = cursor
-                claimed = fetch_jobs(self.model, rows, self.db, unloadable=unloadable)
+                cursor.execute(statement, params)
+                claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
             self._fail_unloadable(unloadable)
         except DatabaseError as error:
             if is_transient(error):
@@ -1427,11 +1422,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 _savepoint_if_in_transaction(self.db),
                 job_cursor(self.db) as cursor,
             ):
-                rows = _direct_rows(self.db, cursor, sql.ACK_MANY, params)
-                if rows is None:
-                    cursor.execute(sql.ACK_MANY, params)
-                    rows = cursor
-                return {row[0] for row in fetch_all(rows)}
+                cursor.execute(sql.ACK_MANY, params)
+                return {row[0] for row in fetch_all(cursor)}
         except DatabaseError as error:
             if is_transient(error) or (len(acks) == 1 and errors is None):
                 raise
@@ -1985,16 +1977,6 @@ def _columns(model: type[Job]) -> tuple[str, ...]:
 def _batches(calls: Iterator[T], size: int) -> Iterator[list[T]]:
     while batch := list(itertools.islice(calls, size)):
         yield batch
-
-
-def _direct_rows(alias: str, cursor: Any, statement: str, params: Any) -> DirectResult | None:
-    """The rows of a claim or an ack run straight on libpq (`compat.direct_result`),
-    loaded as `cursor` (a `job_cursor`) would load them; None, having sent nothing,
-    where `cursor` must run it: its parameters are positional (an in-process claim's),
-    or `cursor` is not a plain Django cursor around a psycopg one."""
-    if isinstance(params, list) or type(cursor) is not CursorWrapper:
-        return None
-    return direct_result(connections[alias], statement, params, cursor.cursor)
 
 
 def _savepoint_if_in_transaction(alias: str) -> Any:

@@ -209,10 +209,9 @@ FOR NO KEY UPDATE
 #   hidden); with `array_position` into the arrays, 1,500 took 62 ms.
 # Parameters: the results as a JSON object by id (an id whose result is None left out:
 # the column stays NULL), the ids as an array's text, the attempts as a JSON object by
-# id (managers._ack_parameters). Outside a transaction it is a named statement of the
-# worker's session (compat.direct_result), planned once: the plan PostgreSQL keeps for
-# it (a generic plan, after five runs, where that costs no more) finds the rows by the
-# primary key as well (tests/test_managers.py, EXPLAIN EXECUTE).
+# id (managers._ack_parameters). Its generic plan (what a prepared statement of it would
+# keep, after five runs, where that costs no more) finds the rows by the primary key as
+# well (tests/test_managers.py, EXPLAIN EXECUTE).
 ACK_MANY = """
 UPDATE skipqueue_job AS job
 SET state = 'done', result = %(results)s::jsonb -> job.id::text,
