@@ -653,18 +653,17 @@ def _replaced(connection: BaseDatabaseWrapper, name: str, django_own: object) ->
 # 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
 # "ninth pass").
 _PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
-#: A named statement is planned again once this old, at its next run. A statement
-#: without parameters (the claim, its values quoted in) keeps the plan made at its
-#: PREPARE until DDL or an ANALYZE of its tables: one prepared while the job table was
-#: nearly empty kept a sequential scan as the table grew to 200,000 rows, 56 ms a claim
-#: where a fresh plan took 1 ms (an outside trial; autovacuum's ANALYZE comes a minute
-#: or more later, never where it is off). Two round trips every few seconds.
+#: A named statement is planned again once this old, at its next run. Made for the
+#: claim (a statement without parameters keeps the plan made at its PREPARE until DDL
+#: or an ANALYZE: one prepared on a nearly empty table kept a sequential scan, 56 ms a
+#: claim at 200,000 rows), which no longer takes this path (issue 53); the enqueue's
+#: INSERT, the one statement left, plans the same at any size. Kept until this module's
+#: move to `db/`, where it is to be dropped with `_MAX_NAMED`.
 _REPLAN_SECONDS = 5.0
-#: Named statements kept on one session at most: a claim's plan takes about 167 kB of
-#: the server's memory, and a worker's claims differ by their batch size (77 sizes in
-#: 20 s at concurrency 16, an outside trial). Beyond it a statement is sent unnamed,
-#: unless one kept at least `_REPLAN_SECONDS` is dropped for it (the least run since
-#: it was planned).
+#: Named statements kept on one session at most (made for claims of many batch sizes;
+#: the enqueue's INSERT has four forms). Beyond it a statement is sent unnamed, unless
+#: one kept at least `_REPLAN_SECONDS` is dropped for it (the least run since it was
+#: planned).
 _MAX_NAMED = 16
 #: Losses of a statement not yet run once since it was prepared, one after another, on
 #: one session, after which it names no more statements: a pooler that drops them
@@ -897,7 +896,7 @@ def _lost(alias: str, raw: Any, session: _Session, quick: bool = False) -> None:
         _UNNAMED_ONLY.add(alias)
     if first:
         logger.warning(
-            "A prepared statement of django-skipqueue (its enqueue, claim or ack) went "
+            "A prepared statement of django-skipqueue (its enqueue) went "
             "missing on database "
             "%r, whose connection reached another server session than before: a "
             "transaction pooler (PgBouncer before 1.21, or without "
