@@ -1,4 +1,5 @@
-"""Each use of Django's internals (compat.py) still does what the code relies on."""
+"""Each use of Django's, psycopg's and pika's internals (db/hooks.py, db/direct.py and
+core/compat.py) still does what the code relies on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from django_skipqueue.core import compat
+from django_skipqueue.db import direct, hooks
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue.loading import fetch_jobs
 from tests.factories import JobFactory
@@ -24,7 +26,7 @@ def test_an_instance_from_a_row_equals_what_the_orm_loads_and_saves_as_an_update
     job = JobFactory(kwargs={"x": 1})
     with connection.cursor() as cursor:
         cursor.execute("SELECT * FROM skipqueue_job WHERE id = %s", [job.id])
-        [built] = fetch_jobs(Job, cursor, "default")  # compat.instance_from_row
+        [built] = fetch_jobs(Job, cursor, "default")  # hooks.instance_from_row
     loaded = Job.objects.get(id=job.id)
     fields = [field.attname for field in Job._meta.concrete_fields]
     assert [getattr(built, name) for name in fields] == [getattr(loaded, name) for name in fields]
@@ -41,13 +43,13 @@ def test_a_pending_health_check_pings_before_the_next_query(settings):
     connection.ensure_connection()
     connection.settings_dict["CONN_HEALTH_CHECKS"] = True
     try:
-        compat.check_health_before_next_use(connection)
+        hooks.check_health_before_next_use(connection)
         assert connection.health_check_done is False
         with CaptureQueriesContext(connection), connection.cursor() as cursor:
             cursor.execute("SELECT 1")  # Django pings first, then sets the flag again
         assert connection.health_check_done is True
         connection.errors_occurred = True
-        compat.mark_healthy(connection)
+        hooks.mark_healthy(connection)
         assert (connection.errors_occurred, connection.health_check_done) == (False, True)
     finally:
         connection.settings_dict["CONN_HEALTH_CHECKS"] = False
@@ -59,7 +61,7 @@ def test_dropping_atomic_blocks_a_task_left_leaves_a_usable_connection_in_autoco
     transaction.atomic().__enter__()
     assert len(connection.atomic_blocks) == 2
     connection.close()  # closed inside atomic(): Django marks it, cannot reconnect yet
-    compat.drop_atomic_blocks(connection, 0)
+    hooks.drop_atomic_blocks(connection, 0)
     assert not connection.in_atomic_block and connection.get_autocommit()
     JobFactory()  # a query runs, in autocommit
     with transaction.atomic():  # and a new block works
@@ -127,7 +129,7 @@ TIMESTAMPS = "SELECT now(), '2001-02-03 04:05:06.789+07'::timestamptz, NULL::tim
 def _timestamps(native: bool) -> tuple[tuple[object, ...], object]:
     with connection.cursor() as cursor:
         if native:
-            compat.load_timestamps_natively(cursor, connection)
+            hooks.load_timestamps_natively(cursor, connection)
         loader = cursor.cursor.adapters.get_loader(1184, 0)  # timestamptz, text
         cursor.execute(TIMESTAMPS)
         return cursor.fetchone(), loader
@@ -166,7 +168,7 @@ def test_timestamps_keep_djangos_loader_where_it_differs(settings):
 def test_result_column_names_are_the_descriptions():
     with connection.cursor() as cursor:
         cursor.execute("SELECT * FROM skipqueue_job LIMIT 0")
-        assert compat.result_column_names(cursor) == [c.name for c in cursor.description]
+        assert hooks.result_column_names(cursor) == [c.name for c in cursor.description]
 
 
 def _kept(alias: str = "default") -> Any:
@@ -225,7 +227,7 @@ def test_the_kept_cursor_is_made_again_for_a_due_health_check():
     first = _kept()
     connection.health_check_enabled = True  # what connect() reads from CONN_HEALTH_CHECKS
     try:
-        compat.check_health_before_next_use(connection)
+        hooks.check_health_before_next_use(connection)
         with CaptureQueriesContext(connection):
             second = _kept()  # through connection.cursor(): Django pings first
         assert connection.health_check_done is True
@@ -283,11 +285,11 @@ def test_direct_row_refuses_a_coroutine_on_an_open_connection_as_django_does():
     opened = connections["default"]
 
     async def from_a_coroutine() -> Any:
-        return compat.direct_row(opened, "SELECT %(x)s::int", {"x": 1})
+        return direct.direct_row(opened, "SELECT %(x)s::int", {"x": 1})
 
     with pytest.raises(SynchronousOnlyOperation):
         asyncio.run(from_a_coroutine())
-    assert compat.direct_row(opened, "SELECT %(x)s::int", {"x": 1}) == (b"\x00\x00\x00\x01",)
+    assert direct.direct_row(opened, "SELECT %(x)s::int", {"x": 1}) == (b"\x00\x00\x00\x01",)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -300,7 +302,7 @@ def test_direct_row_takes_a_connection_shared_between_threads_as_django_does():
     opened.inc_thread_sharing()  # Django's own check lets another thread use it then
     try:
         thread = threading.Thread(
-            target=lambda: found.append(compat.direct_row(opened, "SELECT %(x)s::int", {"x": 1}))
+            target=lambda: found.append(direct.direct_row(opened, "SELECT %(x)s::int", {"x": 1}))
         )
         thread.start()
         thread.join()
@@ -370,11 +372,11 @@ def test_a_patch_of_the_connection_handlers_lookups_sees_the_enqueue_and_the_wor
     monkeypatch.setattr(handler, "__getitem__", counted)
     add.enqueue(1, 1)
     assert looked_up.count("default") >= 1
-    assert compat.thread_connection("default") is connections["default"]
+    assert hooks.thread_connection("default") is connections["default"]
     listed: list[bool] = []
     every = connections.all
     monkeypatch.setattr(connections, "all", lambda **kw: listed.append(True) or every(**kw))
-    assert compat.initialized_connections() == every(initialized_only=True)
+    assert hooks.initialized_connections() == every(initialized_only=True)
     assert listed
 
 
@@ -386,17 +388,17 @@ def test_has_receivers_answers_as_has_listeners():
     def receiver(**kwargs: object) -> None:
         pass
 
-    assert compat.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)
+    assert hooks.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)
     signals.post_init.connect(receiver, sender=WorkerProcess)
     try:  # a receiver for another model only
-        assert compat.has_receivers(signals.post_init, Job) is False
-        assert compat.has_receivers(signals.post_init, WorkerProcess) is True
+        assert hooks.has_receivers(signals.post_init, Job) is False
+        assert hooks.has_receivers(signals.post_init, WorkerProcess) is True
         signals.post_init.connect(receiver, sender=Job)
-        assert compat.has_receivers(signals.post_init, Job) is True
+        assert hooks.has_receivers(signals.post_init, Job) is True
     finally:
         signals.post_init.disconnect(receiver, sender=WorkerProcess)
         signals.post_init.disconnect(receiver, sender=Job)
-    assert compat.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)
+    assert hooks.has_receivers(signals.post_init, Job) is signals.post_init.has_listeners(Job)
 
 
 # A user's execute wrapper that enqueues after each statement (an audit, say): the
@@ -500,9 +502,9 @@ def test_a_backend_that_sets_state_per_cursor_goes_through_it_for_every_enqueue(
 
 def test_only_djangos_own_cursor_path_is_plain():
     wrapper = connections["default"]
-    assert compat.plain_cursor_path(wrapper)
+    assert hooks.plain_cursor_path(wrapper)
     subclass = type("TenantWrapper", (type(wrapper),), {"_cursor": lambda self, name=None: None})
-    assert not compat.plain_cursor_path(subclass.__new__(subclass))
+    assert not hooks.plain_cursor_path(subclass.__new__(subclass))
 
 
 @pytest.mark.django_db
@@ -618,13 +620,13 @@ def test_fetch_one_and_all_read_a_cursor_of_another_library_as_usual():
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 UNION ALL SELECT 2 ORDER BY 1")
-        assert compat.fetch_one(Wrapper(cursor)) == (1,)
-        assert compat.fetch_all(Wrapper(cursor)) == [(2,)]
+        assert hooks.fetch_one(Wrapper(cursor)) == (1,)
+        assert hooks.fetch_all(Wrapper(cursor)) == [(2,)]
         cursor.execute("SELECT 3")
-        assert compat.fetch_one(cursor) == (3,)
+        assert hooks.fetch_one(cursor) == (3,)
 
 
-# -- the enqueue's statement straight on libpq (compat.direct_row) --------------------
+# -- the enqueue's statement straight on libpq (direct.direct_row) --------------------
 
 
 def _last_statement_of(backend_pid: int) -> str:
@@ -684,7 +686,7 @@ def _prepared_runs() -> dict[str, int]:
 def new_session(monkeypatch):
     """A new server session for `connection`, and the process's record of aliases that
     lost a named statement restored afterwards."""
-    monkeypatch.setattr(compat, "_UNNAMED_ONLY", set())
+    monkeypatch.setattr(direct, "_UNNAMED_ONLY", set())
     connection.close()
     yield
     connection.close()
@@ -726,16 +728,16 @@ def test_a_name_the_session_holds_already_is_dropped_and_prepared_again(new_sess
     from tests.testapp.tasks import add
 
     first = add.enqueue(1, 1)
-    name = compat._statement_name(compat._positional(_enqueue_statement())[0]).decode()
+    name = direct._statement_name(direct._positional(_enqueue_statement())[0]).decode()
     with connection.cursor() as cursor:
         cursor.execute(f"PREPARE {name} AS SELECT 1")
-    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+    with caplog.at_level("WARNING", logger="django_skipqueue.db.direct"):
         jobs = [add.enqueue(2, 2), add.enqueue(3, 3)]
     assert _prepared_runs() == {name: 2}
     for job in [first, *jobs]:
         _same_as_loaded(job)
     assert Job.objects.count() == 3
-    assert not caplog.records and compat.may_prepare(connection)
+    assert not caplog.records and direct.may_prepare(connection)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -754,7 +756,7 @@ def test_a_statement_the_session_lost_is_sent_unnamed_then_prepared_again(
     add.enqueue(0, 0)
     [name] = _prepared_runs()
     kept = []
-    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+    with caplog.at_level("WARNING", logger="django_skipqueue.db.direct"):
         for n in range(3):
             with connection.cursor() as cursor:
                 cursor.execute(reset)
@@ -767,7 +769,7 @@ def test_a_statement_the_session_lost_is_sent_unnamed_then_prepared_again(
     for job in kept:
         _same_as_loaded(job)
     assert Job.objects.count() == 2 + 9
-    assert not caplog.records and compat.may_prepare(connection)
+    assert not caplog.records and direct.may_prepare(connection)
 
 
 def _claim_twice(worker: Any, limit: int = 1) -> list[Job]:
@@ -852,10 +854,10 @@ def test_an_integer_column_of_a_direct_result_is_read_whatever_its_width():
     rule, an integer where a migration changed the column under a running process (an
     outside trial: struct.error, raised for a row already committed)."""
     for value in (0, 5, -7, 2**31 - 1, -(2**31)):
-        assert compat.binary_bigint(value.to_bytes(4, "big", signed=True)) == value
+        assert direct.binary_bigint(value.to_bytes(4, "big", signed=True)) == value
     for value in (0, 2**62, -(2**63)):
-        assert compat.binary_bigint(value.to_bytes(8, "big", signed=True)) == value
-    assert compat.binary_bigint((-2).to_bytes(2, "big", signed=True)) == -2
+        assert direct.binary_bigint(value.to_bytes(8, "big", signed=True)) == value
+    assert direct.binary_bigint((-2).to_bytes(2, "big", signed=True)) == -2
 
 
 def _plan_of(name: str) -> str:
@@ -879,7 +881,7 @@ def test_statements_lost_behind_a_session_pooler_never_stop_the_naming(
 
     monkeypatch.setattr(psycopg.ConnectionInfo, "backend_pid", property(lambda info: 1))
     kept = []
-    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+    with caplog.at_level("WARNING", logger="django_skipqueue.db.direct"):
         for n in range(3):
             kept += [add.enqueue(n, 1), add.enqueue(n, 2)]
             assert len(_prepared_runs()) == 1
@@ -888,7 +890,7 @@ def test_statements_lost_behind_a_session_pooler_never_stop_the_naming(
             kept.append(add.enqueue(n, 3))  # sent again unnamed
     for job in kept:
         _same_as_loaded(job)
-    assert not caplog.records and compat.may_prepare(connection)
+    assert not caplog.records and direct.may_prepare(connection)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -910,7 +912,7 @@ def test_statements_lost_on_changing_server_sessions_stop_the_naming(new_session
         cursor.execute("SET search_path = skq_fake_pid, pg_catalog, public")
     try:
         kept = []
-        with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+        with caplog.at_level("WARNING", logger="django_skipqueue.db.direct"):
             for n in range(2):
                 kept += [add.enqueue(n, 1), add.enqueue(n, 2)]
                 assert len(_prepared_runs()) == 1
@@ -925,7 +927,7 @@ def test_statements_lost_on_changing_server_sessions_stop_the_naming(new_session
         [warning] = caplog.records
         assert "DISABLE_SERVER_SIDE_CURSORS" in warning.getMessage()
         assert "'default'" in warning.getMessage()
-        assert compat._UNNAMED_ONLY == {"default"} and not compat.may_prepare(connection)
+        assert direct._UNNAMED_ONLY == {"default"} and not direct.may_prepare(connection)
     finally:
         connection.close()
         with connection.cursor() as cursor:
@@ -978,7 +980,7 @@ def test_a_second_interrupt_while_an_enqueue_is_cancelled_closes_the_connection(
         locker.close()
     assert raised == ["timeout", "ctrl-c"]
     raw = connection.connection
-    assert raw.closed or raw.pgconn.transaction_status != compat._ACTIVE
+    assert raw.closed or raw.pgconn.transaction_status != direct._ACTIVE
     connection.close()
     kept = add.enqueue(4, 4)
     _same_as_loaded(kept)
@@ -997,7 +999,7 @@ def test_statements_lost_where_psycopg_prepares_its_own_never_stop_the_naming(
 
     connection.ensure_connection()
     monkeypatch.setattr(connection.connection, "prepare_threshold", 0)
-    with caplog.at_level("WARNING", logger="django_skipqueue.core.compat"):
+    with caplog.at_level("WARNING", logger="django_skipqueue.db.direct"):
         for _ in range(3):
             add.enqueue(1, 1)
             add.enqueue(2, 2)
@@ -1006,7 +1008,7 @@ def test_statements_lost_where_psycopg_prepares_its_own_never_stop_the_naming(
                 cursor.execute("DEALLOCATE ALL")
             add.enqueue(3, 3)
     assert Job.objects.count() == 9
-    assert not caplog.records and compat.may_prepare(connection)
+    assert not caplog.records and direct.may_prepare(connection)
 
 
 def _alarm_once_waiting_on_a_lock(raw: Any) -> None:
@@ -1092,7 +1094,7 @@ def _interrupt_at_check(
     import dis
 
     jumps = {dis.opmap[name] for name in ("JUMP_BACKWARD", "JUMP_ABSOLUTE") if name in dis.opmap}
-    target = (target or compat.direct_row).__code__
+    target = (target or direct.direct_row).__code__
     seen, landed = [0], []
 
     def inside(frame: Any) -> bool:
@@ -1207,9 +1209,9 @@ def test_no_statement_is_named_where_the_settings_say_so(new_session, monkeypatc
     assert _prepared_runs() == {}
     for job in jobs:
         _same_as_loaded(job)
-    assert not compat.may_prepare(connection)
+    assert not direct.may_prepare(connection)
     monkeypatch.undo()
-    assert compat.may_prepare(connection)
+    assert direct.may_prepare(connection)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -1482,7 +1484,7 @@ def test_a_proxy_of_the_connection_takes_its_own_cursor_path():
     real = handler["default"]
     handler["default"] = Proxy(real)
     try:
-        assert compat.plain_cursor_path(handler["default"]) is False
+        assert hooks.plain_cursor_path(handler["default"]) is False
         add.enqueue(1, 1)
         add.enqueue(2, 2)
     finally:

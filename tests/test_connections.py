@@ -68,7 +68,7 @@ def test_discarding_a_connection_closes_it_and_the_next_query_reconnects():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_threads_connections_read_from_its_store_are_the_ones_django_gives():
-    """compat.initialized_connections() and thread_connection() read the thread's store
+    """hooks.initialized_connections() and thread_connection() read the thread's store
     directly (the worker's per-job lookups); they must give what Django gives: nothing
     of another thread's, the thread's own once made, and Django's answer inside a
     running event loop (where asgiref keeps connections elsewhere)."""
@@ -76,7 +76,7 @@ def test_a_threads_connections_read_from_its_store_are_the_ones_django_gives():
 
     from django.db import connections
 
-    from django_skipqueue.core.compat import initialized_connections, thread_connection
+    from django_skipqueue.db.hooks import initialized_connections, thread_connection
 
     connection.ensure_connection()  # the main thread's: never another thread's
     seen: dict[str, object] = {}

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_skipqueue.core import compat
+from django_skipqueue.db import direct, hooks
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.managers import ErrorInfo, _ack_parameters
@@ -645,14 +645,14 @@ def test_writes_that_name_jobs_by_id_find_them_by_the_primary_key_with_many_runn
         assert Job.objects.cancel([job_id]) == 1
     # The ack prepared, as a pooler or a server-binding connection may run it: its generic
     # plan, which PostgreSQL keeps where it costs no more than a custom one.
-    numbered = compat._positional(sql.ACK_MANY)[0].decode()
+    numbered = direct._positional(sql.ACK_MANY)[0].decode()
     with connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_generic_plan")
         cursor.execute("PREPARE skipqueue_ack_under_test AS " + numbered)
     generic = "EXPLAIN ANALYZE EXECUTE skipqueue_ack_under_test(%(results)s, %(ids)s, %(attempts)s)"
 
     def quoted(params: dict[str, str]) -> str:  # EXECUTE takes no bound parameters
-        return compat.quote_parameters(connection, generic, params)
+        return hooks.quote_parameters(connection, generic, params)
 
     statements = [
         (quoted(_ack_parameters([(job_id, 1, None)], [None])), None),

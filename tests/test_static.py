@@ -48,13 +48,13 @@ def test_t15_nothing_session_scoped_behind_a_pooler():
     files = source()
     # runtime/runner.py names these statements in the patterns by which it notices a task
     # that ran one (changes_session): naming them there is the guard, not a use.
-    # core/compat.py's named enqueue statements are the one session-scoped state, kept
+    # db/direct.py's named enqueue statements are the one session-scoped state, kept
     # only outside transactions and given up behind a transaction pooler (`_lost`,
     # docs/howto/pgbouncer.md); it sends them with libpq's protocol, never SQL PREPARE.
     found = hits(r"pg_advisory_lock\(|WITH HOLD|\bPREPARE\b", files)
-    assert [hit for hit in found if hit.startswith("core/compat.py:") and "WITH HOLD" in hit] == []
+    assert [hit for hit in found if hit.startswith("db/direct.py:") and "WITH HOLD" in hit] == []
     assert [hit for hit in found if "pg_advisory_lock(" in hit] == []
-    found = [hit for hit in found if not hit.startswith("core/compat.py:")]
+    found = [hit for hit in found if not hit.startswith("db/direct.py:")]
     assert [hit for hit in found if not hit.startswith("runtime/runner.py:")] == []
     detector = [hit for hit in found if hit.startswith("runtime/runner.py:")]
     assert all(': r"' in hit for hit in detector)  # regular expressions only
@@ -63,9 +63,9 @@ def test_t15_nothing_session_scoped_behind_a_pooler():
 
 def test_no_loop_stands_in_a_block_that_holds_a_database_connections_lock():
     """A `with` block holding a driver connection's lock (psycopg's `Connection.lock`,
-    taken in core/compat.py) has no `for` or `while` in its own frame: on CPython 3.13,
+    taken in db/direct.py) has no `for` or `while` in its own frame: on CPython 3.13,
     Ctrl-C or a time limit's exception landing at such a loop's backward jump can skip
-    the block's exits and leave the lock held for good (`compat._last_result`). Loops go
+    the block's exits and leave the lock held for good (`direct._last_result`). Loops go
     in a function it calls, or in a comprehension, which has an exit of its own."""
     found = []
     for name, text in source().items():

@@ -19,12 +19,30 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.core.compat import (
+from django_skipqueue.db.hooks import (
     check_health_before_next_use,
+    drop_atomic_blocks,
     initialized_connections,
     mark_healthy,
+    thread_connection,
 )
 from django_skipqueue.faults import is_transient
+
+__all__ = [
+    "HEALTH_CHECK_SECONDS",
+    "Backoff",
+    "bounded",
+    "discard",
+    "discard_connection",
+    "lock_wait_within",
+    "refresh_connections",
+    "retry_transient",
+    # From the floor, for the runtime layer, which may not import `db/` itself: a
+    # thread's connections, and the atomic blocks a task left open on one.
+    "drop_atomic_blocks",
+    "initialized_connections",
+    "thread_connection",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

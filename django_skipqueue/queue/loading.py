@@ -16,7 +16,8 @@ from django.db import DatabaseError, connections, models
 from django.db.models import signals
 from django.utils.asyncio import async_unsafe
 
-from django_skipqueue.core.compat import (
+from django_skipqueue.core.payload import PayloadField
+from django_skipqueue.db.hooks import (
     fetch_all,
     has_receivers,
     instance_from_row,
@@ -25,7 +26,6 @@ from django_skipqueue.core.compat import (
     raw_result,
     result_column_names,
 )
-from django_skipqueue.core.payload import PayloadField
 
 M = TypeVar("M", bound=models.Model)
 
@@ -66,9 +66,9 @@ def loaded_job(
 def job_cursor(alias: str) -> Any:
     """`with job_cursor(alias) as cursor:` a cursor of `alias` for the statements of the
     hot paths (enqueue, claim, ack), whose results are read inside the block
-    (`compat.fetch_one`, `fetch_all`): the connection's kept psycopg cursor where that
-    is safe (`compat.kept_cursor`), which loads `timestamptz` with psycopg's C loader
-    where that gives Django's values (`compat.load_timestamps_natively`; a claimed job
+    (`db.hooks.fetch_one`, `fetch_all`): the connection's kept psycopg cursor where that
+    is safe (`db.hooks.kept_cursor`), which loads `timestamptz` with psycopg's C loader
+    where that gives Django's values (`db.hooks.load_timestamps_natively`; a claimed job
     row holds five of them)."""
     return kept_cursor(connections[alias], load_timestamps_natively)
 

@@ -48,17 +48,6 @@ from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, SkipQueueSettings, get_s
 from django_skipqueue.conf.limits import parse_rate
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core import tracing
-from django_skipqueue.core.compat import (
-    binary_bigint,
-    binary_timestamptz,
-    direct_row,
-    fetch_all,
-    fetch_one,
-    has_receivers,
-    quote_parameters,
-    text_parameters,
-    thread_connection,
-)
 from django_skipqueue.core.payload import (
     encode,
     encode_arguments,
@@ -77,6 +66,19 @@ from django_skipqueue.core.states import (
     JobState,
     sort_in_claim_order,
     validate_queue_name,
+)
+from django_skipqueue.db.direct import (
+    binary_bigint,
+    binary_timestamptz,
+    direct_row,
+    text_parameters,
+)
+from django_skipqueue.db.hooks import (
+    fetch_all,
+    fetch_one,
+    has_receivers,
+    quote_parameters,
+    thread_connection,
 )
 from django_skipqueue.exceptions import (
     ConfigurationError,
@@ -959,7 +961,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return self.enqueue_many(task, [(args, kwargs)])[0]
         # Measured: one INSERT ... VALUES (sql.ENQUEUE_ONE), not the ORM's save(), which
         # compiles 20 fields per call, nor ENQUEUE_MANY's arrays; sent straight on libpq
-        # where nothing can tell (compat.direct_row), its shared parameters encoded once
+        # where nothing can tell (db.direct.direct_row), its shared parameters encoded once
         # per spec.
         checked = self._checked(task, [(args, kwargs)])
         plain_args, plain_kwargs, args_json, kwargs_json = checked[0]
@@ -1947,7 +1949,7 @@ def _enqueue_parts(
     spec: JobSpec, model: type[Job]
 ) -> tuple[dict[str, bytes | None] | None, dict[str, Any]]:
     """What every enqueue of `spec` shares, kept on the spec: its INSERT's parameters
-    other than the call's own, in the text form `compat.direct_row` sends (None where
+    other than the call's own, in the text form `db.direct.direct_row` sends (None where
     one has none), and the job row before the call's own columns."""
     cached = spec.__dict__.get("_skipqueue_enqueue_parts")
     if cached is not None and cached[0] is model:

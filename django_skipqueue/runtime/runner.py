@@ -31,11 +31,6 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core.cancel import CancelFlag
-from django_skipqueue.core.compat import (
-    drop_atomic_blocks,
-    initialized_connections,
-    thread_connection,
-)
 from django_skipqueue.core.payload import (
     JSONValue,
     Undecodable,
@@ -56,7 +51,12 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.faults import is_row_fault
 from django_skipqueue.models import Job, Workflow
-from django_skipqueue.queue.connections import discard
+from django_skipqueue.queue.connections import (
+    discard,
+    drop_atomic_blocks,
+    initialized_connections,
+    thread_connection,
+)
 from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
 from django_skipqueue.tasks.registry import registry

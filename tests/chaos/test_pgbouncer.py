@@ -150,7 +150,7 @@ def _start_pooled(supervisor, url: str):
 ENQUEUE_THROUGH_POOLER = """
 import json
 from django.db import transaction
-from django_skipqueue.core import compat
+from django_skipqueue.db import direct
 from tests.processes import run_in_threads
 from tests.testapp import tasks
 ids, errors = [], []
@@ -169,7 +169,7 @@ def enqueue_many_times():
 # threads may take turns on one server session, where nothing goes missing.
 for rounds in range(1, 6):
     run_in_threads(enqueue_many_times, 6)
-    if "default" in compat._UNNAMED_ONLY:
+    if "default" in direct._UNNAMED_ONLY:
         break
 print(json.dumps({"ids": ids, "errors": errors, "rounds": rounds}))
 """
