@@ -693,6 +693,33 @@ def new_session(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_one_setting_turns_the_direct_enqueue_off_and_a_debug_line_says_why(
+    new_session, settings, caplog, monkeypatch
+):
+    """Issue 53: SKIPQUEUE['DIRECT_ENQUEUE'] = False sends every enqueue through Django's
+    cursor (nothing named on the session), and the first declined enqueue of an alias
+    says why at DEBUG, once."""
+    from tests.testapp.tasks import add
+
+    monkeypatch.setattr(direct, "_DECLINED", set())
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "DIRECT_ENQUEUE": False}
+    with caplog.at_level("DEBUG", logger="django_skipqueue.db.direct"):
+        jobs = [add.enqueue(n, n) for n in range(3)]
+    assert _prepared_runs() == {}
+    for job in jobs:
+        _same_as_loaded(job)
+    said = [r.getMessage() for r in caplog.records if r.name == "django_skipqueue.db.direct"]
+    assert said == [
+        "direct enqueue off for database 'default': SKIPQUEUE['DIRECT_ENQUEUE'] is False"
+    ]
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, "DIRECT_ENQUEUE": True}
+    connection.close()
+    add.enqueue(8, 8)
+    add.enqueue(9, 9)
+    assert len(_prepared_runs()) == 1  # on again: named at its second run
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_enqueue_run_again_outside_a_transaction_is_prepared_once_on_its_session(
     new_session,
 ):

@@ -142,6 +142,9 @@ class SkipQueueSettings:
     POLL_INTERVAL_SECONDS: float = 5.0
     #: Worker: LISTEN for new jobs (needs a direct connection, not a transaction pooler).
     LISTEN: bool = True
+    #: A single enqueue's INSERT sent straight on libpq where nothing could tell
+    #: (`db/direct.py`); False: always through Django's cursor.
+    DIRECT_ENQUEUE: bool = True
     #: Worker: jobs claimed ahead of free threads, so claims and acks come in batches.
     #: None: adapt it to the jobs' run time (about 50 ms of work per thread, at most 64
     #: per thread and 1,024 in all; none for jobs of a second or more). 0: never claim
@@ -232,6 +235,7 @@ class SkipQueueSettings:
             "TASK_MODULES": (_names, "a list of dotted module paths"),
             "POLL_INTERVAL_SECONDS": (_positive_number, "a positive number of seconds"),
             "LISTEN": (_boolean, "True or False"),
+            "DIRECT_ENQUEUE": (_boolean, "True or False"),
             "PREFETCH": (_none_or_zero_or_more_int, "None or a whole number, zero or more"),
             "REAP_INTERVAL_SECONDS": (_zero_or_more, "zero (off) or more seconds"),
             "HEARTBEAT_SECONDS": (_positive_number, "a positive number of seconds"),

@@ -38,6 +38,7 @@ from psycopg import pq
 from psycopg.errors import error_from_result
 from psycopg.generators import execute as libpq_execute
 
+from django_skipqueue.conf import get_settings
 from django_skipqueue.db.hooks import plain_cursor_path, same_functions, written_in
 
 logger = logging.getLogger(__name__)
@@ -198,11 +199,17 @@ def _direct(
     if not apps.ready:
         return None
     conn: Any = connection
+    if not get_settings().DIRECT_ENQUEUE:
+        return _declined(connection, "SKIPQUEUE['DIRECT_ENQUEUE'] is False")
     _ready_for_this_thread(connection)  # first: a connection_created receiver may install
-    if connection.queries_logged or connection.execute_wrappers or not _direct_steps():
-        return None
-    if conn.timezone is not datetime.timezone.utc or not plain_cursor_path(connection):
-        return None
+    if connection.queries_logged:
+        return _declined(connection, "Django logs its queries (DEBUG, assertNumQueries)")
+    if connection.execute_wrappers:
+        return _declined(connection, "an execute wrapper is installed")
+    if not _direct_steps() or not plain_cursor_path(connection):
+        return _declined(connection, "Django's cursor path is replaced or patched")
+    if conn.timezone is not datetime.timezone.utc:
+        return _declined(connection, "the connection's time zone is not UTC")
     raw = conn.connection
     if (
         type(raw) is not psycopg.Connection
@@ -210,15 +217,16 @@ def _direct(
         or raw.cursor_factory not in _DJANGO_CURSORS
         or raw.cursor_factory.execute is not _PSYCOPG_EXECUTE
         or psycopg.Connection.cursor is not _PSYCOPG_CURSOR
-        or (conn.health_check_enabled and not conn.health_check_done)
     ):
-        return None
+        return _declined(connection, "the psycopg connection or its cursor is not the plain one")
+    if conn.health_check_enabled and not conn.health_check_done:
+        return None  # for this statement only: Django's cursor runs the health check
     pgconn = raw.pgconn
     status = pgconn.transaction_status
     if not (status == _INTRANS or (status == _IDLE and raw.autocommit)):
-        return None
+        return None  # for this statement only: psycopg would send BEGIN first
     if pgconn.pipeline_status or pgconn.parameter_status(b"client_encoding") != b"UTF8":
-        return None
+        return _declined(connection, "pipeline mode, or a client encoding other than UTF8")
     if params is None:
         query, values = statement.encode(), []
     else:
@@ -240,6 +248,19 @@ def _direct(
                 raw, pgconn.send_query_params, query, values, None, None, result_format
             )
         return _last_result(results, raw)
+
+
+#: (alias, reason) pairs already logged by `_declined`: each is said once per process.
+_DECLINED: set[tuple[str, str]] = set()
+
+
+def _declined(connection: BaseDatabaseWrapper, reason: str) -> None:
+    """Say, once per alias and reason, at DEBUG, why the enqueue goes through Django's
+    cursor here (`direct_row` lists the conditions); None, for `_direct` to return."""
+    key = (connection.alias, reason)
+    if key not in _DECLINED:
+        _DECLINED.add(key)
+        logger.debug("direct enqueue off for database %r: %s", connection.alias, reason)
 
 
 def _last_result(results: list[Any], raw: Any) -> Any:
