@@ -720,6 +720,22 @@ def test_one_setting_turns_the_direct_enqueue_off_and_a_debug_line_says_why(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_enqueues_from_inside_a_task_take_the_direct_path_as_anywhere_else(new_session):
+    """Issue 53: the runner watches a task's statements for SET through an execute
+    wrapper, and the direct enqueue refused whenever one was installed: every enqueue
+    from inside a task (a workflow's fan-out) took Django's cursor. The runner's wrapper
+    is marked passive; the INSERT, run three times in the task, is named there."""
+    from django_skipqueue.testing import run_jobs
+    from tests.testapp.tasks import enqueues_three
+
+    enqueues_three.enqueue()
+    run_jobs(queues=["default"], limit=1)
+    [(_, runs)] = _prepared_runs().items()
+    assert runs == 3  # the enqueue above was its first run; named at its second
+    assert Job.objects.filter(task__endswith=".add").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_enqueue_run_again_outside_a_transaction_is_prepared_once_on_its_session(
     new_session,
 ):

@@ -158,7 +158,8 @@ def direct_row(
 
     Taken only where nothing could tell the difference: no query logging (DEBUG,
     assertNumQueries, the debug toolbar) and no execute wrapper, which must see the
-    statement, asked once connected (a connection_created receiver may install either);
+    statement (but the worker's own, marked `skipqueue_passive`, which looks for SET
+    only), asked once connected (a connection_created receiver may install either);
     Django's cursor path (`plain_cursor_path`), Django's CursorWrapper and psycopg's
     `Cursor.execute` and `Connection.cursor` as this module found them (the same
     objects, whose code is in Django's and psycopg's own files: a patch made before this
@@ -204,7 +205,7 @@ def _direct(
     _ready_for_this_thread(connection)  # first: a connection_created receiver may install
     if connection.queries_logged:
         return _declined(connection, "Django logs its queries (DEBUG, assertNumQueries)")
-    if connection.execute_wrappers:
+    if any(not getattr(w, "skipqueue_passive", False) for w in connection.execute_wrappers):
         return _declined(connection, "an execute wrapper is installed")
     if not _direct_steps() or not plain_cursor_path(connection):
         return _declined(connection, "Django's cursor path is replaced or patched")

@@ -443,6 +443,11 @@ class SessionWatch:
             self.changed = True
         return execute(sql, params, many, context)
 
+    #: It only looks for session changes (SET), which the enqueue's own INSERT never
+    #: makes: the direct enqueue (db/direct.py) may pass it by, so that enqueues from
+    #: inside a task (a workflow's fan-out) take the same path as anywhere else.
+    _watch.skipqueue_passive = True  # type: ignore[attr-defined]
+
 
 #: The atomic() depths of a thread outside any block: a worker's executor threads, where
 #: nothing but a job's code enters one (`run_and_decide`'s `depths`).

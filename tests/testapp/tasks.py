@@ -635,6 +635,13 @@ def three_a_minute(n: int = 0) -> int:
     return n
 
 
+@task
+def enqueues_three() -> None:
+    """Enqueues from inside a task, as a fan-out does (tests/test_compat.py)."""
+    for n in range(3):
+        add.enqueue(n, n)
+
+
 @task(rate_limit="1/s", concurrency_key=("account",), concurrency_limit=1)
 def rated_and_keyed(account: str) -> str:
     return account
