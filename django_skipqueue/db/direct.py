@@ -21,7 +21,6 @@ import operator
 import re
 import struct
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -329,17 +328,12 @@ def _replaced(connection: BaseDatabaseWrapper, name: str, django_own: object) ->
 # 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
 # "ninth pass").
 _PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
-#: A named statement is planned again once this old, at its next run. Made for the
-#: claim (a statement without parameters keeps the plan made at its PREPARE until DDL
-#: or an ANALYZE: one prepared on a nearly empty table kept a sequential scan, 56 ms a
-#: claim at 200,000 rows), which no longer takes this path (issue 53); the enqueue's
-#: INSERT, the one statement left, plans the same at any size. Kept until this module's
-#: move to `db/`, where it is to be dropped with `_MAX_NAMED`.
-_REPLAN_SECONDS = 5.0
-#: Named statements kept on one session at most (made for claims of many batch sizes;
-#: the enqueue's INSERT has four forms). Beyond it a statement is sent unnamed, unless
-#: one kept at least `_REPLAN_SECONDS` is dropped for it (the least run since it was
-#: planned).
+#: Named statements kept on one session at most: beyond it a statement is sent unnamed.
+#: The enqueue's INSERT has four forms (with or without an expiry and a trace context)
+#: per job model; the bound guards the server's memory should more ever come this way.
+#: (A named statement is no longer planned again every few seconds, nor the least run
+#: dropped for a new one: both were for the claim, whose plan depended on the table's
+#: size and whose batch sizes were many; it no longer takes this path.)
 _MAX_NAMED = 16
 #: Losses of a statement not yet run once since it was prepared, one after another, on
 #: one session, after which it names no more statements: a pooler that drops them
@@ -361,13 +355,12 @@ _PLAN_CHECK = b"RevalidateCachedQuery"
 
 
 class _Named:
-    """A statement named on a session: its text, when it was last planned (monotonic
-    seconds) and its runs since."""
+    """A statement named on a session: its text and its runs since it was prepared."""
 
-    __slots__ = ("planned_at", "query", "runs")
+    __slots__ = ("query", "runs")
 
-    def __init__(self, query: bytes, planned_at: float) -> None:
-        self.query, self.planned_at, self.runs = query, planned_at, 0
+    def __init__(self, query: bytes) -> None:
+        self.query, self.runs = query, 0
 
 
 class _Session:
@@ -432,7 +425,6 @@ def _run_named(
         return None
     name = _statement_name(query)
     named = session.named.get(name)
-    now = time.monotonic()
     if named is None:
         runs = session.runs.get(query, 0) + 1
         if len(session.runs) >= 1024:  # one-off texts: bounded
@@ -440,19 +432,13 @@ def _run_named(
         session.runs[query] = runs
         if runs < _PREPARE_AT:
             return None
-        if len(session.named) >= _MAX_NAMED and not _drop_least_run(raw, pgconn, session, now):
+        if len(session.named) >= _MAX_NAMED:
             return None
         if not _prepare(raw, pgconn, name, query):
             _lost(alias, raw, session)
             return None
-        named = session.named[name] = _Named(query, now)
+        named = session.named[name] = _Named(query)
         del session.runs[query]
-    elif now - named.planned_at >= _REPLAN_SECONDS:  # planned again (`_REPLAN_SECONDS`)
-        _deallocate(raw, pgconn, name)
-        if not _prepare(raw, pgconn, name, query):
-            _lost(alias, raw, session)
-            return None
-        named.planned_at, named.runs = now, 0
     results = _exchange(raw, pgconn.send_query_prepared, name, values, None, result_format)
     state = _sqlstate(results)
     if state == _UNDEFINED:
@@ -465,20 +451,6 @@ def _run_named(
     named.runs += 1
     session.quick_losses = 0
     return results
-
-
-def _drop_least_run(raw: Any, pgconn: Any, session: _Session, now: float) -> bool:
-    """Make room for one more named statement (`_MAX_NAMED`): drop the one run least
-    since it was planned among those planned at least `_REPLAN_SECONDS` ago; False
-    where none is that old."""
-    old = [named for named in session.named.values() if now - named.planned_at >= _REPLAN_SECONDS]
-    if not old:
-        return False
-    least = min(old, key=operator.attrgetter("runs"))
-    name = _statement_name(least.query)
-    _deallocate(raw, pgconn, name)
-    del session.named[name]
-    return True
 
 
 def _prepare(raw: Any, pgconn: Any, name: bytes, query: bytes) -> bool:
