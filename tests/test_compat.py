@@ -1230,9 +1230,9 @@ def test_an_interrupt_at_each_check_of_an_enqueue_releases_the_connection(new_se
 
 
 def _enqueue_statement() -> str:
-    from django_skipqueue.queue import managers, sql
+    from django_skipqueue.queue import rows, sql
 
-    return sql.enqueue_one_statement(managers._insert_defaults(Job), False, False)
+    return sql.enqueue_one_statement(rows.insert_defaults(Job), False, False)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 from django_skipqueue.conf.limits import QueueLimit, parse_rate, queue_limits
 from django_skipqueue.exceptions import ConfigurationError, JobCancelled
 from django_skipqueue.models import Job, Queue
-from django_skipqueue.queue.managers import Renewal
+from django_skipqueue.queue.base import Renewal
 from django_skipqueue.runtime.worker import Worker
 from django_skipqueue.testing import run_jobs
 from tests.conftest import set_lease
@@ -484,7 +484,7 @@ def test_queuestats_shows_a_paused_queue_and_its_limits(settings):
 
 
 def test_a_cancelled_job_that_fails_or_is_released_ends_cancelled_not_retried(worker_process):
-    from django_skipqueue.queue.managers import ErrorInfo
+    from django_skipqueue.queue.base import ErrorInfo
 
     first, second = tasks.add.enqueue(1, 2), tasks.add.enqueue(3, 4)
     Job.objects.claim(queues=["default"], worker=worker_process, limit=2)

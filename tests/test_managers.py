@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from django_skipqueue.db import direct, hooks
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue import sql
-from django_skipqueue.queue.managers import ErrorInfo, _ack_parameters
+from django_skipqueue.queue.base import ErrorInfo, _ack_parameters
 from tests.conftest import set_lease
 from tests.factories import BULK_BATCH, JobFactory
 from tests.guard import setting_up
@@ -83,7 +83,7 @@ def test_a_workers_bound_claim_is_its_own_and_quotes_any_queue_name():
 
 @pytest.mark.django_db(transaction=True)
 def test_each_claim_records_who_claimed_it_and_the_first_start_is_kept(worker_process):
-    from django_skipqueue.queue.managers import in_process_claimer
+    from django_skipqueue.queue.base import in_process_claimer
 
     JobFactory()
     first = claim_one(worker=worker_process)

@@ -65,7 +65,7 @@ def test_a_huge_retry_delay_is_clamped_and_written(raised):
 @pytest.mark.django_db(transaction=True)
 def test_a_huge_policy_delay_keeps_the_real_error():
     from django_skipqueue.models import Job
-    from django_skipqueue.queue.managers import ErrorInfo
+    from django_skipqueue.queue.base import ErrorInfo
     from tests.testapp import tasks
 
     tasks.add.enqueue(1, 2)

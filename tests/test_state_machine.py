@@ -37,7 +37,7 @@ from django_skipqueue.conf.limits import QueueLimit
 from django_skipqueue.core.states import UNFINISHED_STATES
 from django_skipqueue.maintenance.scheduler import sync, tick
 from django_skipqueue.models import FINISHED_STATES, Job, Queue, Schedule, Workflow
-from django_skipqueue.queue.managers import ErrorInfo
+from django_skipqueue.queue.base import ErrorInfo
 from django_skipqueue.tasks.base import bind_schedules
 from tests import guard
 from tests.testapp import tasks

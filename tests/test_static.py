@@ -26,7 +26,14 @@ def hits(pattern: str, files: dict[str, str]) -> list[str]:
 
 
 def test_t34_lease_and_fence_decisions_never_read_the_process_clock():
-    files = source("queue/managers.py", "maintenance/reaper.py", "models.py", "queue/sql.py")
+    verbs = ("base", "claim", "limited", "enqueue", "relaying", "outcomes", "reap", "operator")
+    files = source(
+        "queue/managers.py",
+        *(f"queue/{name}.py" for name in verbs),
+        "maintenance/reaper.py",
+        "models.py",
+        "queue/sql.py",
+    )
     assert hits(r"timezone\.now\(|datetime\.now\(|datetime\.utcnow\(|time\.time\(", files) == []
 
 

@@ -41,7 +41,7 @@ from django_skipqueue.tasks.registry import registry
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise
 
-    from django_skipqueue.queue.managers import JobQuerySet
+    from django_skipqueue.queue.base import JobQuerySet
 
 #: The admin's stylesheet (classes `skipqueue-*`), on every page of ours.
 STYLESHEET = "skipqueue/admin.css"

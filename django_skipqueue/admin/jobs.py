@@ -36,7 +36,7 @@ from django_skipqueue.models import (
 )
 
 if TYPE_CHECKING:
-    from django_skipqueue.queue.managers import JobQuerySet
+    from django_skipqueue.queue.base import JobQuerySet
 
 from django_skipqueue.admin.common import (
     STYLESHEET,

@@ -37,7 +37,7 @@ from django_skipqueue.admin.common import (
     _when,
 )
 from django_skipqueue.models import Job, WorkerProcess
-from django_skipqueue.queue.managers import dead_after
+from django_skipqueue.queue.base import dead_after
 
 ALIVE, STOPPED, LOST = "alive", "stopped", "lost"
 

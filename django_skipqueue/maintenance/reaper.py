@@ -22,13 +22,13 @@ from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.models import Job, JobState, QueueMinute, WorkerProcess, Workflow
+from django_skipqueue.queue.base import ReapResult
 from django_skipqueue.queue.connections import (
     LOCK_NOT_AVAILABLE,
     SIDE_WRITE_LOCK_SECONDS,
     bounded,
     lock_wait_within,
 )
-from django_skipqueue.queue.managers import ReapResult
 from django_skipqueue.queue.sql import try_advisory_xact_lock
 
 if TYPE_CHECKING:

@@ -199,7 +199,7 @@ FOR NO KEY UPDATE
 #
 # Its rows are found by the primary key alone, whatever the statistics say:
 # - the state test is `(job.state || '')`, which no partial index matches
-#   (managers._NoIndex says why: the walk through every running job's entry that the
+#   (base._NoIndex says why: the walk through every running job's entry that the
 #   planner otherwise chose);
 # - no join: each row's attempt and result are read by its id from two JSON objects
 #   (a lookup by key in a jsonb object is a binary search). Joined to the unnested
@@ -209,7 +209,7 @@ FOR NO KEY UPDATE
 #   hidden); with `array_position` into the arrays, 1,500 took 62 ms.
 # Parameters: the results as a JSON object by id (an id whose result is None left out:
 # the column stays NULL), the ids as an array's text, the attempts as a JSON object by
-# id (managers._ack_parameters). Its generic plan (what a prepared statement of it would
+# id (base._ack_parameters). Its generic plan (what a prepared statement of it would
 # keep, after five runs, where that costs no more) finds the rows by the primary key as
 # well (tests/test_managers.py, EXPLAIN EXECUTE).
 ACK_MANY = """

@@ -55,7 +55,7 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.queue import finished, sql
 from django_skipqueue.queue.finished import finished_listener
-from django_skipqueue.queue.managers import _insert_defaults
+from django_skipqueue.queue.rows import insert_defaults, insert_params
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -249,13 +249,13 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         per payload column, the shared columns once: `sql.workflow_columns_statement`);
         their ids, in the order given."""
         spec, first = batch[0].spec, batch[0]
-        params = self._jobs._insert_params(spec, encoded)
+        params = insert_params(spec, encoded)
         params |= {
             "workflow": workflow_id,
             "dependents": None if dependents is None else json.dumps(dependents),
             "ends": True if first.output else None,
         }
-        statement = sql.workflow_columns_statement(_insert_defaults(self._jobs.model))
+        statement = sql.workflow_columns_statement(insert_defaults(self._jobs.model))
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, params)
             ids = sorted(row[0] for row in cursor.fetchall())  # nextval ran in this order
@@ -267,7 +267,7 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         self, workflow_id: int, rows: list[str], planned: Sequence[PlannedJob], ids: list[int]
     ) -> None:
         """One INSERT of these rows; DuplicateJobError if a unique key is held."""
-        statement = sql.workflow_insert_statement(_insert_defaults(self._jobs.model))
+        statement = sql.workflow_insert_statement(insert_defaults(self._jobs.model))
         with connections[self.db].cursor() as cursor:
             cursor.execute(statement, {"workflow": workflow_id, "rows": "[" + ",".join(rows) + "]"})
             got = {row[0] for row in cursor.fetchall()}

@@ -29,8 +29,8 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.faults import is_transient
 from django_skipqueue.models import Job, JobState
+from django_skipqueue.queue.base import ErrorInfo
 from django_skipqueue.queue.connections import bounded, discard, discard_connection
-from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.registry import registry
 
 if TYPE_CHECKING:

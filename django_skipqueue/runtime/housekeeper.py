@@ -23,6 +23,7 @@ from django.db.models.functions import Now
 from django_skipqueue.faults import is_transient, sqlstate
 from django_skipqueue.maintenance.reaper import MINUTES_KEPT, HousekeepingResult, Reaper
 from django_skipqueue.models import Job, WorkerProcess
+from django_skipqueue.queue.base import Renewal
 from django_skipqueue.queue.connections import (
     LOCK_NOT_AVAILABLE,
     SIDE_WRITE_LOCK_SECONDS,
@@ -30,7 +31,7 @@ from django_skipqueue.queue.connections import (
     bounded,
     discard_connection,
 )
-from django_skipqueue.queue.managers import JobManager, Renewal
+from django_skipqueue.queue.managers import JobManager
 from django_skipqueue.runtime.executor import shown_ids
 from django_skipqueue.runtime.inflight import Flight, InFlight
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter

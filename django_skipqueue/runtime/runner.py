@@ -51,13 +51,13 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.faults import is_row_fault
 from django_skipqueue.models import Job, Workflow
+from django_skipqueue.queue.base import ErrorInfo
 from django_skipqueue.queue.connections import (
     discard,
     drop_atomic_blocks,
     initialized_connections,
     thread_connection,
 )
-from django_skipqueue.queue.managers import ErrorInfo
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
 from django_skipqueue.tasks.registry import registry
 

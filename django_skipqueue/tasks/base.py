@@ -260,7 +260,7 @@ class TaskContext:
         operator cancelled the job. `lease=` is the older name.
         """
         from django_skipqueue.models import Job
-        from django_skipqueue.queue.managers import Renewal
+        from django_skipqueue.queue.base import Renewal
 
         if seconds is not None and lease is not None:
             raise TypeError("extend_lease() takes seconds or lease, not both")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from django_skipqueue.models import FINISHED_STATES, Job, JobState
-from django_skipqueue.queue.managers import ErrorInfo
+from django_skipqueue.queue.base import ErrorInfo
 from tests.testapp import tasks
 
 MAX_ATTEMPTS = 3
