@@ -31,7 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from django_skipqueue.broker.handoff import Done, Handoff, Held
+from django_skipqueue.broker.handoff import Done, Handoff
 from django_skipqueue.broker.message import Message
 from django_skipqueue.broker.topology import (
     BROKER_DELIVERIES_HEADER,
@@ -58,7 +58,6 @@ from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, 
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.runtime.presence import Presence
 from django_skipqueue.runtime.runner import retry_delay
-from django_skipqueue.runtime.timelimits import GRACE_SECONDS
 from django_skipqueue.tasks.registry import registry
 
 logger = logging.getLogger(__name__)
@@ -66,18 +65,6 @@ logger = logging.getLogger(__name__)
 #: With RESULTS: the most outcomes written back in one statement, and how long one waits.
 WRITE_BACK_BATCH = 200
 WRITE_BACK_SECONDS = 0.2
-#: Shares of the broker's consumer timeout (RELAY CONSUMER_TIMEOUT), counted from each
-#: delivery as the broker counts it, after which the consumer acts itself
-#: (`Consumer._overdue`): a delivery not started by half of it is handed back, never
-#: started (so that a task starts with at least 0.4 of the timeout to run, and a large
-#: prefetch is handed back long before the broker's close); one running at nine tenths
-#: is timed out. The broker checks its timeout on its channel's tick, so it closes the
-#: channel at that timeout or a little later, never before.
-HAND_BACK_SHARE = 0.5
-GIVE_UP_SHARE = 0.9
-#: How long a stopping consumer whose thread is stuck in a task it gave up on waits for
-#: its other running jobs before it closes its connection (they come again).
-STUCK_STOP_SECONDS = 10.0
 
 
 @dataclass
@@ -86,7 +73,6 @@ class ConsumerStats:
     retried: int = 0
     dead: int = 0
     reconnects: int = 0
-    handed_back: int = 0  # deliveries published again unrun, near the consumer timeout
 
 
 class Consumer:
@@ -119,21 +105,8 @@ class Consumer:
         self._write_due = 0.0
         self._retry_declared: set[str] = set()
         self._running = 0  # deliveries handed to the pool and not acked yet
-        #: Redelivered messages, run alone: (tag, message, deliveries without an ack, the
-        #: process clock when it came).
-        self._suspects: list[tuple[int, Message, int, float]] = []
-        #: After how long from its delivery a delivery waiting for a thread is handed
-        #: back, and a running one is timed out (`_overdue`).
-        self.hand_back_seconds = HAND_BACK_SHARE * config.consumer_timeout
-        self.give_up_seconds = GIVE_UP_SHARE * config.consumer_timeout
-        #: The consumers of this connection (their tags), None while paused for
-        #: suspects; `_cautious`: since the pause, at prefetch 1 until a fresh delivery.
-        self._consumer_tags: list[str] | None = None
-        self._cautious = False
-        self._widen = False
-        #: A task it gave up on still ran GRACE_SECONDS later: it stopped, to be replaced
-        #: (`runworker --broker` exits with EXIT_TIME_LIMIT).
-        self.stuck = False
+        #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
+        self._suspects: list[tuple[int, Message, int]] = []
         self._isolating = False
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
@@ -166,13 +139,12 @@ class Consumer:
                     self._suspects.clear()
                     self._handoff.lost()
                     self._running, self._isolating = 0, False
-                    self._consumer_tags, self._cautious, self._widen = None, False, False
                     delay = backoff.next()
                     logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
                     self.presence.beat()  # alive, if not connected: not "lost"
                     self.stop.wait(delay)
         finally:
-            pool.shutdown(wait=not self.stuck)
+            pool.shutdown(wait=True)
             self._flush_counts(now=True)
 
             self.presence.stopped()
@@ -190,6 +162,7 @@ class Consumer:
             self._retry_declared.clear()
             for name in self.queues:
                 declare(channel, name, self.config)
+            channel.basic_qos(prefetch_count=self.prefetch)
             pika_channel_impl(channel).add_on_close_callback(_log_channel_closed)
 
             def deliver(ch: Any, method: Any, properties: Any, body: bytes) -> None:
@@ -208,13 +181,12 @@ class Consumer:
                     return
                 headers = properties.headers or {}
                 earlier = _count(headers.get(DELIVERIES_HEADER))
-                if method.redelivered or earlier or message.alone:
-                    # A consumer died or lost its connection holding it (or gave up on
-                    # its last attempt while it ran): perhaps this message killed it.
-                    # Run it alone (below), so that a crash on it holds no other
-                    # message: the delivery limit counts every unacked delivery of a
-                    # dead consumer, and innocent neighbours must not reach it with the
-                    # poison.
+                if method.redelivered or earlier:
+                    # A consumer died or lost its connection holding it: perhaps this
+                    # message killed it. Run it alone (below), so that a crash on it
+                    # holds no other message: the delivery limit counts every unacked
+                    # delivery of a dead consumer, and innocent neighbours must not
+                    # reach it with the poison.
                     deliveries = earlier + _count(headers.get(BROKER_DELIVERIES_HEADER))
                     if method.redelivered and not headers.get(BROKER_DELIVERIES_HEADER):
                         deliveries += 1  # a classic queue does not count for us
@@ -223,56 +195,31 @@ class Consumer:
                             ch, publisher, method.delivery_tag, message, deliveries
                         )
                         return
-                    came = time.monotonic()
-                    self._suspects.append((method.delivery_tag, message, deliveries, came))
+                    self._suspects.append((method.delivery_tag, message, deliveries))
                     return
-                if self._cautious:  # a fresh one: back to the full prefetch (`turn`)
-                    self._cautious, self._widen = False, True
-                self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
+                self._submit(pool, generation, method.delivery_tag, message)
 
             def turn() -> None:  # in this thread, from process_data_events
-                if self._suspects and self._consumer_tags is not None:
-                    # First, before any ack of this turn frees room in the prefetch
-                    # window: pika returns to the queue what arrives during the cancel,
-                    # and RabbitMQ counts that as a delivery (an outside trial: handed
-                    # back, then cancelled, 6 of 300 innocents dead-lettered after one
-                    # SIGKILL at DELIVERY_LIMIT 2).
-                    self._pause(channel)
-                self._overdue(channel, publisher, generation)
+                self._time_out(generation)
                 self._settle(channel, publisher, generation)
-                abandoned = self._abandoned()
-                self._isolate(channel, publisher, pool, generation, abandoned=abandoned)
-                self._steer(channel, deliver, consume=not self._isolating)
+                self._isolate(channel, publisher, pool, generation)
                 self._flush_counts()
 
             # A finished job wakes this thread at once (the acks free prefetch room).
             self._handoff.connected(lambda: connection.add_callback_threadsafe(turn))
-            self._resume(channel, deliver, self.prefetch)
+            for name in self.queues:
+                channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
             backoff.reset()
             logger.info("broker consumer connected queues=%s", ",".join(self.queues))
             while not self.stop.is_set():
                 connection.process_data_events(time_limit=0.2)
                 turn()
                 self.presence.beat()
-            # Stopping: no new deliveries. Those not started are given back, keeping
-            # their count (a return to the queue by the close would add one against
-            # each, at every restart); those running finish and are settled, within
-            # STUCK_STOP_SECONDS where a thread never returns (then they come again).
+            # Stopping: no new deliveries. Jobs not started yet stay unacked (RabbitMQ
+            # delivers them again once this connection closes); those running finish
+            # and are settled.
             channel.stop_consuming()
-            pool.shutdown(wait=False, cancel_futures=True)
-            for tag, held in self._handoff.unstarted(generation):
-                self._running -= 1
-                self._hand_back(channel, publisher, tag, held.message, held.deliveries)
-            for tag, message, deliveries, _ in self._suspects:
-                self._hand_back(channel, publisher, tag, message, deliveries)
-            self._suspects.clear()
-            if self.stuck:
-                until = time.monotonic() + STUCK_STOP_SECONDS
-                while self._running > 0 and time.monotonic() < until:
-                    connection.process_data_events(time_limit=0.1)
-                    self._settle(channel, publisher, generation)
-            else:
-                pool.shutdown(wait=True)
+            pool.shutdown(wait=True, cancel_futures=True)
             self._settle(channel, publisher, generation, final=True)
         finally:
             if connection.is_open:
@@ -282,150 +229,46 @@ class Consumer:
                     logger.debug("closing the broker connection failed: %r", error)
 
     def _submit(
-        self,
-        pool: ThreadPoolExecutor,
-        generation: int,
-        tag: int,
-        message: Message,
-        deliveries: int,
-        came: float,
+        self, pool: ThreadPoolExecutor, generation: int, tag: int, message: Message
     ) -> None:
-        """Hand a delivery to the pool, held from `came` (`_overdue` says how long)."""
         self._running += 1
-        held = Held(
-            message,
-            deliveries,
-            came=came,
-            hand_back_at=came + self.hand_back_seconds,
-            give_up_at=came + self.give_up_seconds,
-        )
-        self._handoff.hold((generation, tag), held)
         pool.submit(self._run, generation, tag, message)
 
     def _isolate(
-        self,
-        channel: Any,
-        publisher: Any,
-        pool: ThreadPoolExecutor,
-        generation: int,
-        *,
-        abandoned: bool,
+        self, channel: Any, publisher: Any, pool: ThreadPoolExecutor, generation: int
     ) -> None:
-        """Run redelivered messages one at a time, alone in the process: no delivery
-        taken meanwhile (`_steer` cancels the consumers), each started once everything
-        else was acked, no thread is left in a task given up on, and a thread is free
-        (one may still run a task of a lost connection). The other redelivered messages
-        are published again as fresh copies (then acked), since a return to the queue
-        would count as a delivery against them; so is one still waiting at half the
-        broker's consumer timeout (it did not run: it keeps its count), and every one
-        while a thread runs a task given up on (it may be the poison, and its crash
-        would count against every message held). Then the consumers come back at
-        prefetch 1, so that those copies come one at a time, and at the full prefetch
-        from the first fresh delivery on."""
+        """Run redelivered messages one at a time, with nothing else unacked: prefetch 1
+        until they are done, each started once everything else was acked. The other
+        redelivered messages held meanwhile are published again as fresh copies (then
+        acked), since a return to the queue would count as a delivery against them."""
         if self._suspects and not self._isolating:
+            # No new delivery while any is unacked. A channel-wide (global) limit, as
+            # RabbitMQ applies a per-consumer one only to consumers created after it:
+            # this consumer's own prefetch would go on filling up behind the suspects.
+            channel.basic_qos(prefetch_count=1, global_qos=True)
             self._isolating = True
             logger.warning(
                 "broker consumer: %d redelivered job(s), running them one at a time",
                 len(self._suspects),
             )
-        if not self._isolating:
-            return
-        # One suspect is held at a time: the others are given back at once, so that a
-        # crash meanwhile (a fresh job still running) counts against one at most.
-        keep = 0 if abandoned else 1
-        for tag, message, deliveries, _ in self._suspects[keep:]:
-            self._hand_back(channel, publisher, tag, message, deliveries)
-        del self._suspects[keep:]
-        alone = (
-            self._running == 0
-            and not self._pending_write
-            and not abandoned
-            and self._handoff.busy() < self.concurrency
-        )
-        if alone and self._suspects:
-            tag, message, deliveries, came = self._suspects.pop()
-            self._submit(pool, generation, tag, message, deliveries, came)
-        elif alone:
-            self._isolating = False
-            self._cautious, self._widen = True, False
-        elif self._suspects and time.monotonic() >= self._suspects[0][3] + self.hand_back_seconds:
-            self._hand_back(channel, publisher, *self._suspects.pop()[:3])
-
-    def _abandoned(self) -> bool:
-        """Whether a thread still runs a task given up on (`_overdue`). It may be a poison
-        that crashes the process late (an outside trial: one that exited 5 s in, past the
-        3.6 s at which it was given up on, took innocent jobs' deliveries with it), so
-        meanwhile no redelivered job runs or is held (`_isolate`); if it still runs
-        GRACE_SECONDS later, the consumer stops, giving back what did not start, as a
-        worker does for a task past its hard time limit, and `runworker --broker` exits
-        with EXIT_TIME_LIMIT for its supervisor to start another (Python cannot stop the
-        thread)."""
-        since = self._handoff.abandoned_since()
-        if since is None:
-            return False
-        if not self.stuck and time.monotonic() - since >= GRACE_SECONDS:
-            logger.error(
-                "broker consumer: a task it gave up on still runs %.0fs later; stopping, "
-                "to be replaced (its thread cannot be stopped)",
-                GRACE_SECONDS,
-            )
-            self.stuck = True
-            self.stop.set()
-        return True
-
-    def _steer(self, channel: Any, deliver: Any, *, consume: bool) -> None:
-        """Consume, or not: cancelled while redelivered jobs run alone, back after (at
-        prefetch 1, `_cautious`); at the full prefetch again once a fresh delivery came
-        (`_widen`).
-
-        Cancelled, not held back by a channel-wide prefetch of 1: RabbitMQ ignores a
-        global prefetch on quorum queues (an outside trial: 20 deliveries where 10 were
-        allowed, and fresh jobs ran beside a poison). Deliveries already on their way
-        when the cancel reaches the broker are returned to the queue by pika, which
-        counts one delivery against each: at most a round trip's worth, once a pause."""
-        if not consume:
-            if self._consumer_tags is not None:
-                self._pause(channel)
-            return
-        if self._consumer_tags is None:
-            self._resume(channel, deliver, 1 if self._cautious else self.prefetch)
-            self._widen = False
-        elif self._widen:
-            self._widen = False
-            self._pause(channel)
-            self._resume(channel, deliver, self.prefetch)
-
-    def _pause(self, channel: Any) -> None:
-        """No new delivery: this connection's consumers cancelled (what they delivered
-        stays unacked on the channel, and is acked there as usual)."""
-        for consumer_tag in self._consumer_tags or ():
-            channel.basic_cancel(consumer_tag)
-        self._consumer_tags = None
-
-    def _resume(self, channel: Any, deliver: Any, prefetch: int) -> None:
-        """Consume every queue again, at `prefetch` unacked deliveries (a per-consumer
-        limit applies to consumers made after it)."""
-        channel.basic_qos(prefetch_count=prefetch)
-        self._consumer_tags = [
-            channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
-            for name in self.queues
-        ]
-
-    def _hand_back(
-        self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
-    ) -> None:
-        """Publish a delivery that did not run again as a fresh copy that carries its count
-        of deliveries so far (a return to the queue would add one), then ack it."""
-        headers = {DELIVERIES_HEADER: deliveries} if deliveries else {}
-        publisher.basic_publish(
-            "",
-            broker_queue(message.queue),
-            message.body(),
-            message.properties(**headers),
-            mandatory=True,
-        )
-        ack(channel, tag)
-        self.stats.handed_back += 1
+        if self._isolating and self._running == 0 and not self._pending_write:
+            if self._suspects:
+                tag, message, _ = self._suspects.pop(0)
+                for other_tag, other, deliveries in self._suspects:
+                    # A fresh copy, as a return to the queue would count as a delivery;
+                    # it carries the count so far, and is run alone in its turn.
+                    publisher.basic_publish(
+                        "",
+                        broker_queue(other.queue),
+                        other.body(),
+                        other.properties(**{DELIVERIES_HEADER: deliveries}),
+                    )
+                    channel.basic_ack(other_tag)
+                self._suspects.clear()
+                self._submit(pool, generation, tag, message)
+            else:
+                channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
+                self._isolating = False
 
     def _dead_letter_undelivered(
         self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
@@ -449,63 +292,29 @@ class Consumer:
         channel.basic_ack(tag)
         self.stats.dead += 1
 
-    def _overdue(self, channel: Any, publisher: Any, generation: int) -> None:
-        """Deliveries past their time (`Handoff.overdue`), counted from each delivery as
-        RabbitMQ counts its consumer timeout:
-        - one not started by half that timeout (it waited for a thread, behind long
-          tasks): handed back, as a fresh copy keeping its count, never started late
-          with little of the timeout left to run;
-        - one running past its task's timeout, or at nine tenths of the broker's:
-          settled as a failed attempt (retried through the broker, or dead-lettered
-          after the last), as a worker gives up on it; its next attempt runs alone.
-        The broker would otherwise close the channel, and count a delivery against every
-        message unacked on it: innocent neighbours reached DELIVERY_LIMIT that way (an
-        outside trial, with DELIVERY_LIMIT 2). A running task's thread cannot be
-        stopped: it holds a thread of the pool until its task returns, and what it
-        returns then is dropped."""
-        now = time.monotonic()
-        found = self._handoff.overdue(generation, now)
-        if found.unstarted:
-            logger.warning(
-                "broker consumer: %d job(s) waited %.0fs for a thread, half the broker's "
-                "consumer timeout (RELAY CONSUMER_TIMEOUT %ss): handed back to the queue",
-                len(found.unstarted),
-                self.hand_back_seconds,
-                self.config.consumer_timeout,
-            )
-        for tag, held in found.unstarted:
-            self._running -= 1
-            self._hand_back(channel, publisher, tag, held.message, held.deliveries)
-        for tag, held, by_broker in found.running:
-            message = held.message
-            task = registry.get(message.task) if message.task in registry else None
-            started = held.started_at if held.started_at is not None else held.came
-            if by_broker:
-                seconds = now - started
-                raised = TimeoutError(
-                    f"the job waited {started - held.came:.1f}s for a thread and ran "
-                    f"{seconds:.1f}s: nine tenths of the broker's consumer timeout (RELAY "
-                    f"CONSUMER_TIMEOUT {self.config.consumer_timeout}s), counted from its "
-                    "delivery; past it the broker would close the channel and count a "
-                    "delivery against every job unacked on it"
-                )
-            else:
-                seconds = task.timeout.total_seconds() if task and task.timeout else 0.0
-                raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
+    def _time_out(self, generation: int) -> None:
+        """Jobs past their task's timeout are settled as failed attempts (retried through
+        the broker, or dead-lettered after the last), as a worker gives up on them. Their
+        threads cannot be stopped: each holds a thread of the pool until its task
+        returns, and what it returns then is dropped."""
+        for tag, message in self._handoff.expired(generation, time.monotonic()):
+            task = registry.get(message.task)
+            seconds = task.timeout.total_seconds() if task.timeout else 0.0
+            raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
             error = describe_error(raised)
             logger.error(
-                "job timed out id=%s task=%s attempt=%d ran=%.3fs: its thread is given up on",
+                "job timed out id=%s task=%s attempt=%d timeout=%.3fs: its thread is given up on",
                 message.job_id,
                 message.task,
                 message.attempt,
-                now - started,
+                seconds,
             )
             retry_in = retry_delay(task, raised, message.attempt)  # the runner's rule
             if retry_in is not None and message.attempt < message.max_attempts:
                 verdict = Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
             else:
                 verdict = Verdict(Outcome.FAILED, seconds, error=error)
-            self._handoff.settle_here(Done(generation, tag, message, verdict, given_up=True))
+            self._handoff.settle_here(Done(generation, tag, message, verdict))
 
     def _run(self, generation: int, tag: int, message: Message) -> None:
         job = Job(
@@ -521,9 +330,9 @@ class Consumer:
             trace_context=message.trace,
         )
         task = registry.get(job.task) if job.task in registry else None
-        timeout = task.timeout.total_seconds() if task and task.timeout else None
-        if not self._handoff.start((generation, tag), timeout, time.monotonic()):
-            return  # handed back while it waited, or its connection is gone
+        if task is not None and task.timeout is not None:
+            deadline = time.monotonic() + task.timeout.total_seconds()
+            self._handoff.timed((generation, tag), deadline, message)
         try:
             verdict = run_brokered(job, database=self.database)
         except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
@@ -531,8 +340,9 @@ class Consumer:
             verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
         finally:
             connections[self.database].close_if_unusable_or_obsolete()
-        # A delivery settled already as timed out (_overdue): this late outcome is dropped.
-        self._handoff.finish(Done(generation, tag, message, verdict))
+        # A delivery settled already as timed out (_time_out): this late outcome is dropped.
+        timed = task is not None and task.timeout is not None
+        self._handoff.finish(Done(generation, tag, message, verdict), timed=timed)
 
     # -- acting on verdicts ------------------------------------------------------------
 
@@ -594,7 +404,7 @@ class Consumer:
             declare_retry(publisher, done.message.queue, exponent)
             self._retry_declared.add(name)
         released = done.verdict.outcome is Outcome.RELEASED
-        following = done.message.next_attempt(released=released, alone=done.given_up)
+        following = done.message.next_attempt(released=released)
         publisher.basic_publish(
             "",
             retry_queue(done.message.queue, exponent),
@@ -644,8 +454,6 @@ def _log_channel_closed(channel: Any, reason: Exception) -> None:
             "or raise it: %s",
             text,
         )
-    elif getattr(reason, "reply_code", None) == 200:  # ours: a clean close or a stop
-        logger.debug("broker channel closed: %s", text)
     else:
         logger.warning("broker channel closed: %s", text)
 

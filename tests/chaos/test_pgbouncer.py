@@ -203,12 +203,14 @@ def test_enqueues_through_a_transaction_pooler_that_loses_named_statements(pgbou
 CLAIM_THROUGH_A_RESETTING_POOLER = """
 import json
 from django_skipqueue.models import Job, WorkerProcess
+from tests.testapp import tasks
 worker = WorkerProcess.objects.create(hostname="pooled", pid=1, queues=["default"])
+enqueued = [tasks.add.enqueue(n, n).id for n in range(10)]  # the named INSERT, dropped
 done = []
-for n in range(30):
+for n in range(35):
     for job in Job.objects.claim(queues=["default"], limit=2, worker=worker):
         done += Job.objects.ack_many([(job.pk, job.attempts, n)])
-print(json.dumps({"done": done}))
+print(json.dumps({"done": done, "enqueued": enqueued}))
 """
 
 
@@ -217,10 +219,10 @@ print(json.dumps({"done": done}))
 def test_claims_through_a_pooler_that_drops_statements_after_each_transaction(pgbouncer):
     """PgBouncer in transaction mode with `server_reset_query_always`: its DISCARD ALL
     after every transaction drops each statement right after its PREPARE, on the same
-    server session (so the pid tells nothing). Every claim and ack succeeds; after
-    three such losses in a row the connection names no more statements, with one
-    warning (before, each run paid a PREPARE and a failed run, for good: an outside
-    trial)."""
+    server session (so the pid tells nothing). Every enqueue, claim and ack succeeds;
+    after three such losses in a row of the enqueue's named INSERT (claims and acks are
+    never named), the connection names no more statements, with one warning (before,
+    each run paid a PREPARE and a failed run, for good: an outside trial)."""
     import json
 
     from tests.processes import start_python
@@ -230,7 +232,9 @@ def test_claims_through_a_pooler_that_drops_statements_after_each_transaction(pg
     child = start_python(CLAIM_THROUGH_A_RESETTING_POOLER, DATABASE_URL=url)
     out, err = child.communicate(timeout=90)
     assert child.returncode == 0, err
-    assert sorted(json.loads(out.strip().splitlines()[-1])["done"]) == ids
+    report = json.loads(out.strip().splitlines()[-1])
+    ids += report["enqueued"]
+    assert sorted(report["done"]) == sorted(ids)
     assert err.count("dropped 3 times in a row") == 1, err
     assert "Traceback" not in err
-    assert Job.objects.filter(id__in=ids, state="done").count() == 60
+    assert Job.objects.filter(id__in=ids, state="done").count() == 70
