@@ -191,13 +191,13 @@ def test_a_job_that_would_expire_before_it_is_due_is_refused():
 def test_one_reaper_pass_ends_a_mass_expiry_in_batches():
     from django.utils import timezone
 
-    from django_skipqueue.queue import managers
+    from django_skipqueue.queue import reap
 
     past = timezone.now() - timedelta(seconds=1)
     tasks.add.using(expires=past).enqueue_many([((1, 2), {})] * 25, ids_only=True)
-    original = managers.EXPIRE_BATCH_SIZE
-    managers.EXPIRE_BATCH_SIZE = 10
+    original = reap.EXPIRE_BATCH_SIZE
+    reap.EXPIRE_BATCH_SIZE = 10
     try:
         assert Job.objects.reap().expired == 25  # three batches, one pass
     finally:
-        managers.EXPIRE_BATCH_SIZE = original
+        reap.EXPIRE_BATCH_SIZE = original

@@ -720,7 +720,9 @@ def test_one_setting_turns_the_direct_enqueue_off_and_a_debug_line_says_why(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_enqueues_from_inside_a_task_take_the_direct_path_as_anywhere_else(new_session):
+def test_enqueues_from_inside_a_task_take_the_direct_path_as_anywhere_else(
+    new_session, monkeypatch
+):
     """Issue 53: the runner watches a task's statements for SET through an execute
     wrapper, and the direct enqueue refused whenever one was installed: every enqueue
     from inside a task (a workflow's fan-out) took Django's cursor. The runner's wrapper
@@ -728,6 +730,8 @@ def test_enqueues_from_inside_a_task_take_the_direct_path_as_anywhere_else(new_s
     from django_skipqueue.testing import run_jobs
     from tests.testapp.tasks import enqueues_three
 
+    monkeypatch.setattr(connection, "execute_wrappers", [])  # as a worker's thread has it
+    monkeypatch.setattr(direct, "_DECLINED", set())
     enqueues_three.enqueue()
     run_jobs(queues=["default"], limit=1)
     [(_, runs)] = _prepared_runs().items()
