@@ -730,10 +730,14 @@ def test_enqueues_from_inside_a_task_take_the_direct_path_as_anywhere_else(
     from django_skipqueue.testing import run_jobs
     from tests.testapp.tasks import enqueues_three
 
-    monkeypatch.setattr(connection, "execute_wrappers", [])  # as a worker's thread has it
     monkeypatch.setattr(direct, "_DECLINED", set())
-    enqueues_three.enqueue()
-    run_jobs(queues=["default"], limit=1)
+    left = connection.execute_wrappers[:]  # none, as on a worker's thread
+    connection.execute_wrappers.clear()
+    try:
+        enqueues_three.enqueue()
+        run_jobs(queues=["default"], limit=1)
+    finally:
+        connection.execute_wrappers[:] = left
     [(_, runs)] = _prepared_runs().items()
     assert runs == 3  # the enqueue above was its first run; named at its second
     assert Job.objects.filter(task__endswith=".add").count() == 3
