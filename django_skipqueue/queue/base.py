@@ -50,13 +50,10 @@ from django_skipqueue.exceptions import (
 if TYPE_CHECKING:
     from django_skipqueue.core.payload import JSONValue
     from django_skipqueue.core.spec import JobSpec
-    from django_skipqueue.models import (  # noqa: F401
+    from django_skipqueue.models import (
         Job,
         Queue,
-        QueueMinute,
         RateBucket,
-        Schedule,
-        WorkerProcess,
     )
 
 

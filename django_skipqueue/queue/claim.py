@@ -42,12 +42,8 @@ from django_skipqueue.queue.loading import fetch_jobs, job_cursor
 from django_skipqueue.queue.rows import job_columns
 
 if TYPE_CHECKING:
-    from django_skipqueue.models import (  # noqa: F401
+    from django_skipqueue.models import (
         Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
         WorkerProcess,
     )
 

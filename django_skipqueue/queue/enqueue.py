@@ -56,13 +56,8 @@ from django_skipqueue.queue.rows import enqueue_parts, insert_defaults, insert_p
 
 if TYPE_CHECKING:
     from django_skipqueue.core.spec import JobSpec
-    from django_skipqueue.models import (  # noqa: F401
+    from django_skipqueue.models import (
         Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
-        WorkerProcess,
     )
 
 from django_skipqueue.queue.limited import LimitedClaimVerbs

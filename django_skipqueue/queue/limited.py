@@ -38,12 +38,8 @@ from django_skipqueue.queue.connections import bounded
 
 if TYPE_CHECKING:
     from django_skipqueue.conf.limits import QueueLimit
-    from django_skipqueue.models import (  # noqa: F401
+    from django_skipqueue.models import (
         Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
         WorkerProcess,
     )
 

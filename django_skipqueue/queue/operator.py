@@ -20,14 +20,6 @@ from django_skipqueue.queue.base import _state_is
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from django_skipqueue.models import (  # noqa: F401
-        Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
-        WorkerProcess,
-    )
 
 from django_skipqueue.queue.reap import ReapVerbs
 

@@ -44,14 +44,6 @@ from django_skipqueue.queue.loading import job_cursor
 
 if TYPE_CHECKING:
     from django_skipqueue.core.payload import JSONValue
-    from django_skipqueue.models import (  # noqa: F401
-        Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
-        WorkerProcess,
-    )
 
 from django_skipqueue.queue.relaying import RelayVerbs
 

@@ -31,14 +31,7 @@ from django_skipqueue.queue.base import (
 )
 
 if TYPE_CHECKING:
-    from django_skipqueue.models import (  # noqa: F401
-        Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
-        WorkerProcess,
-    )
+    pass
 
 from django_skipqueue.queue.outcomes import OutcomeVerbs
 

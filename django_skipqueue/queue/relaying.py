@@ -16,13 +16,8 @@ from django_skipqueue.core.states import (
 from django_skipqueue.queue import sql
 
 if TYPE_CHECKING:
-    from django_skipqueue.models import (  # noqa: F401
+    from django_skipqueue.models import (
         Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
-        WorkerProcess,
     )
 
 from django_skipqueue.queue.enqueue import EnqueueVerbs

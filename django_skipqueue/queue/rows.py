@@ -20,13 +20,8 @@ from django_skipqueue.queue.base import Checked
 
 if TYPE_CHECKING:
     from django_skipqueue.core.spec import JobSpec
-    from django_skipqueue.models import (  # noqa: F401
+    from django_skipqueue.models import (
         Job,
-        Queue,
-        QueueMinute,
-        RateBucket,
-        Schedule,
-        WorkerProcess,
     )
 
 
