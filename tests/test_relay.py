@@ -162,6 +162,34 @@ def test_the_consumer_runs_the_tasks_with_context_and_stops_on_sigterm(
     assert depth(broker_queue(relayed)) == 0
 
 
+def test_a_stopping_consumer_gives_back_what_it_did_not_start_without_counting_it(
+    relayed, settings, start_worker
+):
+    """T59: at `--concurrency 1` and a prefetch of 5, SIGTERM while the first of 5 jobs runs:
+    it finishes; the 4 the consumer held unstarted are back in the queue as they were,
+    not counted as deliveries. Before, the connection's close returned them, and the
+    quorum queue counted one delivery against each at every restart: a few deploys, and
+    innocent jobs met DELIVERY_LIMIT."""
+    from tests.testapp.tasks import probe
+
+    settings.SKIPQUEUE["RELAY"]["PREFETCH"] = 5
+    jobs = probe.using(queue_name=relayed).enqueue_many([((), {"ms": 1500})] * 5)
+    relay_everything()
+    consumer = start_worker("--broker", "--concurrency", "1", settings=settings.SKIPQUEUE)
+    wait_until(lambda: Run.objects.exists(), timeout=30, message="no job started")
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    assert "1 succeeded" in consumer.output()
+    left = drain(broker_queue(relayed))
+    assert sorted(int(p.message_id) for _, p, _ in left) == sorted(j.id for j in jobs[1:])
+    assert [
+        (p.headers or {}).get(key, 0)
+        for _, p, _ in left
+        for key in ("x-delivery-count", "x-skipqueue-deliveries")
+    ] == [0] * 8
+    assert all(not method.redelivered for method, _, _ in left)
+
+
 def test_retries_go_through_the_broker_then_the_dead_letter_queue_and_can_be_redriven(
     relayed, settings, start_worker
 ):
@@ -224,6 +252,10 @@ def test_runworker_broker_refuses_a_queue_that_is_not_relayed(relayed):
         ({"QUEUES": ["x"], "URL": AMQP_URL, "BATCH_SIZE": 0}, "BATCH_SIZE'] must be a positive"),
         ({"QUEUES": ["x"], "URL": AMQP_URL, "RESULTS": "yes"}, "RESULTS'] must be True or False"),
         ({"QUEUES": ["x"], "URL": AMQP_URL, "QUEUE": ["y"]}, "unknown keys QUEUE"),
+        (
+            {"QUEUES": ["x"], "URL": AMQP_URL, "CONSUMER_TIMEOUT": "30m"},
+            "CONSUMER_TIMEOUT'] must be a positive number of seconds, got '30m'",
+        ),
     ],
 )
 def test_bad_relay_settings_are_named(settings, relay, message):

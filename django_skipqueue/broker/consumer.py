@@ -31,7 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from django_skipqueue.broker.handoff import Done, Handoff
+from django_skipqueue.broker.handoff import Done, Handoff, Held
 from django_skipqueue.broker.message import Message
 from django_skipqueue.broker.topology import (
     BROKER_DELIVERIES_HEADER,
@@ -58,6 +58,7 @@ from django_skipqueue.runtime.executor import Outcome, Verdict, describe_error, 
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
 from django_skipqueue.runtime.presence import Presence
 from django_skipqueue.runtime.runner import retry_delay
+from django_skipqueue.runtime.timelimits import GRACE_SECONDS
 from django_skipqueue.tasks.registry import registry
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,22 @@ logger = logging.getLogger(__name__)
 #: With RESULTS: the most outcomes written back in one statement, and how long one waits.
 WRITE_BACK_BATCH = 200
 WRITE_BACK_SECONDS = 0.2
+#: Shares of the broker's consumer timeout (RELAY CONSUMER_TIMEOUT), counted from each
+#: delivery as the broker counts it, after which the consumer acts itself
+#: (`Consumer._overdue`): a delivery not started by half of it is handed back, never
+#: started (so that a task starts with at least 0.4 of the timeout to run, and a large
+#: prefetch is handed back long before the broker's close); one running at nine tenths
+#: is timed out. The broker checks its timeout on its channel's tick, so it closes the
+#: channel at that timeout or a little later, never before.
+HAND_BACK_SHARE = 0.5
+GIVE_UP_SHARE = 0.9
+#: How long a stopping consumer whose thread is stuck in a task it gave up on waits for
+#: its other running jobs before it closes its connection (they come again).
+STUCK_STOP_SECONDS = 10.0
+#: A stopping consumer takes in what the broker sent until nothing came for this long
+#: (a round trip to the broker, and then some), for at most TAKE_IN_SECONDS.
+QUIET_SECONDS = 0.1
+TAKE_IN_SECONDS = 2.0
 
 
 @dataclass
@@ -73,6 +90,7 @@ class ConsumerStats:
     retried: int = 0
     dead: int = 0
     reconnects: int = 0
+    handed_back: int = 0  # deliveries published again unrun, near the consumer timeout
 
 
 class Consumer:
@@ -105,8 +123,17 @@ class Consumer:
         self._write_due = 0.0
         self._retry_declared: set[str] = set()
         self._running = 0  # deliveries handed to the pool and not acked yet
-        #: Redelivered messages, run alone: (tag, message, deliveries without an ack).
-        self._suspects: list[tuple[int, Message, int]] = []
+        #: Redelivered messages, run alone, and any delivery that comes while it stops
+        #: (given back): (tag, message, deliveries without an ack, the process clock when
+        #: it came).
+        self._suspects: list[tuple[int, Message, int, float]] = []
+        #: After how long from its delivery a delivery waiting for a thread is handed
+        #: back, and a running one is timed out (`_overdue`).
+        self.hand_back_seconds = HAND_BACK_SHARE * config.consumer_timeout
+        self.give_up_seconds = GIVE_UP_SHARE * config.consumer_timeout
+        #: A task it gave up on still ran GRACE_SECONDS later: it stopped, to be replaced
+        #: (`runworker --broker` exits with EXIT_TIME_LIMIT).
+        self.stuck = False
         self._isolating = False
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
@@ -144,7 +171,7 @@ class Consumer:
                     self.presence.beat()  # alive, if not connected: not "lost"
                     self.stop.wait(delay)
         finally:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=not self.stuck)
             self._flush_counts(now=True)
 
             self.presence.stopped()
@@ -195,14 +222,21 @@ class Consumer:
                             ch, publisher, method.delivery_tag, message, deliveries
                         )
                         return
-                    self._suspects.append((method.delivery_tag, message, deliveries))
+                    came = time.monotonic()
+                    self._suspects.append((method.delivery_tag, message, deliveries, came))
                     return
-                self._submit(pool, generation, method.delivery_tag, message)
+                if self.stop.is_set():  # taken in while stopping (below): not started
+                    self._suspects.append((method.delivery_tag, message, 0, time.monotonic()))
+                    return
+                self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
 
             def turn() -> None:  # in this thread, from process_data_events
-                self._time_out(generation)
+                if self.stop.is_set():
+                    return  # stopping: nothing acked before the consumers are cancelled
+                self._overdue(channel, publisher, generation)
                 self._settle(channel, publisher, generation)
-                self._isolate(channel, publisher, pool, generation)
+                abandoned = self._abandoned()
+                self._isolate(channel, publisher, pool, generation, abandoned=abandoned)
                 self._flush_counts()
 
             # A finished job wakes this thread at once (the acks free prefetch room).
@@ -215,11 +249,31 @@ class Consumer:
                 connection.process_data_events(time_limit=0.2)
                 turn()
                 self.presence.beat()
-            # Stopping: no new deliveries. Jobs not started yet stay unacked (RabbitMQ
-            # delivers them again once this connection closes); those running finish
-            # and are settled.
+            # Stopping: no new deliveries. Before the consumers are cancelled, nothing is
+            # acked, and what the broker already sent is taken in until none comes for
+            # QUIET_SECONDS: pika returns to the queue whatever arrives during a cancel,
+            # and the return counts a delivery against it (an ack just before made room
+            # the broker filled: 6 of 300 jobs dead-lettered at DELIVERY_LIMIT 2, T58).
+            # Then those not started are given back, keeping their count (a return by
+            # the close would add one against each, at every restart); those running
+            # finish and are settled, within STUCK_STOP_SECONDS where a thread never
+            # returns (then they come again).
+            self._take_in(connection)
             channel.stop_consuming()
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for tag, held in self._handoff.unstarted(generation):
+                self._running -= 1
+                self._hand_back(channel, publisher, tag, held.message, held.deliveries)
+            for tag, message, deliveries, _ in self._suspects:
+                self._hand_back(channel, publisher, tag, message, deliveries)
+            self._suspects.clear()
+            if self.stuck:
+                until = time.monotonic() + STUCK_STOP_SECONDS
+                while self._running > 0 and time.monotonic() < until:
+                    connection.process_data_events(time_limit=0.1)
+                    self._settle(channel, publisher, generation)
+            else:
+                pool.shutdown(wait=True)
             self._settle(channel, publisher, generation, final=True)
         finally:
             if connection.is_open:
@@ -228,19 +282,55 @@ class Consumer:
                 except Exception as error:  # noqa: BLE001
                     logger.debug("closing the broker connection failed: %r", error)
 
+    def _take_in(self, connection: Any) -> None:
+        """Dispatch what the broker sent, until nothing came for QUIET_SECONDS (at most
+        TAKE_IN_SECONDS): a stopping consumer holds every delivery it was sent before it
+        cancels its consumers (`deliver` keeps those that come now, unstarted)."""
+        until = time.monotonic() + TAKE_IN_SECONDS
+        while time.monotonic() < until:
+            held = len(self._suspects) + self._running
+            connection.process_data_events(time_limit=QUIET_SECONDS)
+            if len(self._suspects) + self._running == held:
+                return
+
     def _submit(
-        self, pool: ThreadPoolExecutor, generation: int, tag: int, message: Message
+        self,
+        pool: ThreadPoolExecutor,
+        generation: int,
+        tag: int,
+        message: Message,
+        deliveries: int,
+        came: float,
     ) -> None:
+        """Hand a delivery to the pool, held from `came` (`_overdue` says how long)."""
         self._running += 1
+        held = Held(
+            message,
+            deliveries,
+            came=came,
+            hand_back_at=came + self.hand_back_seconds,
+            give_up_at=came + self.give_up_seconds,
+        )
+        self._handoff.hold((generation, tag), held)
         pool.submit(self._run, generation, tag, message)
 
     def _isolate(
-        self, channel: Any, publisher: Any, pool: ThreadPoolExecutor, generation: int
+        self,
+        channel: Any,
+        publisher: Any,
+        pool: ThreadPoolExecutor,
+        generation: int,
+        *,
+        abandoned: bool,
     ) -> None:
         """Run redelivered messages one at a time, with nothing else unacked: prefetch 1
-        until they are done, each started once everything else was acked. The other
-        redelivered messages held meanwhile are published again as fresh copies (then
-        acked), since a return to the queue would count as a delivery against them."""
+        until they are done, each started once everything else was acked, no thread is
+        left in a task given up on (`_abandoned`), and a thread is free (one may still
+        run a task of a lost connection). The other redelivered messages are published
+        again as fresh copies (then acked), since a return to the queue would count as a
+        delivery against them; so is one still waiting at half the broker's consumer
+        timeout (it did not run: it keeps its count), and every one while a thread runs
+        a task given up on (its process may end soon, `_abandoned`)."""
         if self._suspects and not self._isolating:
             # No new delivery while any is unacked. A channel-wide (global) limit, as
             # RabbitMQ applies a per-consumer one only to consumers created after it:
@@ -251,24 +341,67 @@ class Consumer:
                 "broker consumer: %d redelivered job(s), running them one at a time",
                 len(self._suspects),
             )
-        if self._isolating and self._running == 0 and not self._pending_write:
-            if self._suspects:
-                tag, message, _ = self._suspects.pop(0)
-                for other_tag, other, deliveries in self._suspects:
-                    # A fresh copy, as a return to the queue would count as a delivery;
-                    # it carries the count so far, and is run alone in its turn.
-                    publisher.basic_publish(
-                        "",
-                        broker_queue(other.queue),
-                        other.body(),
-                        other.properties(**{DELIVERIES_HEADER: deliveries}),
-                    )
-                    channel.basic_ack(other_tag)
-                self._suspects.clear()
-                self._submit(pool, generation, tag, message)
-            else:
-                channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
-                self._isolating = False
+        if not self._isolating:
+            return
+        alone = (
+            self._running == 0
+            and not self._pending_write
+            and not abandoned
+            and self._handoff.busy() < self.concurrency
+        )
+        if alone and self._suspects:
+            tag, message, deliveries, came = self._suspects.pop(0)
+            for other_tag, other, other_deliveries, _ in self._suspects:
+                self._hand_back(channel, publisher, other_tag, other, other_deliveries)
+            self._suspects.clear()
+            self._submit(pool, generation, tag, message, deliveries, came)
+        elif alone:
+            channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
+            self._isolating = False
+        else:
+            now, waiting = time.monotonic(), []
+            for suspect in self._suspects:
+                if abandoned or now >= suspect[3] + self.hand_back_seconds:
+                    self._hand_back(channel, publisher, *suspect[:3])
+                else:
+                    waiting.append(suspect)
+            self._suspects = waiting
+
+    def _abandoned(self) -> bool:
+        """Whether a thread still runs a task given up on (`_overdue`). If it still runs
+        GRACE_SECONDS later, the consumer stops, giving back what did not start, as a
+        worker does for a task past its hard time limit (`runtime.timelimits`), and
+        `runworker --broker` exits with EXIT_TIME_LIMIT for its supervisor to start
+        another: the thread cannot be stopped, and the task may yet crash the process
+        and take every delivery then unacked with it."""
+        since = self._handoff.abandoned_since()
+        if since is None:
+            return False
+        if not self.stuck and time.monotonic() - since >= GRACE_SECONDS:
+            logger.error(
+                "broker consumer: a task it gave up on still runs %gs later; stopping, "
+                "to be replaced (its thread cannot be stopped)",
+                GRACE_SECONDS,
+            )
+            self.stuck = True
+            self.stop.set()
+        return True
+
+    def _hand_back(
+        self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
+    ) -> None:
+        """Publish a delivery that did not run again as a fresh copy that carries its count
+        of deliveries so far (a return to the queue would add one), then ack it."""
+        headers = {DELIVERIES_HEADER: deliveries} if deliveries else {}
+        publisher.basic_publish(
+            "",
+            broker_queue(message.queue),
+            message.body(),
+            message.properties(**headers),
+            mandatory=True,
+        )
+        ack(channel, tag)
+        self.stats.handed_back += 1
 
     def _dead_letter_undelivered(
         self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
@@ -292,18 +425,52 @@ class Consumer:
         channel.basic_ack(tag)
         self.stats.dead += 1
 
-    def _time_out(self, generation: int) -> None:
-        """Jobs past their task's timeout are settled as failed attempts (retried through
-        the broker, or dead-lettered after the last), as a worker gives up on them. Their
-        threads cannot be stopped: each holds a thread of the pool until its task
-        returns, and what it returns then is dropped."""
-        for tag, message in self._handoff.expired(generation, time.monotonic()):
-            task = registry.get(message.task)
-            seconds = task.timeout.total_seconds() if task.timeout else 0.0
-            raised = TimeoutError(f"the task ran past its timeout of {seconds}s")
+    def _overdue(self, channel: Any, publisher: Any, generation: int) -> None:
+        """Deliveries past their time (`Handoff.overdue`), counted from each delivery as
+        RabbitMQ counts its consumer timeout:
+        - one not started by half that timeout (it waited for a thread, behind long
+          tasks): handed back, as a fresh copy keeping its count, never started late
+          with little of the timeout left to run;
+        - one running past its task's timeout, or at nine tenths of the broker's:
+          settled as a failed attempt (retried through the broker, or dead-lettered
+          after the last), as a worker gives up on it.
+        The broker would otherwise close the channel, and count a delivery against every
+        message unacked on it: innocent neighbours reached DELIVERY_LIMIT that way
+        (tests/chaos/test_relay.py, T55). A running task's thread cannot be stopped:
+        what it returns is dropped, and if it has not returned GRACE_SECONDS later the
+        consumer stops (`_abandoned`)."""
+        now = time.monotonic()
+        found = self._handoff.overdue(generation, now)
+        if found.unstarted:
+            logger.warning(
+                "broker consumer: %d job(s) waited %.0fs for a thread, half the broker's "
+                "consumer timeout (RELAY CONSUMER_TIMEOUT %gs): handed back to the queue",
+                len(found.unstarted),
+                self.hand_back_seconds,
+                self.config.consumer_timeout,
+            )
+        for tag, held in found.unstarted:
+            self._running -= 1
+            self._hand_back(channel, publisher, tag, held.message, held.deliveries)
+        for tag, held, by_broker in found.running:
+            message = held.message
+            task = registry.get(message.task) if message.task in registry else None
+            started = held.started_at if held.started_at is not None else held.came
+            seconds = now - started
+            if by_broker:
+                raised = TimeoutError(
+                    f"the job waited {started - held.came:.1f}s for a thread and ran "
+                    f"{seconds:.1f}s: nine tenths of the broker's consumer timeout (RELAY "
+                    f"CONSUMER_TIMEOUT {self.config.consumer_timeout:g}s), counted from its "
+                    "delivery; past it the broker would close the channel and count a "
+                    "delivery against every job unacked on it"
+                )
+            else:
+                limit = task.timeout.total_seconds() if task and task.timeout else 0.0
+                raised = TimeoutError(f"the task ran past its timeout of {limit}s")
             error = describe_error(raised)
             logger.error(
-                "job timed out id=%s task=%s attempt=%d timeout=%.3fs: its thread is given up on",
+                "job timed out id=%s task=%s attempt=%d ran=%.3fs: its thread is given up on",
                 message.job_id,
                 message.task,
                 message.attempt,
@@ -330,9 +497,9 @@ class Consumer:
             trace_context=message.trace,
         )
         task = registry.get(job.task) if job.task in registry else None
-        if task is not None and task.timeout is not None:
-            deadline = time.monotonic() + task.timeout.total_seconds()
-            self._handoff.timed((generation, tag), deadline, message)
+        timeout = task.timeout.total_seconds() if task and task.timeout else None
+        if not self._handoff.start((generation, tag), timeout, time.monotonic()):
+            return  # handed back while it waited, or its connection is gone
         try:
             verdict = run_brokered(job, database=self.database)
         except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
@@ -340,9 +507,8 @@ class Consumer:
             verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
         finally:
             connections[self.database].close_if_unusable_or_obsolete()
-        # A delivery settled already as timed out (_time_out): this late outcome is dropped.
-        timed = task is not None and task.timeout is not None
-        self._handoff.finish(Done(generation, tag, message, verdict), timed=timed)
+        # A delivery settled already as timed out (_overdue): this late outcome is dropped.
+        self._handoff.finish(Done(generation, tag, message, verdict))
 
     # -- acting on verdicts ------------------------------------------------------------
 
@@ -454,6 +620,8 @@ def _log_channel_closed(channel: Any, reason: Exception) -> None:
             "or raise it: %s",
             text,
         )
+    elif getattr(reason, "reply_code", None) == 200:  # ours: a clean close or a stop
+        logger.debug("broker channel closed: %s", text)
     else:
         logger.warning("broker channel closed: %s", text)
 

@@ -2,14 +2,16 @@
 
 The consuming thread (pika's connection is not thread-safe, so only it acks, publishes
 and settles) hands deliveries to a pool; pool threads hand their verdicts back. Between
-them pass: finished deliveries waiting to be settled, whether a wake-up of the consuming
-thread is already on its way, and the deadlines of deliveries whose task has a timeout
-(a delivery settled as timed out must not be settled again when its thread returns).
-Every method takes the lock; none does I/O or calls user code, except `finish`, which
-calls the wake-up function after releasing it.
+them pass: the deliveries held (each with the time by which it must be acked or given
+back, and whether a thread started it), finished deliveries waiting to be settled,
+whether a wake-up of the consuming thread is already on its way, and how many pool
+threads are inside a task. A delivery is settled once: by its verdict, or by the
+consuming thread when it is overdue (`overdue`), never both. Every method takes the
+lock; none does I/O or calls user code, except `finish`, which calls the wake-up
+function after releasing it.
 
 Counters only the consuming thread touches (deliveries running, suspects held) stay in
-the consumer. The process clock is passed in (`now`): it only schedules timeouts.
+the consumer. The process clock is passed in (`now`): it only schedules deadlines.
 """
 
 from __future__ import annotations
@@ -39,24 +41,67 @@ class Done:
     tag: int
     message: Message
     verdict: Verdict
+    given_up: bool = False  # settled by the consuming thread while its task still ran
+
+
+@dataclass
+class Held:
+    """A delivery the consumer holds unacked: waiting for a thread, or running. Its times
+    are the process clock's, counted from the delivery, as the broker counts its
+    consumer timeout (`consumer.Consumer._overdue`)."""
+
+    message: Message
+    #: Deliveries so far without an ack (what a copy published in its place carries).
+    deliveries: int
+    #: When it came. Not started by `hand_back_at`, it is given back, never started.
+    came: float
+    hand_back_at: float
+    #: Running at `give_up_at` (the broker's timeout near), its attempt is timed out.
+    give_up_at: float
+    #: Past it, its task's own timeout ended the attempt (None: no timeout, or not
+    #: started yet).
+    deadline: float | None = None
+    started_at: float | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.started_at is not None
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """What `Handoff.overdue` found past its time."""
+
+    #: Not started: to be published again as a fresh copy (keeping its count), then acked.
+    unstarted: list[tuple[int, Held]]
+    #: Running past its task's timeout, or near the broker's consumer timeout: its
+    #: attempt is settled as timed out; the thread's later verdict is dropped.
+    running: list[tuple[int, Held, bool]]  # (tag, held, by the broker's timeout)
 
 
 class Handoff:
-    """Finished deliveries, the pending wake-up and timeout deadlines, under one lock."""
+    """Held deliveries, finished ones, the pending wake-up and busy threads, under one lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done: list[Done] = []
-        self._deadlines: dict[Delivery, tuple[float, Message]] = {}
+        self._held: dict[Delivery, Held] = {}
         self._wake_pending = False
         self._wake: Callable[[], None] = lambda: None
+        self._busy = 0
+        #: Running deliveries given up on (`overdue`) whose thread has not returned:
+        #: when each was given up on.
+        self._abandoned: dict[Delivery, float] = {}
+        self._soonest = float("inf")  # no held delivery is due before this
 
     def connected(self, wake: Callable[[], None]) -> None:
         """A new connection: `wake` asks its consuming thread for a turn (thread-safe);
-        what was held for the old one is dropped (its tags died with it)."""
+        what was held for the old one is dropped (its tags died with it: RabbitMQ
+        delivers those messages again, so a thread that has not started one skips it)."""
         with self._lock:
             self._done.clear()
-            self._deadlines.clear()
+            self._held.clear()
+            self._soonest = float("inf")
             self._wake_pending = False
             self._wake = wake
 
@@ -64,17 +109,38 @@ class Handoff:
         """The connection is gone: nothing held for it can be acked any more."""
         self.connected(lambda: None)
 
-    def timed(self, delivery: Delivery, deadline: float, message: Message) -> None:
-        """A delivery whose task has a timeout starts; past `deadline` it is given up."""
+    def hold(self, delivery: Delivery, held: Held) -> None:
+        """The consuming thread hands `delivery` to the pool."""
         with self._lock:
-            self._deadlines[delivery] = (deadline, message)
+            self._held[delivery] = held
+            self._soonest = min(self._soonest, held.hand_back_at)
 
-    def finish(self, done: Done, *, timed: bool) -> bool:
-        """A pool thread's verdict. False (dropped) if the delivery was already settled
-        as timed out. Wakes the consuming thread unless a wake-up is on its way."""
-        delivery = (done.generation, done.tag)
+    def start(self, delivery: Delivery, timeout: float | None, now: float) -> bool:
+        """A pool thread is about to run `delivery`: False if it must not (the thread
+        skips it): no longer held (given back, or its connection is gone), or held so
+        long that it is to be given back (`overdue` does that, in the consuming thread)
+        rather than started with little of the broker's timeout left. `timeout`: the
+        task's own."""
         with self._lock:
-            if timed and self._deadlines.pop(delivery, None) is None:
+            held = self._held.get(delivery)
+            if held is None or now >= held.hand_back_at:
+                return False
+            held.started_at = now
+            self._soonest = min(self._soonest, held.give_up_at)
+            if timeout is not None:
+                held.deadline = now + timeout
+                self._soonest = min(self._soonest, held.deadline)
+            self._busy += 1
+            return True
+
+    def finish(self, done: Done) -> bool:
+        """A pool thread's verdict on a delivery it started. False (dropped) if the
+        delivery was settled already (timed out) or its connection is gone. Wakes the
+        consuming thread unless a wake-up is on its way."""
+        with self._lock:
+            self._busy -= 1
+            self._abandoned.pop((done.generation, done.tag), None)
+            if self._held.pop((done.generation, done.tag), None) is None:
                 return False
             self._done.append(done)
             wake, self._wake_pending = not self._wake_pending, True
@@ -86,19 +152,58 @@ class Handoff:
                 logger.debug("broker consumer: no wake-up for a finished job: %r", error)
         return True
 
-    def expired(self, generation: int, now: float) -> list[tuple[int, Message]]:
-        """The deliveries of this connection past their deadline, each returned once (its
-        thread's later verdict is then dropped by `finish`); deadlines of older
-        connections are forgotten."""
-        found = []
+    def overdue(self, generation: int, now: float) -> Overdue:
+        """The held deliveries of this connection past their time, each returned once
+        (no longer held: a thread skips an unstarted one, and `finish` drops a running
+        one's verdict)."""
+        unstarted: list[tuple[int, Held]] = []
+        running: list[tuple[int, Held, bool]] = []
         with self._lock:
-            for delivery, (deadline, message) in list(self._deadlines.items()):
+            if now < self._soonest:
+                return Overdue(unstarted, running)
+            soonest = float("inf")
+            for delivery, held in list(self._held.items()):
                 if delivery[0] != generation:
-                    del self._deadlines[delivery]
-                elif now >= deadline:
-                    del self._deadlines[delivery]
-                    found.append((delivery[1], message))
-        return found
+                    continue
+                if not held.started:
+                    due = held.hand_back_at
+                elif held.deadline is not None:
+                    due = min(held.give_up_at, held.deadline)
+                else:
+                    due = held.give_up_at
+                if now < due:
+                    soonest = min(soonest, due)
+                    continue
+                del self._held[delivery]
+                if not held.started:
+                    unstarted.append((delivery[1], held))
+                else:  # by the broker's timeout unless its task's came first
+                    by_broker = held.deadline is None or held.give_up_at < held.deadline
+                    running.append((delivery[1], held, by_broker))
+                    self._abandoned[delivery] = now
+            self._soonest = soonest
+        return Overdue(unstarted, running)
+
+    def abandoned_since(self) -> float | None:
+        """When the first running delivery still inside its task was given up on (None:
+        every such thread returned)."""
+        with self._lock:
+            return min(self._abandoned.values(), default=None)
+
+    def unstarted(self, generation: int) -> list[tuple[int, Held]]:
+        """The held deliveries of this connection no thread started, taken (a thread that
+        reaches one later skips it): a stopping consumer gives them back."""
+        with self._lock:
+            taken = [(d, h) for d, h in self._held.items() if d[0] == generation and not h.started]
+            for delivery, _ in taken:
+                del self._held[delivery]
+        return [(delivery[1], held) for delivery, held in taken]
+
+    def busy(self) -> int:
+        """Pool threads inside a task now, of any connection (a thread whose connection
+        died runs its task to the end)."""
+        with self._lock:
+            return self._busy
 
     def settle_here(self, done: Done) -> None:
         """A verdict the consuming thread reached itself (a timeout): no wake-up needed."""

@@ -6,6 +6,7 @@ of relayed queues without importing the broker layer (or pika).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,9 +15,13 @@ from django_skipqueue.conf.validators import validate_queue_name
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 
 #: The keys SKIPQUEUE['RELAY'] may have.
-RELAY_KEYS = frozenset({"QUEUES", "URL", "BATCH_SIZE", "PREFETCH", "RESULTS", "DELIVERY_LIMIT"})
+RELAY_KEYS = frozenset(
+    {"QUEUES", "URL", "BATCH_SIZE", "PREFETCH", "RESULTS", "DELIVERY_LIMIT", "CONSUMER_TIMEOUT"}
+)
 DEFAULT_BATCH_SIZE = 200
 DEFAULT_DELIVERY_LIMIT = 5
+#: RabbitMQ's own default `consumer_timeout` (30 minutes), in seconds.
+DEFAULT_CONSUMER_TIMEOUT = 1800.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class RelayConfig:
       the relay deletes each row once the broker confirmed it.
     - `delivery_limit`: deliveries without an ack before RabbitMQ dead-letters a
       message (a poison message that kills consumers).
+    - `consumer_timeout`: the broker's `consumer_timeout`, in seconds. A consumer acts
+      before it: a delivery that waited that long for a thread is handed back, one
+      that ran that long is timed out (`consumer.Consumer._overdue`).
     """
 
     queues: tuple[str, ...] = ()
@@ -39,6 +47,7 @@ class RelayConfig:
     prefetch: int | None = None
     results: bool = False
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+    consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
 
     @property
     def enabled(self) -> bool:
@@ -51,6 +60,17 @@ def _positive_int(where: str, value: object, *, none: bool = False) -> Any:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{where} must be a positive integer, got {value!r}")
     return value
+
+
+def _positive_seconds(where: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(f"{where} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def relay_config() -> RelayConfig:
@@ -85,6 +105,10 @@ def relay_config() -> RelayConfig:
         results=results,
         delivery_limit=_positive_int(
             f"{where}['DELIVERY_LIMIT']", entry.get("DELIVERY_LIMIT", DEFAULT_DELIVERY_LIMIT)
+        ),
+        consumer_timeout=_positive_seconds(
+            f"{where}['CONSUMER_TIMEOUT']",
+            entry.get("CONSUMER_TIMEOUT", DEFAULT_CONSUMER_TIMEOUT),
         ),
     )
 

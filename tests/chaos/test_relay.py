@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -64,6 +65,13 @@ def test_sigkilling_the_relay_while_it_publishes_5000_jobs_loses_none(
     assert len(published) == total  # 0 lost
     assert kills >= 3
     assert duplicates <= kills * batch
+
+
+def restarted(supervisor, consumer, settings, concurrency: str):
+    """A new consumer in place of one that exited, as its supervisor would start one."""
+    supervisor.workers.remove(consumer)
+    supervisor.retired.append(consumer)
+    return supervisor.start("--broker", "--concurrency", concurrency, settings=settings)
 
 
 def wait_for_effects(ids: list[int], timeout: float) -> None:
@@ -217,3 +225,162 @@ def test_under_steady_load_a_poison_is_dead_lettered_and_no_innocent_is(
     print(f"\nsteady load: jobs={len(healthy)} poison deaths={deaths} dead={len(dead)}")
     assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
     assert 2 <= deaths <= 3  # each delivery of the poison killed one consumer, then it died
+
+
+@pytest.fixture
+def consumer_timeout_4s():
+    """The broker's consumer_timeout at 4 s, checked every second, for this test, then
+    as it was (RabbitMQ 3.10: settings of the whole broker, read as a channel opens; the
+    fault tests run one at a time, and no other suite's test holds a delivery 4 s)."""
+
+    def ctl(expression: str) -> str:
+        return subprocess.run(
+            ["rabbitmqctl", "-q", "eval", expression],
+            check=True,
+            timeout=60,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    names = ("consumer_timeout", "channel_tick_interval")
+    before = {name: ctl(f"application:get_env(rabbit, {name}).") for name in names}
+    ctl("application:set_env(rabbit, consumer_timeout, 4000).")
+    ctl("application:set_env(rabbit, channel_tick_interval, 1000).")
+    yield 4
+    for name, value in before.items():
+        if value.startswith("{ok,"):
+            ctl(f"application:set_env(rabbit, {name}, {value[4:-1]}).")
+        else:
+            ctl(f"application:unset_env(rabbit, {name}).")
+
+
+@pytest.mark.timeout(240)
+def test_near_the_consumer_timeout_no_innocent_delivery_is_counted(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T55 (issue 52): two jobs that run 9 s, at concurrency 2, past a broker consumer
+    timeout of 4 s, with ten short jobs behind them. Before: the broker closed the
+    channel, counting a delivery against every unacked message, the short jobs waiting
+    for a thread among them; redelivered, they waited again behind the long jobs' threads
+    (still running) and the next close dead-lettered them at DELIVERY_LIMIT 2. Now the
+    consumer acts before the broker: the long jobs' attempts time out (retried, then
+    dead-lettered after their last), the waiting ones are handed back uncounted, and no
+    channel is closed. A task given up on that still runs a second later stops its
+    consumer (exit code 3), which its supervisor replaces, as here."""
+    queue = broker_queue_name
+    settings = relay_settings(queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s)
+    probe = tasks.probe.using(queue_name=queue)
+    slow = [job.id for job in probe.using(max_attempts=2).enqueue_many([((), {"ms": 9000})] * 2)]
+    healthy = [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 10)]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "2", settings=settings)
+    deadline = time.monotonic() + 150
+    stuck_exits = 0
+    while Effect.objects.filter(job_id__in=healthy).count() < len(healthy) or depth(
+        dead_queue(queue)
+    ) < len(slow):
+        if time.monotonic() > deadline:
+            print(supervisor.logs()[-8000:])
+            pytest.fail("the short jobs did not all run, or the long ones were not dead-lettered")
+        if consumer.process.poll() is not None:  # stopped for a task it gave up on
+            assert consumer.process.returncode == 3
+            stuck_exits += 1
+            consumer = restarted(supervisor, consumer, settings, "2")
+        time.sleep(0.2)
+    dead = drain(dead_queue(queue))
+    errors = [properties.headers.get("x-skipqueue-error", "") for _, properties, _ in dead]
+    handed_back = supervisor.logs().count("handed back")
+    print(f"\nconsumer timeout: dead={len(dead)} handed back={handed_back} exits={stuck_exits}")
+    assert sorted(int(properties.message_id) for _, properties, _ in dead) == sorted(slow)
+    assert all("of the broker's consumer timeout" in error for error in errors), errors
+    assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
+    assert DuplicateEffect.objects.filter(job_id__in=healthy).count() == 0
+
+
+@pytest.mark.timeout(240)
+def test_jobs_that_wait_for_a_thread_are_handed_back_not_started_late(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T56 (the outside trial of T55): at `--concurrency 1` with a prefetch of 4, 1 s
+    jobs of a single attempt waited for the thread; one started just before the
+    give-up time was timed out a moment later ("the job ran 4s") and dead-lettered,
+    though its task finished. Now a delivery still waiting at half the consumer timeout
+    is handed back, never started late: every job runs once, none is dead-lettered."""
+    queue = broker_queue_name
+    settings = relay_settings(
+        queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s, PREFETCH=4
+    )
+    jobs = tasks.probe.using(queue_name=queue, max_attempts=1).enqueue_many(
+        [((), {"ms": 1000})] * 8
+    )
+    ids = [job.id for job in jobs]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "1", settings=settings)
+    wait_for_effects(ids, timeout=120)
+    time.sleep(1)
+    print(f"\nwaiting jobs: handed back={consumer.output().count('handed back')}")
+    assert depth(dead_queue(queue)) == 0
+    assert DuplicateEffect.objects.filter(job_id__in=ids).count() == 0
+    assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
+
+
+@pytest.mark.timeout(240)
+def test_a_poison_that_kills_only_after_the_timeout_takes_no_innocent_with_it(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T57 (the same trial): a task that kills its process 5 s in, past the 3.6 s at
+    which its attempt is timed out: acked as a failed attempt, its retry was a fresh
+    message, run beside others, and each of its kills counted a delivery against the
+    innocent jobs then unacked (3 of 60 dead-lettered at DELIVERY_LIMIT 2). Now a
+    consumer whose thread runs a task it gave up on starts no redelivered job, and stops
+    (to be replaced) if that task still runs a second later, giving back what it did
+    not start: the kill, 5 s in, finds the process gone or holding nothing."""
+    queue = broker_queue_name
+    settings = relay_settings(
+        queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s, PREFETCH=10
+    )
+    probe = tasks.probe.using(queue_name=queue)
+    poison = probe.using(max_attempts=3).enqueue(ms=5000, mode="late-exit")
+    healthy = [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 40)]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "2", settings=settings)
+    deaths = 0
+    deadline = time.monotonic() + 180
+    while Effect.objects.filter(job_id__in=healthy).count() < len(healthy) or not depth(
+        dead_queue(queue)
+    ):
+        if time.monotonic() > deadline:
+            print(supervisor.logs()[-8000:])
+            pytest.fail("the innocent jobs did not all run, or the poison never ended dead")
+        if consumer.process.poll() is not None:
+            deaths += 1
+            consumer = restarted(supervisor, consumer, settings, "2")
+        time.sleep(0.2)
+    dead = drain(dead_queue(queue))
+    print(f"\nlate poison: deaths={deaths} dead={len(dead)}")
+    assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
+
+
+@pytest.mark.timeout(180)
+def test_one_sigkill_dead_letters_no_innocent_at_a_delivery_limit_of_2(
+    supervisor, broker_queue_name
+):
+    """T58: one SIGKILL of a consumer, no poison, 300 short jobs, DELIVERY_LIMIT 2. Each
+    redelivered job was counted once by the kill; it must not be counted again while it
+    is held, run alone or handed back (an earlier fix that cancelled the consumers to
+    run them alone had pika return what arrived during the cancel, counted: 6 of 300
+    dead-lettered)."""
+    queue = broker_queue_name
+    settings = relay_settings(queue, DELIVERY_LIMIT=2)
+    ids = [
+        job.id for job in tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 50})] * 300)
+    ]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    wait_until(lambda: Effect.objects.filter(job_id__in=ids).count() >= 30, timeout=60)
+    consumer.signal(signal.SIGKILL)
+    consumer.wait(timeout=10)
+    supervisor.start("--broker", "--concurrency", "4", settings=settings)
+    wait_for_effects(ids, timeout=120)
+    print(f"\none sigkill: dead={depth(dead_queue(queue))}")
+    assert depth(dead_queue(queue)) == 0

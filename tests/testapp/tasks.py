@@ -120,7 +120,8 @@ def probe(context: TaskContext, ms: int = 0, mode: str = "ok", jitter_ms: float 
     same job is logged as a duplicate.
 
     Sleeps `ms` +/- `jitter_ms`; with mode "boundary", until the lease ends +/- `jitter_ms`
-    (T3: aimed at the boundary whatever the claim-to-start delay under load)."""
+    (T3: aimed at the boundary whatever the claim-to-start delay under load); with mode
+    "late-exit", ends its process after the sleep (a poison that kills only late)."""
     import signal
 
     from django.db import connection
@@ -143,6 +144,8 @@ def probe(context: TaskContext, ms: int = 0, mode: str = "ok", jitter_ms: float 
             )
             ms = float(cursor.fetchone()[0] or 0)  # None: already taken back
     time.sleep(max(ms + random.uniform(-jitter_ms, jitter_ms), 0) / 1000)
+    if mode == "late-exit":  # kills its process only after `ms`
+        os._exit(1)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO testapp_effect (job_id) VALUES (%s) ON CONFLICT DO NOTHING RETURNING id",

@@ -41,6 +41,7 @@ from django_skipqueue.runtime.executor import Outcome
 from django_skipqueue.runtime.meter import Meter
 from django_skipqueue.runtime.pool import WorkerPool
 from django_skipqueue.runtime.stopsignals import StopSignals
+from django_skipqueue.runtime.timelimits import EXIT_TIME_LIMIT
 from django_skipqueue.runtime.worker import Worker
 
 if TYPE_CHECKING:
@@ -356,6 +357,13 @@ class Command(BaseCommand):
             f"broker consumer stopped: {stats.succeeded} succeeded, {stats.retried} retried, "
             f"{stats.dead} dead-lettered, {stats.reconnects} reconnects"
         )
+        if consumer.stuck:
+            # A thread still runs a task the consumer gave up on: end the process now,
+            # for its supervisor to start another (timelimits.EXIT_TIME_LIMIT).
+            self.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(EXIT_TIME_LIMIT)
 
     def start_relay(self, options: dict[str, Any]) -> Relay | None:
         """--relay: a relay thread beside the worker, stopped when the worker stops."""
