@@ -34,6 +34,30 @@ from django_skipqueue.exceptions import InvalidJobError
 ON_CONFLICT_CHOICES = ("existing", "replace", "raise")
 
 
+class SpecMemo:
+    """Values derived from a spec, kept beside it, never on it (a spec is a frozen value):
+    keyed by the spec (hashed by value, a fraction of a microsecond), or a tuple holding
+    it. At most `size` entries; full, it starts again empty, so specs made per call (a
+    `run_after` of their own) are not kept for ever. Threads may race on an entry: each
+    computes the same value, and the last write stays."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._values: dict[Any, Any] = {}
+
+    def get(self, key: Any) -> Any:
+        return self._values.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        if len(self._values) >= self.size:
+            self._values = {}
+        self._values[key] = value
+
+
+#: Specs whose bounds passed (JobSpec.check_bounds), with the settings they passed under.
+_BOUNDS_PASSED = SpecMemo()
+
+
 @functools.lru_cache(maxsize=1024)
 def call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signature | None:
     """The signature a call's arguments must bind to (the context left out), if known."""
@@ -278,10 +302,11 @@ class JobSpec:
         decision. The queue's pending cap is the queue layer's to count.
 
         A spec whose bounds are durations (or unset) passes or fails the same way for a
-        given SKIPQUEUE: its pass is kept beside those settings (a tenth of a plain
-        enqueue's Python, measured in instructions; benchmarks/RESULTS.md, "twelfth pass")."""
+        given SKIPQUEUE: its pass is kept (`_BOUNDS_PASSED`) beside those settings, as
+        the check costs a tenth of a plain enqueue's Python (`python benchmarks/run.py
+        --parts enqueue` counts its instructions)."""
         conf = conf or get_settings()
-        if self.__dict__.get("_bounds_passed") is conf:
+        if _BOUNDS_PASSED.get(self) is conf:
             return
         if self.max_attempts > conf.MAX_ATTEMPTS_LIMIT:
             raise InvalidJobError(
@@ -307,7 +332,7 @@ class JobSpec:
                 f"{self.name} would never run: run_after ({start}) is not before its expiry ({end})"
             )
         if not isinstance(start, datetime) and not isinstance(end, datetime):
-            object.__setattr__(self, "_bounds_passed", conf)  # a frozen dataclass
+            _BOUNDS_PASSED.put(self, conf)
 
     def shared_columns(self) -> dict[str, Any]:
         """The columns every job of this spec holds alike."""

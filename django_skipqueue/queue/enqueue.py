@@ -107,8 +107,8 @@ class EnqueueVerbs(LimitedClaimVerbs):
                     f"would pass SKIPQUEUE['MAX_PENDING_PER_QUEUE'] ({cap})"
                 )
 
-    def enqueue(self, task: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
-        """INSERT one pending job of `task` in the caller's transaction and return it.
+    def enqueue(self, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job:
+        """INSERT one pending job of `spec` in the caller's transaction and return it.
 
         One statement: `sql.ENQUEUE_ONE`, or `sql.ENQUEUE_MANY` for a job with a unique
         or concurrency key or a rate limit (their conflict and keyed paths live there);
@@ -118,25 +118,25 @@ class EnqueueVerbs(LimitedClaimVerbs):
         receivers = has_receivers(signals.pre_save, self.model) or has_receivers(
             signals.post_save, self.model
         )
-        plain = task.unique_key is None and not task.keyed
+        plain = spec.unique_key is None and not spec.keyed
         if receivers and plain:
-            job = self.build(task, args, kwargs)
-            job.trace_context = tracing.enqueue_context(task.name, task.queue_name)
+            job = self.build(spec, args, kwargs)
+            job.trace_context = tracing.enqueue_context(spec.name, spec.queue_name)
             job.save(force_insert=True, using=self.db)
             return job
         if not plain:
-            return self.enqueue_many(task, [(args, kwargs)])[0]
+            return self.enqueue_many(spec, [(args, kwargs)])[0]
         # Measured: one INSERT ... VALUES (sql.ENQUEUE_ONE), not the ORM's save(), which
         # compiles 20 fields per call, nor ENQUEUE_MANY's arrays; sent straight on libpq
         # where nothing can tell (db.direct.direct_row), its shared parameters encoded once
         # per spec.
-        checked = self._checked(task, [(args, kwargs)])
+        checked = self._checked(spec, [(args, kwargs)])
         plain_args, plain_kwargs, args_json, kwargs_json = checked[0]
-        trace = tracing.enqueue_context(task.name, task.queue_name)
+        trace = tracing.enqueue_context(spec.name, spec.queue_name)
         statement = sql.enqueue_one_statement(
-            insert_defaults(self.model), task.expires is not None, trace is not None
+            insert_defaults(self.model), spec.expires is not None, trace is not None
         )
-        shared, base_row = enqueue_parts(task, self.model)
+        shared, base_row = enqueue_parts(spec, self.model)
         direct = None
         if shared is not None:
             params = shared | {"args": args_json, "kwargs": kwargs_json}
@@ -145,14 +145,14 @@ class EnqueueVerbs(LimitedClaimVerbs):
             direct = direct_row(thread_connection(self.db), statement, params)
         if direct is not None:
             if not direct:
-                raise _no_row_returned(task)
+                raise _no_row_returned(spec)
             try:
                 job_id, created_at = binary_bigint(direct[0]), binary_timestamptz(direct[2])
                 run_at = created_at if direct[1] == direct[2] else binary_timestamptz(direct[1])
             except OverflowError as exc:  # what psycopg's loader raises it as
                 raise DataError(f"run_at {exc}: outside Python's years 1 to 9999") from exc
         else:
-            params = insert_params(task, checked)
+            params = insert_params(spec, checked)
             params["args"], params["kwargs"] = args_json, kwargs_json
             if trace is not None:
                 params["trace"] = json.dumps(trace)
@@ -160,7 +160,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
                 cursor.execute(statement, params)
                 returned = fetch_one(cursor)
             if returned is None:
-                raise _no_row_returned(task)
+                raise _no_row_returned(spec)
             job_id, run_at, created_at = returned
         own = {
             "id": job_id,
@@ -169,7 +169,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
             "errors": [],
             "run_at": run_at,
             "created_at": created_at,
-            "expires_at": _expires_at(task.expires, created_at),
+            "expires_at": _expires_at(spec.expires, created_at),
             "trace_context": trace,
         }
         return loaded_job(self.model, self.db, job_template(self.model)[0], base_row, own)
@@ -177,7 +177,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
     @overload
     def enqueue_many(
         self,
-        task: JobSpec,
+        spec: JobSpec,
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
         *,
         batch_size: int = ...,
@@ -187,7 +187,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
     @overload
     def enqueue_many(
         self,
-        task: JobSpec,
+        spec: JobSpec,
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
         *,
         batch_size: int = ...,
@@ -196,13 +196,13 @@ class EnqueueVerbs(LimitedClaimVerbs):
 
     def enqueue_many(
         self,
-        task: JobSpec,
+        spec: JobSpec,
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
         *,
         batch_size: int = 5000,
         ids_only: bool = False,
     ) -> list[Job] | list[int]:
-        """INSERT a pending job of `task` per call, one statement per `batch_size`.
+        """INSERT a pending job of `spec` per call, one statement per `batch_size`.
 
         See `Task.enqueue_many` for `ids_only`. Statements: `sql.ENQUEUE_MANY`, one per
         batch, in the caller's transaction; the returned jobs are built from what that
@@ -215,36 +215,36 @@ class EnqueueVerbs(LimitedClaimVerbs):
         if batch_size < 1:
             raise InvalidJobError(f"batch_size must be at least 1, got {batch_size}")
         with transaction.atomic(using=self.db):
-            return self._enqueue_many(task, calls, batch_size=batch_size, ids_only=ids_only)
+            return self._enqueue_many(spec, calls, batch_size=batch_size, ids_only=ids_only)
 
     def _enqueue_many(
         self,
-        task: JobSpec,
+        spec: JobSpec,
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
         *,
         batch_size: int,
         ids_only: bool,
     ) -> list[Job] | list[int]:
-        if task.unique_key is not None:
-            return self._enqueue_unique(task, calls, batch_size=batch_size, ids_only=ids_only)
+        if spec.unique_key is not None:
+            return self._enqueue_unique(spec, calls, batch_size=batch_size, ids_only=ids_only)
         if ids_only:
             ids: list[int] = []
             for some in _batches(iter(calls), batch_size):
-                inserted = self._insert(task, self._checked(task, some, first=len(ids)))[0]
+                inserted = self._insert(spec, self._checked(spec, some, first=len(ids)))[0]
                 ids.extend(inserted)
             return ids
-        checked = self._checked(task, list(calls))
+        checked = self._checked(spec, list(calls))
         names, template = job_template(self.model)
-        template = template | task.shared_columns()
+        template = template | spec.shared_columns()
         jobs: list[Job] = []
         for start in range(0, len(checked), batch_size):
             batch = checked[start : start + batch_size]
-            inserted, _, run_at, created_at, trace = self._insert(task, batch)
+            inserted, _, run_at, created_at, trace = self._insert(spec, batch)
             shared = template | {
                 "trace_context": trace,
                 "run_at": run_at,
                 "created_at": created_at,
-                "expires_at": _expires_at(task.expires, created_at),
+                "expires_at": _expires_at(spec.expires, created_at),
             }
             jobs.extend(
                 loaded_jobs(
@@ -254,7 +254,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
                     (
                         shared
                         | {"id": job_id, "args": args, "kwargs": kwargs, "errors": []}
-                        | task.key_columns(args, kwargs)
+                        | spec.key_columns(args, kwargs)
                         for (args, kwargs, _, _), job_id in zip(batch, inserted, strict=True)
                     ),
                 )
@@ -263,14 +263,14 @@ class EnqueueVerbs(LimitedClaimVerbs):
 
     def _enqueue_unique(
         self,
-        task: JobSpec,
+        spec: JobSpec,
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
         *,
         batch_size: int,
         ids_only: bool,
     ) -> list[Job] | list[int]:
         """Unique jobs: each call's key (`Task.key_for`) either inserts a job or meets the
-        unfinished job that holds it, and then `task.on_conflict` decides: "existing"
+        unfinished job that holds it, and then `spec.on_conflict` decides: "existing"
         returns that job, "replace" gives it this call's arguments and run time if it is
         still pending, "raise" raises DuplicateJobError.
 
@@ -283,15 +283,15 @@ class EnqueueVerbs(LimitedClaimVerbs):
         """
         checked: list[Checked] = []
         for some in _batches(iter(calls), batch_size):  # checked as they come, for errors
-            checked += self._checked(task, some, first=len(checked))
-        keys = [task.key_for(args, kwargs) for args, kwargs, _, _ in checked]
+            checked += self._checked(spec, some, first=len(checked))
+        keys = [spec.key_for(args, kwargs) for args, kwargs, _, _ in checked]
         # One call per key, as if the calls were made one after another: the first for
         # "existing", the last for "replace", and "raise" on a repeat.
         chosen: dict[str, int] = {}
         for position, key in enumerate(keys):
-            if key in chosen and task.on_conflict == "raise":
-                raise DuplicateJobError(task.name, key, None)
-            if key not in chosen or task.on_conflict == "replace":
+            if key in chosen and spec.on_conflict == "raise":
+                raise DuplicateJobError(spec.name, key, None)
+            if key not in chosen or spec.on_conflict == "replace":
                 chosen[key] = position
         # The keys in one order across every batch, whoever inserts them: two
         # transactions enqueuing the same keys in opposite orders deadlocked on the key's
@@ -300,7 +300,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
         held: dict[str, int] = {}
         for start in range(0, len(order), batch_size):
             part = order[start : start + batch_size]
-            holders = self._insert_unique(task, [checked[chosen[key]] for key in part], part)
+            holders = self._insert_unique(spec, [checked[chosen[key]] for key in part], part)
             held.update(zip(part, holders, strict=True))
         ids = [held[key] for key in keys]
         if ids_only:
@@ -308,7 +308,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
         found = self.in_bulk(ids)
         return [found[job_id] for job_id in ids]
 
-    def _insert_unique(self, task: JobSpec, checked: list[Checked], keys: list[str]) -> list[int]:
+    def _insert_unique(self, spec: JobSpec, checked: list[Checked], keys: list[str]) -> list[int]:
         """The ids of the jobs that now hold each key: inserted or already there."""
         holders: dict[str, int] = {}
         todo = list(range(len(checked)))
@@ -316,25 +316,25 @@ class EnqueueVerbs(LimitedClaimVerbs):
             if not todo:
                 break
             batch = [checked[i] for i in todo]
-            inserted, inserted_keys = self._insert(task, batch, [keys[i] for i in todo])[:2]
+            inserted, inserted_keys = self._insert(spec, batch, [keys[i] for i in todo])[:2]
             holders.update(zip(inserted_keys, inserted, strict=True))
             fresh = set(inserted_keys)
             conflicts = list(dict.fromkeys(keys[i] for i in todo if keys[i] not in fresh))
-            if conflicts and self._expire_holders(task.name, conflicts):
+            if conflicts and self._expire_holders(spec.name, conflicts):
                 continue  # a holder past its expiry, ended now: its key is free again
-            if conflicts and task.on_conflict == "raise":
-                found = self._holders(task, conflicts)
+            if conflicts and spec.on_conflict == "raise":
+                found = self._holders(spec, conflicts)
                 key = conflicts[0]
-                raise DuplicateJobError(task.name, key, found.get(key, (None, None))[0])
-            if conflicts and task.on_conflict == "replace":
+                raise DuplicateJobError(spec.name, key, found.get(key, (None, None))[0])
+            if conflicts and spec.on_conflict == "replace":
                 last = {keys[i]: checked[i] for i in todo if keys[i] in conflicts}
-                holders.update(self._replace_pending(task, last))
-            found = self._holders(task, [key for key in conflicts if key not in holders])
+                holders.update(self._replace_pending(spec, last))
+            found = self._holders(spec, [key for key in conflicts if key not in holders])
             holders.update((key, job_id) for key, (job_id, _) in found.items())
             todo = [i for i in todo if keys[i] not in holders]
         if todo:
             raise DatabaseError(
-                f"unique key {keys[todo[0]]!r} of {task.name}: its holder kept finishing "
+                f"unique key {keys[todo[0]]!r} of {spec.name}: its holder kept finishing "
                 f"while a new job was inserted; try again"
             )
         return [holders[key] for key in keys]
@@ -345,17 +345,17 @@ class EnqueueVerbs(LimitedClaimVerbs):
         caller's transaction; how many were ended."""
         return _end_as_expired(self.filter(task=task_name, unique_key__in=keys).past_expiry())
 
-    def _holders(self, task: JobSpec, keys: list[str]) -> dict[str, tuple[int, str]]:
-        """{key: (id, state)} of the unfinished jobs of `task` holding `keys`."""
+    def _holders(self, spec: JobSpec, keys: list[str]) -> dict[str, tuple[int, str]]:
+        """{key: (id, state)} of the unfinished jobs of `spec` holding `keys`."""
         if not keys:
             return {}
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.UNFINISHED_WITH_KEYS, [task.name, keys, list(UNFINISHED_STATES)])
+            cursor.execute(sql.UNFINISHED_WITH_KEYS, [spec.name, keys, list(UNFINISHED_STATES)])
             return {key: (job_id, state) for key, job_id, state in cursor.fetchall()}
 
-    def _replace_pending(self, task: JobSpec, calls: dict[str, Checked]) -> dict[str, int]:
+    def _replace_pending(self, spec: JobSpec, calls: dict[str, Checked]) -> dict[str, int]:
         """The pending holders of these keys take the calls' arguments and run time."""
-        params = insert_params(task, list(calls.values()))
+        params = insert_params(spec, list(calls.values()))
         params["keys"] = encode(list(calls))
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql.REPLACE_PENDING, params)
@@ -429,7 +429,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
 
     def _checked(
         self,
-        task: JobSpec,
+        spec: JobSpec,
         calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
         *,
         first: int = 0,
@@ -438,50 +438,50 @@ class EnqueueVerbs(LimitedClaimVerbs):
         `first`: the index of the first of `calls` among the caller's, for errors."""
         settings = get_settings()
         limit = settings.MAX_PAYLOAD_BYTES
-        keyed = task.unique_key is not None or task.keyed
-        if keyed and settings.RELAY and task.queue_name in relayed_queues():
+        keyed = spec.unique_key is not None or spec.keyed
+        if keyed and settings.RELAY and spec.queue_name in relayed_queues():
             raise InvalidJobError(
-                f"queue {task.queue_name!r} is relayed to RabbitMQ, which keeps no unique or "
-                f"concurrency key and no rate limit: enqueue {task.name} with its key or "
+                f"queue {spec.queue_name!r} is relayed to RabbitMQ, which keeps no unique or "
+                f"concurrency key and no rate limit: enqueue {spec.name} with its key or "
                 f"limit on a queue of the job table, or without them"
             )
         checked: list[Checked] = []
         for call in calls:
             index = first + len(checked)
-            args, kwargs = _call_pair(task.name, call, index)
+            args, kwargs = _call_pair(spec.name, call, index)
             try:
-                task.check_call(args, kwargs)
+                spec.check_call(args, kwargs)
                 checked.append(encode_arguments(args, kwargs, limit=limit))
             except InvalidJobError as error:
                 if len(calls) > 1 or first:  # enqueue_many: which call, of thousands
                     error.args = (f"call {index}: {error}", *error.args[1:])
                 raise
-        self._check_room(task, len(checked), settings)
+        self._check_room(spec, len(checked), settings)
         return checked
 
     def _insert(
-        self, task: JobSpec, batch: Sequence[Checked], keys: Sequence[str] | None = None
+        self, spec: JobSpec, batch: Sequence[Checked], keys: Sequence[str] | None = None
     ) -> tuple[list[int], list[str], datetime, datetime, dict[str, str] | None]:
         """One INSERT of checked calls: the ids inserted, their unique keys (with `keys`:
         conflicting calls insert nothing), the run_at and created_at they share, and the
         trace context stored with them."""
-        params = insert_params(task, batch)
+        params = insert_params(spec, batch)
         if keys is not None:
             params["keys"] = encode(list(keys))
-        trace = tracing.enqueue_context(task.name, task.queue_name, len(batch))
+        trace = tracing.enqueue_context(spec.name, spec.queue_name, len(batch))
         if trace is not None:
             params["trace"] = json.dumps(trace)
-        keyed = task.keyed
+        keyed = spec.keyed
         if keyed:
-            columns = [task.key_columns(args, kwargs) for args, kwargs, _, _ in batch]
+            columns = [spec.key_columns(args, kwargs) for args, kwargs, _, _ in batch]
             params["concurrency_keys"] = encode([one["concurrency_key"] for one in columns])
             params["concurrency_limit"] = columns[0]["concurrency_limit"] if columns else 1
         statement = sql.enqueue_many_statement(
             insert_defaults(self.model),
             keys is not None,
             keyed,
-            task.expires is not None,
-            task.rate_limit is not None,
+            spec.expires is not None,
+            spec.rate_limit is not None,
             trace is not None,
         )
         with job_cursor(self.db) as cursor:

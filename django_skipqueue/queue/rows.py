@@ -9,20 +9,15 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_skipqueue.core.payload import (
-    encode,
-)
-from django_skipqueue.db.direct import (
-    text_parameters,
-)
+from django_skipqueue.core.payload import encode
+from django_skipqueue.core.spec import SpecMemo
+from django_skipqueue.db.direct import text_parameters
 from django_skipqueue.queue import sql
 from django_skipqueue.queue.base import Checked
 
 if TYPE_CHECKING:
     from django_skipqueue.core.spec import JobSpec
-    from django_skipqueue.models import (
-        Job,
-    )
+    from django_skipqueue.models import Job
 
 
 @functools.cache
@@ -40,17 +35,21 @@ def job_template(model: type[Job]) -> tuple[list[str], dict[str, Any]]:
 def enqueue_parts(
     spec: JobSpec, model: type[Job]
 ) -> tuple[dict[str, bytes | None] | None, dict[str, Any]]:
-    """What every enqueue of `spec` shares, kept on the spec: its INSERT's parameters
+    """What every enqueue of `spec` shares, kept in `_PARTS`: its INSERT's parameters
     other than the call's own, in the text form `db.direct.direct_row` sends (None where
     one has none), and the job row before the call's own columns."""
-    cached = spec.__dict__.get("_skipqueue_enqueue_parts")
-    if cached is not None and cached[0] is model:
-        return cached[1], cached[2]
+    cached = _PARTS.get((spec, model))
+    if cached is not None:
+        return cached
     params = insert_params(spec, [])
     del params["args"], params["kwargs"]
-    parts = (model, text_parameters(params), job_template(model)[1] | spec.shared_columns())
-    object.__setattr__(spec, "_skipqueue_enqueue_parts", parts)  # JobSpec is frozen
-    return parts[1], parts[2]
+    parts = (text_parameters(params), job_template(model)[1] | spec.shared_columns())
+    _PARTS.put((spec, model), parts)
+    return parts
+
+
+#: enqueue_parts' values, by (spec, model).
+_PARTS = SpecMemo()
 
 
 @functools.cache
