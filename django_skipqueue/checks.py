@@ -68,8 +68,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[Error]:
     """The queue's database alias exists, is PostgreSQL and commits in autocommit (E013:
     with AUTOCOMMIT = False every claim and outcome would wait in a transaction nobody
-    commits; the worker would report successes while every job stayed pending, found by
-    an outside trial). Not tagged `database`: the
+    commits; the worker would report successes while every job stayed pending;
+    tests/test_checks.py). Not tagged `database`: the
     vendor is known from settings without connecting, so plain `check` (and every
     command) catches SQLite before `migrate` does."""
     alias = get_settings().DATABASE_ALIAS

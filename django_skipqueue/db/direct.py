@@ -1,9 +1,10 @@
 """The enqueue's INSERT, sent straight on libpq where nothing could tell, and named on
 the session from its second run (not public API).
 
-Kept because it buys single enqueues beyond the run-to-run spread (benchmarks/RESULTS.md,
-"Architecture round 3, point 1": 1.06x PgQueuer's single enqueue with it, 0.85x through
-Django's cursor, 0.84x with psycopg's own server-side preparation). The claim and the
+Kept because it buys single enqueues beyond the run-to-run spread (run_peers.sh, the
+peer benchmark, its "single" row; benchmarks/RESULTS.md says how to run it): 1.06x
+PgQueuer's single enqueue with it, 0.85x through Django's cursor, 0.84x with psycopg's
+own server-side preparation. The claim and the
 ack no longer take it: through Django's cursor they drained faster. `direct_row` says
 when it is taken (otherwise Django's cursor runs the statement) and what it relies on;
 `tests/test_compat.py` holds a test for each.
@@ -153,7 +154,8 @@ def direct_row(
 
     Measured: psycopg's cursor spends about 140,000 instructions of client CPU quoting
     an enqueue's 13 parameters and reading its row (client-side binding, Django's
-    default), libpq's round trip 40,000 (callgrind; benchmarks/RESULTS.md, "sixth pass").
+    default), libpq's round trip 40,000 (`python benchmarks/run.py --parts enqueue`
+    under `valgrind --tool=callgrind`).
 
     Taken only where nothing could tell the difference: no query logging (DEBUG,
     assertNumQueries, the debug toolbar) and no execute wrapper, which must see the
@@ -297,8 +299,8 @@ def _ready_for_this_thread(connection: BaseDatabaseWrapper) -> None:
     thread that opened it, neither method replaced on the class (pytest-django's
     database blocker replaces `ensure_connection`), on the object, which is no proxy,
     or before this module's import. Their wrappers (the event-loop check, the
-    thread-sharing lock) were about 5 % of an enqueue's instructions
-    (benchmarks/RESULTS.md, "twelfth pass")."""
+    thread-sharing lock) were about 5 % of an enqueue's instructions (`python
+    benchmarks/run.py --parts enqueue` under callgrind)."""
     conn: Any = connection
     if (
         conn.connection is None
@@ -325,8 +327,8 @@ def _replaced(connection: BaseDatabaseWrapper, name: str, django_own: object) ->
 # Named statements of `direct_row` outside transactions. A statement planned once and
 # kept on the server session skips PostgreSQL's parse, analysis, rewrite and planning at
 # every later run: measured on PostgreSQL 15 (libpq, autocommit, the enqueue's INSERT),
-# 379 -> 266 us a statement, about a quarter of the backend's time (benchmarks/RESULTS.md,
-# "ninth pass").
+# 379 -> 266 us a statement, about a quarter of the backend's time (`python
+# benchmarks/run.py --parts enqueue`, with DIRECT_ENQUEUE on and off).
 _PREPARE_AT = 2  # its second run on one session prepares a statement (a one-off never is)
 #: Named statements kept on one session at most: beyond it a statement is sent unnamed.
 #: The enqueue's INSERT has four forms (with or without an expiry and a trace context)

@@ -230,7 +230,7 @@ class kept_cursor:  # noqa: N801  (used as a function: `with kept_cursor(...) as
     Measured: `connection.cursor()` and its close cost 13-15 us, and a new psycopg
     cursor starts with empty adapter caches; an enqueue took 390,000 instructions of
     client CPU with a new cursor and 294,000 with the kept one and the checks below
-    (callgrind; benchmarks/RESULTS.md, "third pass").
+    (`python benchmarks/run.py --parts enqueue` under callgrind).
 
     What Django does per cursor is kept. The wrapper is made per block
     (`make_debug_cursor` while queries are logged, so `assertNumQueries` and DEBUG see

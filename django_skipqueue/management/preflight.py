@@ -75,7 +75,8 @@ def _all_applied(alias: str) -> bool:
     (measured: a tenth of a worker's start-up in a small project). False sends the
     caller to MigrationLoader, which also knows squashed migrations. Names are counted
     once each: django_migrations has no unique key, and a row recorded twice (two
-    `migrate` runs at once) hid a missing one from a count of rows (an outside trial).
+    `migrate` runs at once) hid a missing one from a count of rows
+    (tests/test_setup_errors.py).
 
     Raw SQL on Django's own table (its name is fixed in `MigrationRecorder`): the ORM's
     way, `MigrationRecorder`, imports `django.db.migrations` and its operations, 3-5 ms

@@ -10,7 +10,7 @@
 #
 # A job's life (insert, claim, ack) wrote 12 index entries and writes 7 now. Measured
 # with pgbench on the job table (claim 10 and ack them, 4 clients, 40,000 jobs): about
-# 9 % more jobs a second (benchmarks/RESULTS.md).
+# 9 % more jobs a second (`python benchmarks/run.py --parts raw`).
 #
 # The new index is built and the old ones dropped CONCURRENTLY (not atomic), so that
 # enqueues, claims and acks go on meanwhile; the new one is in place before the old go.

@@ -222,16 +222,16 @@ WHERE job.id = ANY(%(ids)s::bigint[]) AND (job.state || '') = 'running'
 RETURNING job.id
 """
 
-# The housekeeper's renewal of the leases due in one pass: one statement, each row fenced
-# on its own as `JobManager.renewal`'s UPDATE is (the attempt, running, an unexpired
-# lease, no cancel requested), the lease clamped to MIN_LEASE..MAX_LEASE and never
-# shortened. Renewed one by one, 300 leases of 1 s fell behind their expiry (an outside
-# trial: 1,049 duplicate runs of 3,000 jobs). Rows another session has locked are
-# skipped, not waited for: waiting, the statement kept the locks of the rows it had
-# renewed, and the dispatcher's acks of those waited behind it (an outside trial: one
-# row locked for 3 s elsewhere, 421 leases lost); the housekeeper tries those again
-# shortly (`JobManager.holding_many` tells them from lost ones). Written as ACK_MANY is
-# (the state hidden from the planner, the attempts read by id from one JSON object).
+# The housekeeper's renewal of the leases due in one pass: one statement, each row fenced on its own
+# as `JobManager.renewal`'s UPDATE is (the attempt, running, an unexpired lease, no cancel
+# requested), the lease clamped to MIN_LEASE..MAX_LEASE and never shortened. Renewed one by one, 300
+# leases of 1 s fell behind their expiry (1,049 duplicate runs of 3,000 jobs;
+# tests/test_managers.py, `test_renew_many_...`). Rows another session has locked are skipped, not
+# waited for: waiting, the statement kept the locks of the rows it had renewed, and the dispatcher's
+# acks of those waited behind it (one row locked for 3 s elsewhere, 421 leases lost;
+# tests/test_worker.py, `test_a_renewal_skips_a_row_...`); the housekeeper tries those again shortly
+# (`JobManager.holding_many` tells them from lost ones). Written as ACK_MANY is (the state hidden
+# from the planner, the attempts read by id from one JSON object).
 RENEW_MANY = """
 WITH held AS (
     SELECT job.id FROM skipqueue_job AS job
@@ -253,7 +253,8 @@ RETURNING job.id
 # for many): pending again, due now, without spending an attempt (`max_attempts` + 1,
 # `releases` + 1), each row fenced on its own, written as RENEW_MANY is. A job with a
 # cancel request is left to `release`, which ends it cancelled. One UPDATE a job made a
-# stop with a full prefetch buffer (256 jobs) take 0.1-1 s (an outside trial).
+# stop with a full prefetch buffer (256 jobs) take 0.1-1 s (tests/test_managers.py,
+# `test_release_many_...`).
 RELEASE_MANY = """
 UPDATE skipqueue_job AS job
 SET state = 'pending', run_at = statement_timestamp(), leased_until = NULL,

@@ -200,7 +200,8 @@ class Housekeeper:
         thread ends. A job not started yet (buffered) keeps it too, so that it can still
         end cancelled when its turn comes or at a stop: renewed no more, a buffered
         job's lease ran out, its end was refused, and a graceful stop left it running
-        for the reaper (an outside trial: 30 of 30). Any other is renewed no more."""
+        for the reaper, 30 times of 30 (tests/test_worker.py,
+        `test_a_stop_ends_cancelled_the_buffered_jobs_...`). Any other is renewed no more."""
         slot = self.flow is not None and self.flow.holds_slot(flight.job)
         keep = slot or not self.held.started(flight)
         if keep:
@@ -225,7 +226,8 @@ class Housekeeper:
 
     def leases_lost(self, flights: list[Flight]) -> None:
         """`lease_lost` for many at once (a frozen worker's buffer), in one line: after
-        a freeze, one line a job wrote 1,668 lines in an outside trial."""
+        a freeze, one line a job wrote 1,668 lines (tests/test_worker.py,
+        `test_a_pass_that_finds_many_leases_lost_says_so_in_one_line`)."""
         ids = [flight.job.id for flight in flights if self.held.renewal_refused(flight)]
         if not ids:
             return

@@ -403,8 +403,9 @@ class ClaimSize:
     of a drain: each process waited for its ack's and its claim's commits while its
     threads had nothing left to run. At 64 a thread, 20,900 jobs a second against
     16,800-18,600, and 82 us of the machine's CPU a job against 87-96 (`--prefetch 256`
-    for the same jobs, medians of three and five alternated drains of 100,000;
-    benchmarks/RESULTS.md, twentieth pass). 512 gained nothing more.
+    for the same jobs, medians of three and five alternated drains of 100,000, as
+    `python benchmarks/run.py --parts throughput --jobs 100000` runs them). 512 gained
+    nothing more.
     """
 
     WINDOW_SECONDS = 0.05

@@ -7,8 +7,9 @@ FLUSH_SECONDS, which adds the counts since the last flush to the database's curr
 minute in one upsert (`QueueMinuteManager.add`). Counts a failed flush could not
 write are kept for the next one. The deque is folded into counts whenever it holds
 FOLD_AT events, so that what a worker keeps between flushes does not grow with its
-speed (benchmarks/RESULTS.md, fifteenth pass). Nothing here imports prometheus_client:
-the series are `runtime.prometheus`'s, attached only when asked for.
+speed (`python benchmarks/run.py --parts memory` measures what a worker holds).
+Nothing here imports prometheus_client: the series are `runtime.prometheus`'s,
+attached only when asked for.
 """
 
 from __future__ import annotations
