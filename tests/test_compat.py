@@ -1562,3 +1562,63 @@ def test_a_patch_of_psycopgs_connection_cursor_sees_every_enqueue(monkeypatch):
     add.enqueue(1, 1)
     add.enqueue(2, 2)
     assert len(made) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_atomic_depth_counts_djangos_blocks():
+    assert hooks.atomic_depth(connection) == 0
+    with transaction.atomic(), transaction.atomic():
+        assert hooks.atomic_depth(connection) == 2
+    assert hooks.atomic_depth(connection) == 0
+
+
+@pytest.mark.django_db
+def test_an_execute_wrapper_sees_statements_until_removed_even_behind_a_leftover_one():
+    seen: list[str] = []
+
+    def watch(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    def leftover(execute, sql, params, many, context):  # a task's, never removed
+        return execute(sql, params, many, context)
+
+    hooks.add_execute_wrapper(connection, watch)
+    connection.execute_wrappers.append(leftover)
+    try:
+        Job.objects.filter(id=-1).exists()
+        hooks.remove_execute_wrapper(connection, watch)
+        Job.objects.filter(id=-2).exists()
+        assert len(seen) == 1
+        assert connection.execute_wrappers == [leftover]
+        hooks.remove_execute_wrapper(connection, watch)  # gone already: nothing
+    finally:
+        connection.execute_wrappers.clear()
+
+
+@pytest.mark.django_db
+def test_compiled_sql_is_what_the_queryset_runs_and_raw_delete_removes_its_rows():
+    kept, gone = JobFactory(), JobFactory()
+    text, params = hooks.compiled_sql(Job.objects.filter(id=gone.id).values("id"), "default")
+    with connection.cursor() as cursor:
+        cursor.execute(text, params)
+        assert cursor.fetchall() == [(gone.id,)]
+    assert isinstance(params, tuple)
+    assert hooks.raw_delete(Job.objects.filter(id=gone.id), "default") == 1
+    assert list(Job.objects.values_list("id", flat=True)) == [kept.id]
+
+
+def test_exit_handlers_run_now_and_once():
+    """In a child process: this one's handlers (an embedded server's stop) must not run."""
+    import subprocess
+
+    code = (
+        "import atexit\n"
+        "from django_skipqueue.core import compat\n"
+        "atexit.register(print, 'handler ran')\n"
+        "compat.run_exit_handlers()\n"
+        "compat.run_exit_handlers()\n"
+        "print('after')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["handler ran", "after"]

@@ -130,6 +130,42 @@ def drop_atomic_blocks(connection: BaseDatabaseWrapper, depth: int) -> None:
         connection.close()
 
 
+def atomic_depth(connection: BaseDatabaseWrapper) -> int:
+    """How many atomic() blocks `connection` is in (Django's `atomic_blocks` list)."""
+    return len(connection.atomic_blocks)
+
+
+def add_execute_wrapper(connection: BaseDatabaseWrapper, wrapper: Callable[..., Any]) -> None:
+    """Put `wrapper` around every statement of `connection` until `remove_execute_wrapper`:
+    the list Django's public `connection.execute_wrapper()` context manager fills, used
+    directly because that manager pops the last wrapper, which a task that installed one
+    of its own and never removed it would make someone else's."""
+    connection.execute_wrappers.append(wrapper)
+
+
+def remove_execute_wrapper(connection: BaseDatabaseWrapper, wrapper: Callable[..., Any]) -> None:
+    """Take `wrapper` off `connection` (nothing if the task replaced the list)."""
+    try:
+        connection.execute_wrappers.remove(wrapper)
+    except ValueError:
+        pass
+
+
+def compiled_sql(queryset: Any, alias: str) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of `queryset` on `alias`, as its compiler writes them
+    (`Query.get_compiler(...).as_sql()`), for a statement that runs the queryset's SQL
+    inside a larger one (a claim's locking subquery)."""
+    text, params = queryset.query.get_compiler(alias).as_sql()
+    return text, tuple(params)
+
+
+def raw_delete(queryset: Any, alias: str) -> int:
+    """DELETE the rows of `queryset` in one statement, without the ORM's collection of
+    related rows and its signals (`QuerySet._raw_delete`): rows no other model points
+    to, as the relay's published jobs."""
+    return int(queryset._raw_delete(alias))
+
+
 def raw_result(cursor: Any) -> Any:
     """The psycopg result behind a Django cursor (`pgresult`: the values as the server
     sent them, before any loading), for a row that Python cannot load."""

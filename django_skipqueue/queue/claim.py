@@ -25,6 +25,7 @@ from django_skipqueue.core.states import (
     sort_in_claim_order,
 )
 from django_skipqueue.db.hooks import (
+    compiled_sql,
     quote_parameters,
 )
 from django_skipqueue.faults import is_transient
@@ -71,10 +72,10 @@ def _locking_query(
     if compiled is None:
         with transaction.atomic(using=manager.db):
             locking = manager.claimable(queues).values("id")[:limit]
-            sql_text, params = locking.query.get_compiler(manager.db).as_sql()
+            sql_text, params = compiled_sql(locking, manager.db)
         if len(_LOCKING) >= 1024:  # bounded: limits and queue sets are few in practice
             _LOCKING.clear()
-        compiled = _LOCKING[key] = (sql_text, tuple(params))
+        compiled = _LOCKING[key] = (sql_text, params)
     return compiled
 
 
@@ -193,7 +194,7 @@ class ClaimVerbs(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         else:  # one given row (the fallback), not cached
             with transaction.atomic(using=self.db):  # Django compiles FOR UPDATE only here
                 one = self.claimable(queues).filter(id=only).values("id")[:1]
-                locking_sql, locking_params = one.query.get_compiler(self.db).as_sql()
+                locking_sql, locking_params = compiled_sql(one, self.db)
         columns = ("id",) if ids_only else job_columns(self.model)
         params: list[Any] = [
             *locking_params,

@@ -20,10 +20,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.db.hooks import (
+    add_execute_wrapper,
+    atomic_depth,
     check_health_before_next_use,
     drop_atomic_blocks,
     initialized_connections,
     mark_healthy,
+    remove_execute_wrapper,
     thread_connection,
 )
 from django_skipqueue.faults import is_transient
@@ -38,9 +41,13 @@ __all__ = [
     "refresh_connections",
     "retry_transient",
     # From the floor, for the runtime layer, which may not import `db/` itself: a
-    # thread's connections, and the atomic blocks a task left open on one.
+    # thread's connections, the atomic blocks a task left open on one, and the execute
+    # wrapper that watches a task's statements.
+    "add_execute_wrapper",
+    "atomic_depth",
     "drop_atomic_blocks",
     "initialized_connections",
+    "remove_execute_wrapper",
     "thread_connection",
 ]
 

@@ -13,6 +13,7 @@ from django_skipqueue.core.states import (
     CLAIM_ORDER,
     JobState,
 )
+from django_skipqueue.db.hooks import raw_delete
 from django_skipqueue.queue import sql
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class RelayVerbs(EnqueueVerbs):
     def delete_relayed(self, ids: Sequence[int]) -> None:
         """Published rows, without RESULTS: gone once the broker holds their messages.
         A raw DELETE: the ORM's delete() would collect related rows first (a query)."""
-        self.filter(id__in=ids)._raw_delete(self.db)
+        raw_delete(self.filter(id__in=ids), self.db)
 
     def fail_unrelayable(self, job_id: int, error: str) -> int:
         """A pending row whose arguments cannot travel ends failed with `error`."""

@@ -53,9 +53,12 @@ from django_skipqueue.faults import is_row_fault
 from django_skipqueue.models import Job, Workflow
 from django_skipqueue.queue.base import ErrorInfo
 from django_skipqueue.queue.connections import (
+    add_execute_wrapper,
+    atomic_depth,
     discard,
     drop_atomic_blocks,
     initialized_connections,
+    remove_execute_wrapper,
     thread_connection,
 )
 from django_skipqueue.tasks.base import TaskContext, default_retry_policy
@@ -416,14 +419,11 @@ class SessionWatch:
         self.changed = False
 
     def __enter__(self) -> SessionWatch:
-        self._connection.execute_wrappers.append(self._watch)
+        add_execute_wrapper(self._connection, self._watch)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            self._connection.execute_wrappers.remove(self._watch)
-        except ValueError:  # the task replaced the list
-            pass
+        remove_execute_wrapper(self._connection, self._watch)
         connection = self._connection
         if (
             self.changed
@@ -459,7 +459,7 @@ def atomic_depths() -> Mapping[str, int]:
     """How deep in atomic() blocks each of this thread's connections is, for those in one,
     read before a job's code runs (2 us: a worker's executor threads pass
     OUTSIDE_ATOMIC instead)."""
-    return {c.alias: len(c.atomic_blocks) for c in initialized_connections() if c.atomic_blocks}
+    return {c.alias: d for c in initialized_connections() if (d := atomic_depth(c))}
 
 
 def _roll_back_left_open(depths: Mapping[str, int]) -> None:
@@ -511,9 +511,9 @@ def end_open_transactions(depths: Mapping[str, int] | None = None) -> list[str]:
     for connection in initialized_connections():
         if depths is not None:
             depth = depths.get(connection.alias, 0)
-            if len(connection.atomic_blocks) > depth:
+            if atomic_depth(connection) > depth:
                 found.append(
-                    f"{len(connection.atomic_blocks) - depth} atomic() block(s) on "
+                    f"{atomic_depth(connection) - depth} atomic() block(s) on "
                     f"{connection.alias!r}, entered and never exited"
                 )
                 discard(connection)

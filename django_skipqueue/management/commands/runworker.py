@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib.util
@@ -22,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_skipqueue.conf.relay import relay_config
+from django_skipqueue.core.compat import run_exit_handlers
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.faults import is_transient
 from django_skipqueue.management.arguments import (
@@ -194,7 +194,7 @@ class Command(BaseCommand):
         super().run_from_argv(argv)
         sys.stdout.flush()
         sys.stderr.flush()
-        atexit._run_exitfuncs()
+        run_exit_handlers()
         os._exit(0)
 
     def make_worker(self, options: dict[str, Any]) -> Worker:
