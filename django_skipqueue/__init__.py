@@ -9,8 +9,9 @@ from __future__ import annotations
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.retry import RetryPolicy
 from django_skipqueue.exceptions import DuplicateJobError, Retry, WorkflowFailed
-from django_skipqueue.tasks.base import Signature, Task, TaskContext, task
+from django_skipqueue.tasks.base import Signature, Task, task
 from django_skipqueue.tasks.canvas import chain, chord, group
+from django_skipqueue.tasks.context import TaskContext
 
 __version__ = "0.1.0"
 

@@ -261,7 +261,7 @@ def test_extend_lease_and_check_cancelled_raise_job_cancelled():
     job = tasks.cancellable.enqueue(how="extend", seconds=0.1)
     Job.objects.claim(queues=["default"])
     Job.objects.cancel([job.id])
-    from django_skipqueue.tasks.base import TaskContext
+    from django_skipqueue.tasks.context import TaskContext
 
     context = TaskContext(
         job_id=job.id, attempt=1, max_attempts=5, task_name=job.task,

@@ -16,7 +16,7 @@ from django_skipqueue.core.cancel import CancelFlag
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.runtime.inflight import InFlight
 from django_skipqueue.runtime.worker import Worker
-from django_skipqueue.tasks.base import TaskContext, progress_report
+from django_skipqueue.tasks.context import TaskContext, progress_report
 from django_skipqueue.testing import run_jobs
 from tests.processes import wait_until
 from tests.testapp import tasks

@@ -22,6 +22,8 @@ BEFORE_THE_REGISTRY = {
     "django_skipqueue",
     "django_skipqueue.apps",
     "django_skipqueue.tasks.base",
+    "django_skipqueue.tasks.context",  # TaskContext, imported by the package root
+    "django_skipqueue.tasks.options",
     "django_skipqueue.tasks.canvas",  # chain/group/chord: imported by the package root
     "django_skipqueue.backends",
     "django_skipqueue.tasks.registry",

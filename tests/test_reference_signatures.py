@@ -17,7 +17,8 @@ import pytest
 
 from django_skipqueue import Cron, testing
 from django_skipqueue.exceptions import Retry
-from django_skipqueue.tasks.base import Task, TaskContext
+from django_skipqueue.tasks.base import Task
+from django_skipqueue.tasks.context import TaskContext
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
 

@@ -35,7 +35,7 @@ from django_skipqueue.queue.managers import JobManager
 from django_skipqueue.runtime.executor import shown_ids
 from django_skipqueue.runtime.inflight import Flight, InFlight
 from django_skipqueue.runtime.meter import FLUSH_SECONDS, Meter
-from django_skipqueue.tasks.base import PROGRESS_WRITE_SECONDS
+from django_skipqueue.tasks.context import PROGRESS_WRITE_SECONDS
 
 if TYPE_CHECKING:
     from django_skipqueue.runtime.flow import FlowView

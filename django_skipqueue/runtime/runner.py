@@ -61,7 +61,8 @@ from django_skipqueue.queue.connections import (
     remove_execute_wrapper,
     thread_connection,
 )
-from django_skipqueue.tasks.base import TaskContext, default_retry_policy
+from django_skipqueue.tasks.base import default_retry_policy
+from django_skipqueue.tasks.context import TaskContext
 from django_skipqueue.tasks.registry import registry
 
 try:  # the context class of the Tasks API (django.tasks, or the django-tasks backport)

@@ -9,21 +9,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, overload
 
-from django.conf import settings
-from django.utils import timezone
-
-from django_skipqueue.conf import MAX_LEASE, MIN_LEASE, get_settings
+from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import MAX_CONCURRENCY, canonical_rate
 from django_skipqueue.core.cron import Cron
-from django_skipqueue.core.payload import normalize_arguments, storable_text
+from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
 from django_skipqueue.core.spec import (
     ON_CONFLICT_CHOICES,
@@ -35,22 +29,22 @@ from django_skipqueue.core.spec import (
 )
 from django_skipqueue.core.states import (
     DEFAULT_QUEUE_NAME,
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    idempotency_key_of,
     validate_queue_name,
 )
 from django_skipqueue.exceptions import (
     ConfigurationError,
     InvalidJobError,
-    JobCancelled,
-    SoftTimeLimitExceeded,
-    TimeLimitExceeded,
+)
+from django_skipqueue.tasks.options import (
+    validate_expires,
+    validate_lease,
+    validate_max_attempts,
+    validate_priority,
+    validate_run_after,
 )
 from django_skipqueue.tasks.registry import registry
 
 if TYPE_CHECKING:
-    from django_skipqueue.core.cancel import CancelFlag
     from django_skipqueue.models import Job
     from django_skipqueue.queue.managers import JobManager
 
@@ -63,271 +57,12 @@ UniqueKey: TypeAlias = "str | Sequence[str] | Callable[..., str]"
 Schedule: TypeAlias = "str | timedelta | Cron"
 
 
-def _validate_priority(priority: object) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidJobError(f"priority must be an integer, got {priority!r}")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidJobError(
-            f"priority {priority} is out of range: use {MIN_PRIORITY} to {MAX_PRIORITY} "
-            f"(higher runs first)"
-        )
-    return priority
-
-
-def _storable_instant(option: str, value: datetime) -> datetime:
-    """An aware instant that is also one in UTC, where the job's row keeps it and from
-    where Python reads it back: years 1 to 9999 there. Refused before any SQL, so that
-    no row is written for a call that raises (in autocommit it would stay)."""
-    if timezone.is_aware(value):
-        try:
-            value.astimezone(dt_timezone.utc)
-        except OverflowError:
-            raise InvalidJobError(
-                f"{option} {value.isoformat()} is outside years 1 to 9999 in UTC"
-            ) from None
-    return value
-
-
-def _validate_run_after(run_after: object) -> datetime | timedelta | None:
-    if run_after is None:
-        return None
-    if isinstance(run_after, timedelta):
-        if run_after < timedelta(0):
-            raise InvalidJobError(f"run_after is a negative delay ({run_after}); use >= 0")
-        return run_after
-    if isinstance(run_after, datetime):
-        if settings.USE_TZ and timezone.is_naive(run_after):
-            raise InvalidJobError(
-                f"run_after {run_after.isoformat()} is a naive datetime while USE_TZ is on; "
-                f"pass an aware datetime (django.utils.timezone.make_aware) or a timedelta"
-            )
-        return _storable_instant("run_after", run_after)
-    raise InvalidJobError(
-        f"run_after must be an aware datetime or a timedelta, got {type(run_after).__name__}"
-    )
-
-
-def _validate_expires(value: object, *, when: str = "a call") -> datetime | timedelta | None:
-    """`expires` as a timedelta (from seconds too) or an aware datetime; InvalidJobError
-    naming the fault. A task's own (`@task(expires=...)`) and a schedule's are delays:
-    an instant is for one call (`.using(expires=...)`)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidJobError(f"expires must be a positive number of seconds, got {value!r}")
-        try:
-            return timedelta(seconds=value)
-        except OverflowError:
-            raise InvalidJobError(f"expires {value!r} seconds is longer than any delay") from None
-    if isinstance(value, timedelta):
-        if value <= timedelta(0):
-            raise InvalidJobError(f"expires must be a positive delay, got {value}")
-        return value
-    if isinstance(value, datetime) and when == "a call":
-        if settings.USE_TZ and timezone.is_naive(value):
-            raise InvalidJobError(
-                f"expires {value.isoformat()} is a naive datetime while USE_TZ is on; pass "
-                f"an aware datetime or a delay"
-            )
-        return _storable_instant("expires", value)
-    kinds = (
-        "seconds, a timedelta or an aware datetime"
-        if when == "a call"
-        else (
-            f"seconds or a timedelta (a delay after {when}; an instant is for one call: "
-            f".using(expires=...))"
-        )
-    )
-    raise InvalidJobError(f"expires must be {kinds}, got {value!r}")
-
-
-def _validate_max_attempts(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidJobError(f"max_attempts must be a positive integer, got {value!r}")
-    return value
-
-
-def _validate_lease(value: object, name: str = "lease") -> timedelta | None:
-    """A lease (or timeout) as a timedelta within MIN_LEASE..MAX_LEASE, from seconds too."""
-    if value is None:
-        return None
-    bounds = f"use {MIN_LEASE.total_seconds():g} seconds to {MAX_LEASE.days} days"
-    seconds: float | None = None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except OverflowError:  # an int too large for a float
-            seconds = math.inf
-    if seconds is None or math.isnan(seconds):
-        raise InvalidJobError(f"{name} must be a timedelta or seconds, got {value!r}")
-    if not MIN_LEASE.total_seconds() <= seconds <= MAX_LEASE.total_seconds():
-        raise InvalidJobError(f"{name} {value!r} is out of bounds: {bounds}")
-    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
-
-
 def default_retry_policy() -> RetryPolicy:
     """The project-wide policy from SKIPQUEUE's RETRY_* settings."""
     conf = get_settings()
     return RetryPolicy(
         base=conf.RETRY_BASE_SECONDS, cap=conf.RETRY_CAP_SECONDS, jitter=conf.RETRY_JITTER
     )
-
-
-#: A job's progress is written at most once per this many seconds, whatever the task
-#: calls (`TaskContext.set_progress`).
-PROGRESS_WRITE_SECONDS = 1.0
-#: The longest progress note kept, in characters.
-PROGRESS_NOTE_MAX_CHARS = 200
-
-
-def progress_report(done: object, total: object = None, note: object = "") -> dict[str, Any]:
-    """A progress report as stored in `Job.progress`, or TypeError / ValueError naming
-    what is wrong with it."""
-    for name, value in (("done", done), ("total", total)):
-        if value is None and name == "total":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"set_progress(): {name} must be a number, got {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"set_progress(): {name} must be a finite number >= 0, got {value}")
-    if not isinstance(note, str):
-        raise TypeError(f"set_progress(): note must be a str, got {type(note).__name__}")
-    if len(note) > PROGRESS_NOTE_MAX_CHARS:
-        raise ValueError(
-            f"set_progress(): note is {len(note)} characters; at most "
-            f"{PROGRESS_NOTE_MAX_CHARS} are kept"
-        )
-    return {"done": done, "total": total, "note": storable_text(note)}
-
-
-@dataclass(frozen=True)
-class TaskContext:
-    """What a task declared with `takes_context=True` receives as its first argument."""
-
-    job_id: int
-    attempt: int
-    max_attempts: int
-    task_name: str
-    queue_name: str
-    database: str
-    #: Set by the worker when its lease renewal finds a cancel request (None when the
-    #: job runs outside a worker: then the row is read).
-    cancel_event: CancelFlag | None = dataclasses.field(default=None, repr=False, compare=False)
-    #: The job came from RabbitMQ (a relayed queue): no row holds a lease, the broker
-    #: holds the message until it is acknowledged.
-    brokered: bool = dataclasses.field(default=False, repr=False, compare=False)
-    #: The process clock (time.monotonic) at the task's soft and hard time limits.
-    soft_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
-    hard_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    @property
-    def time_left(self) -> float | None:
-        """Seconds until the soft time limit (the hard one if there is no soft one), at
-        least 0; None when the task has neither."""
-        deadline = self.soft_deadline if self.soft_deadline is not None else self.hard_deadline
-        if deadline is None:
-            return None
-        return max(deadline - time.monotonic(), 0.0)
-
-    def _past_soft_limit(self) -> None:
-        if self.soft_deadline is not None and time.monotonic() >= self.soft_deadline:
-            task = registry.get(self.task_name) if self.task_name in registry else None
-            limit = task.soft_time_limit if task is not None else None
-            raise SoftTimeLimitExceeded(self.job_id, limit.total_seconds() if limit else 0.0)
-
-    @property
-    def idempotency_key(self) -> str:
-        """Stable across every attempt of this job: hand it to external services."""
-        return idempotency_key_of(self.job_id)
-
-    @property
-    def is_last_attempt(self) -> bool:
-        return self.attempt >= self.max_attempts
-
-    def extend_lease(
-        self, seconds: timedelta | float | None = None, *, lease: timedelta | float | None = None
-    ) -> bool:
-        """Push this attempt's lease to at least now + `seconds` (default: the job's lease).
-
-        Never shortens it, and the worker's own renewals never shorten what this set.
-        Fenced like an ack: False means this attempt no longer owns the job, and the
-        task should stop; its result would be refused. Raises JobCancelled if an
-        operator cancelled the job. `lease=` is the older name.
-        """
-        from django_skipqueue.models import Job
-        from django_skipqueue.queue.base import Renewal
-
-        if seconds is not None and lease is not None:
-            raise TypeError("extend_lease() takes seconds or lease, not both")
-        wanted = _validate_lease(seconds if seconds is not None else lease, "seconds")
-        if self.brokered:
-            return True  # the broker redelivers only if this consumer's connection dies
-        jobs = Job.objects.db_manager(self.database)
-        renewal = jobs.renewal(self.job_id, self.attempt, wanted)
-        if renewal is Renewal.CANCEL_REQUESTED:
-            self._cancelled()
-        return renewal is Renewal.RENEWED
-
-    def set_progress(self, done: float, total: float | None = None, note: str = "") -> None:
-        """Report how far this attempt has come: `done` of `total` (None: unknown),
-        and a short `note` ("page 3 of 40").
-
-        Cheap to call in a tight loop, from sync or async code: it only hands the latest
-        report over. A worker writes it at most once a second per job, from its
-        housekeeping thread, through the fence (only the attempt that holds the lease
-        can write it), and the last one when the attempt ends; outside a worker
-        (`testing.run_jobs`) the last one is written when the attempt ends. It shows in
-        the admin, in `queuestats --json` and in `job.progress`. A relayed queue's job
-        has no lease in the table: its progress is not recorded.
-        """
-        report = progress_report(done, total, note)
-        if self.brokered or self.cancel_event is None:
-            return
-        self.cancel_event.progress = report
-
-    @property
-    def cancel_requested(self) -> bool:
-        """Whether an operator asked this job to stop. In a worker, as its last lease
-        renewal found (within a third of the lease); outside one, read from the row."""
-        if self.cancel_event is not None:
-            return self.cancel_event.is_set()
-        return self._cancel_in_row()
-
-    def check_cancelled(self) -> None:
-        """The task's safe point: raise JobCancelled if an operator asked this job to
-        stop (reads the row now), TimeLimitExceeded once the task's `time_limit` has
-        passed, or SoftTimeLimitExceeded once its `soft_time_limit` has."""
-        if (self.cancel_event is not None and self.cancel_event.is_set()) or (
-            self._cancel_in_row()
-        ):
-            self._cancelled()
-        self._past_hard_limit()
-        self._past_soft_limit()
-
-    def _past_hard_limit(self) -> None:
-        exceeded = self.cancel_event.exceeded if self.cancel_event is not None else None
-        if exceeded is None and self.hard_deadline is not None:
-            if time.monotonic() >= self.hard_deadline:
-                task = registry.get(self.task_name) if self.task_name in registry else None
-                limit = task.time_limit if task is not None else None
-                exceeded = limit.total_seconds() if limit is not None else 0.0
-        if exceeded is not None:
-            raise TimeLimitExceeded(exceeded)
-
-    def _cancel_in_row(self) -> bool:
-        from django_skipqueue.models import Job
-
-        return Job.objects.db_manager(self.database).cancel_requested(self.job_id, self.attempt)
-
-    def _cancelled(self) -> None:
-        if self.cancel_event is not None:
-            self.cancel_event.set()
-        raise JobCancelled(self.job_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -386,13 +121,13 @@ class Task(Generic[P, R]):
         if self.rate_limit is not None:
             rate = canonical_rate(self.rate_limit, f"rate_limit of {self.name}")
             object.__setattr__(self, "rate_limit", rate)
-        object.__setattr__(self, "expires", _validate_expires(self.expires))
-        _validate_priority(self.priority)
-        _validate_run_after(self.run_after)
-        _validate_max_attempts(self.max_attempts)
-        object.__setattr__(self, "lease", _validate_lease(self.lease))
-        object.__setattr__(self, "timeout", _validate_lease(self.timeout, "time_limit"))
-        soft = _validate_lease(self.soft_time_limit, "soft_time_limit")
+        object.__setattr__(self, "expires", validate_expires(self.expires))
+        validate_priority(self.priority)
+        validate_run_after(self.run_after)
+        validate_max_attempts(self.max_attempts)
+        object.__setattr__(self, "lease", validate_lease(self.lease))
+        object.__setattr__(self, "timeout", validate_lease(self.timeout, "time_limit"))
+        soft = validate_lease(self.soft_time_limit, "soft_time_limit")
         object.__setattr__(self, "soft_time_limit", soft)
         if soft is not None and self.timeout is not None and soft >= self.timeout:
             raise ConfigurationError(
@@ -553,13 +288,13 @@ class Task(Generic[P, R]):
                 "priority": priority,
                 "run_after": run_after,
                 "max_attempts": max_attempts,
-                "lease": _validate_lease(lease),
+                "lease": validate_lease(lease),
                 "database": database,
                 "unique_key": unique_key,
                 "on_conflict": on_conflict,
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
-                "expires": _validate_expires(expires),
+                "expires": validate_expires(expires),
             }.items()
             if value is not None
         }
@@ -786,18 +521,18 @@ def task(
             queue_name=queue_name,
             priority=priority,
             max_attempts=max_attempts,
-            lease=_validate_lease(lease),  # seconds or a timedelta, as a timedelta
+            lease=validate_lease(lease),  # seconds or a timedelta, as a timedelta
             retry=retry,
             non_retryable=tuple(non_retryable),
             takes_context=takes_context,
             database=database,
-            timeout=_validate_lease(hard_limit, "time_limit"),
-            soft_time_limit=_validate_lease(soft_time_limit, "soft_time_limit"),
+            timeout=validate_lease(hard_limit, "time_limit"),
+            soft_time_limit=validate_lease(soft_time_limit, "soft_time_limit"),
             unique_key=unique_key,
             on_conflict=on_conflict,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
-            expires=_validate_expires(expires, when="the enqueue"),
+            expires=validate_expires(expires, when="the enqueue"),
             rate_limit=rate_limit,
         )
         if schedule is not None:
