@@ -856,7 +856,7 @@ def test_the_helpers_start_once_the_first_claim_returns_or_after_their_head_star
     while it waited), at most HELPERS_HEAD_START_SECONDS. Here the job table is locked,
     so the first claim waits: no helper has started half a second in, the listener
     listens once the head start is over, and the job runs once the lock is gone."""
-    from django_skipqueue.runtime.worker import HELPERS_HEAD_START_SECONDS
+    from django_skipqueue.runtime.lifecycle import HELPERS_HEAD_START_SECONDS
 
     job = tasks.add.enqueue(1, 2)
     other = connection.get_new_connection(connection.get_connection_params())
@@ -885,7 +885,7 @@ def test_a_stop_before_the_first_claim_returned_starts_no_listener():
     for a worker that claims no more (an outside trial saw the listener LISTEN and send
     its self-test after "worker stopping"); the housekeeper does, for the leases of what
     the claim returns."""
-    from django_skipqueue.runtime.worker import HELPERS_HEAD_START_SECONDS
+    from django_skipqueue.runtime.lifecycle import HELPERS_HEAD_START_SECONDS
 
     tasks.add.enqueue(1, 2)
     other = connection.get_new_connection(connection.get_connection_params())
