@@ -599,7 +599,7 @@ def part_memory(opts: argparse.Namespace) -> dict[str, float]:
         "rss_final_mb": final,
         "growth": final / warm - 1,
         # A leak grows with the jobs run; a worker's ramp-up (its allocator's arenas, the
-        # adaptive prefetch's batches) is over in the first half (benchmarks/RESULTS.md,
+        # adaptive prefetch's batches) is over in the first half (benchmarks/HISTORY.md,
         # "twelfth pass").
         "rss_half_mb": half,
         "growth_second_half": final / half - 1,
