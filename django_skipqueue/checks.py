@@ -69,7 +69,7 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
     """The queue's database alias exists, is PostgreSQL and commits in autocommit (E013:
     with AUTOCOMMIT = False every claim and outcome would wait in a transaction nobody
     commits; the worker would report successes while every job stayed pending;
-    tests/test_checks.py). Not tagged `database`: the
+    tests/integration/test_checks.py). Not tagged `database`: the
     vendor is known from settings without connecting, so plain `check` (and every
     command) catches SQLite before `migrate` does."""
     alias = get_settings().DATABASE_ALIAS

@@ -78,7 +78,9 @@ SKIPQUEUE = {
     **json.loads(os.environ.get("SKIPQUEUE_TEST_SETTINGS", "{}")),
 }
 
-try:  # django.tasks, or the django-tasks backport: the backend tests (tests/test_backends.py)
+# django.tasks, or the django-tasks backport: the backend tests
+# (tests/integration/test_backends.py).
+try:
     from django_skipqueue.core.tasks_api import API as TASKS_API
 except ImportError:
     pass
@@ -91,13 +93,13 @@ else:
             "QUEUES": ["default", "other"],
         }
     }
-    if importlib.util.find_spec("modelsearch") is not None:  # tests/test_modelsearch.py
+    if importlib.util.find_spec("modelsearch") is not None:  # tests/integration/test_modelsearch.py
         # modelsearch on PostgreSQL stores SearchVectorFields: contrib.postgres (postgres.E005)
         INSTALLED_APPS += ["django.contrib.postgres", "modelsearch", "tests.searchapp"]
     SKIPQUEUE["TASK_MODULES"] = [
         *SKIPQUEUE.get("TASK_MODULES", []),
         "tests.testapp.django_tasks",
-        "tests.testapp.backport_tasks",  # tests/test_backport_conformance.py
+        "tests.testapp.backport_tasks",  # tests/integration/test_backport_conformance.py
     ]
 
 LOGGING = {
@@ -118,7 +120,7 @@ if os.environ.get("SKIPQUEUE_TEST_CLOCK_SKEW_SECONDS"):  # fault 6: this process
     _time.time = lambda: _real_time() + _skew
     _timezone.now = lambda: _real_now() + _datetime.timedelta(seconds=_skew)
 
-# A worker subprocess of tests/test_tracing.py exports its spans, one JSON a line, to
+# A worker subprocess of tests/runtime/test_tracing.py exports its spans, one JSON a line, to
 # this file (the OpenTelemetry SDK, as an application configures it at start-up).
 if os.environ.get("SKIPQUEUE_TEST_SPANS_FILE"):
     from opentelemetry import trace as _trace

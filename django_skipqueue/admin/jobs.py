@@ -89,7 +89,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         }
     )
     # What an operator triages by, all of it within 1280 px with Django's two sidebars
-    # open (tests/test_admin_browser.py): long values (task paths, worker ids, errors)
+    # open (tests/admin/test_admin_browser.py): long values (task paths, worker ids, errors)
     # are cut, with the whole text on hover; times are relative to the database's now.
     list_display = ["id", "task_and_queue", "state_and_health", "attempts_of_max", "timing"]
     list_filter = [

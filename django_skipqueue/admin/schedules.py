@@ -44,7 +44,7 @@ class ScheduleAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
-    # Within 1280 px with the admin's sidebars open (tests/test_admin_browser.py): the
+    # Within 1280 px with the admin's sidebars open (tests/admin/test_admin_browser.py): the
     # task path is cut (whole on hover), and one column holds the last run and the next
     # three, one a line, with the zone they are shown in.
     list_display = ["name", "shown_task", "shown_expression", "status", "next_runs"]

@@ -91,7 +91,7 @@ class WorkerProcessAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):  # pruned 
     class Media:
         css = {"all": (STYLESHEET,)}
 
-    # Within 1280 px with the admin's sidebars open (tests/test_admin_browser.py): the
+    # Within 1280 px with the admin's sidebars open (tests/admin/test_admin_browser.py): the
     # heartbeat is an age on the database's clock (the timestamp on hover), the jobs held
     # share a column with the concurrency they are held against, and the start time is
     # on the worker's page.

@@ -1,6 +1,6 @@
 """Uses of Django's, pika's and the interpreter's internals that are not about the
 database (those are the `db` package's), each with a test of its own in
-`tests/test_compat.py`.
+`tests/db/test_compat.py`.
 
 These are not public API. Each names what it relies on, so that an upgrade that changes
 it fails that test first, not a worker in production.

@@ -2,7 +2,7 @@
 
 Tasks should receive ids, not secrets; this is the safety net. It is table-driven:
 `TEXT_RULES` lists each form of secret found in text, applied in order, and a test
-runs every rule against a corpus of real-world forms (tests/test_redaction.py).
+runs every rule against a corpus of real-world forms (tests/core/test_redaction.py).
 
 Key names are compared without regard to case or punctuation. A name of five
 characters or more matches as a substring: "api_key" also hides "stripe_api_key",

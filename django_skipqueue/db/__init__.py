@@ -5,5 +5,5 @@
 - `direct`: the enqueue's INSERT straight on libpq, named on the session.
 
 Only `queue/` imports this package (pyproject.toml's import-linter contracts); every
-module names what it relies on, and `tests/test_compat.py` has a test for each.
+module names what it relies on, and `tests/db/test_compat.py` has a test for each.
 """

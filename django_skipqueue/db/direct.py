@@ -7,7 +7,7 @@ PgQueuer's single enqueue with it, 0.85x through Django's cursor, 0.84x with psy
 own server-side preparation. The claim and the
 ack no longer take it: through Django's cursor they drained faster. `direct_row` says
 when it is taken (otherwise Django's cursor runs the statement) and what it relies on;
-`tests/test_compat.py` holds a test for each.
+`tests/db/test_compat.py` holds a test for each.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def direct_row(
     transaction, a statement run again on its session is named and prepared there
     (`_run_named`; not where the settings say a transaction pooler stands between).
 
-    Relied on (tests/test_compat.py): psycopg's `pq` (`send_query_params`,
+    Relied on (tests/db/test_compat.py): psycopg's `pq` (`send_query_params`,
     `send_prepare`, `send_query_prepared`, `send_query`, `finish`, the result's
     `error_field`, `Connection.cancel_safe`, `ConnectionInfo.backend_pid`,
     `transaction_status`, `pipeline_status`, `parameter_status`, the result's
@@ -276,7 +276,7 @@ def _last_result(results: list[Any], raw: Any) -> Any:
     block's exits never run: the lock stayed held, and every later statement on the
     connection waited for it forever (found by CI, 3 hangs in its last 4 runs on 3.13;
     CPython issue 130279). From a call, the interrupt reaches the caller at the call,
-    which its `with` block covers (tests/test_compat.py, the interrupt at each check)."""
+    which its `with` block covers (tests/db/test_compat.py, the interrupt at each check)."""
     for result in results:
         if result.status != _TUPLES_OK:
             if result.status == pq.ExecStatus.FATAL_ERROR:

@@ -1,6 +1,6 @@
 """The floor's hooks into Django's connections and cursors (not public API), each naming
 what it relies on, so that a Django or psycopg upgrade that changes it fails
-`tests/test_compat.py` first, not a worker in production.
+`tests/db/test_compat.py` first, not a worker in production.
 
 The `db` package is the floor under `queue/`, and only `queue/` imports it (an
 import-linter contract in pyproject.toml): what reaches a Django or psycopg private

@@ -76,7 +76,7 @@ def _all_applied(alias: str) -> bool:
     caller to MigrationLoader, which also knows squashed migrations. Names are counted
     once each: django_migrations has no unique key, and a row recorded twice (two
     `migrate` runs at once) hid a missing one from a count of rows
-    (tests/test_setup_errors.py).
+    (tests/integration/test_setup_errors.py).
 
     Raw SQL on Django's own table (its name is fixed in `MigrationRecorder`): the ORM's
     way, `MigrationRecorder`, imports `django.db.migrations` and its operations, 3-5 ms

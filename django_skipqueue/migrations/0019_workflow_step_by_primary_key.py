@@ -16,7 +16,7 @@
 # lock on the job table, and each session uses the new body from its next call.
 #
 # The body is 0012's with these lookups replaced, frozen below as it was first applied
-# (it was once made from 0012's text by replacing them; tests/test_workflow_step_sql.py
+# (it was once made from 0012's text by replacing them; tests/queue/test_workflow_step_sql.py
 # checks that django_skipqueue/queue/workflow_step.sql, the body the database runs
 # today, is the newest migration's).
 

@@ -193,7 +193,7 @@ class _NoIndex(Func):
     the entry of every running job, dead entries included. Measured on PostgreSQL 15
     with 5,000 jobs running: a renewal 3.6 ms, an ack 5.5 ms, each reading 4,900 rows it
     then threw away. With the state hidden, the primary key is the only index left to
-    find a job by its id (`tests/test_managers.py` checks the plans).
+    find a job by its id (`tests/queue/test_managers.py` checks the plans).
     """
 
     template = "(%(expressions)s || '')"

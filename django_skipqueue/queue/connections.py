@@ -98,7 +98,7 @@ def refresh_connections() -> None:
 #: such a write is skipped and tried again later. An outside trial lost 1 s leases
 #: behind an EXCLUSIVE lock held 4-7 s on skipqueue_workerprocess or
 #: skipqueue_queueminute, and with ACCESS EXCLUSIVE, the reap's NOTIFY trigger (a read
-#: of the worker table) and its sample (a read of the minute table) (tests/test_worker.py).
+#: of the worker table) and its sample (a read of the minute table) (tests/runtime/test_worker.py).
 SIDE_WRITE_LOCK_SECONDS = 0.2
 LOCK_NOT_AVAILABLE = "55P03"
 

@@ -33,7 +33,7 @@ FOR NO KEY UPDATE
 -- the column stays NULL), the ids as an array's text, the attempts as a JSON object by
 -- id (base._ack_parameters). Its generic plan (what a prepared statement of it would
 -- keep, after five runs, where that costs no more) finds the rows by the primary key as
--- well (tests/test_managers.py, EXPLAIN EXECUTE).
+-- well (tests/queue/test_managers.py, EXPLAIN EXECUTE).
 UPDATE skipqueue_job AS job
 SET state = 'done', result = %(results)s::jsonb -> job.id::text,
     finished_at = statement_timestamp(), leased_until = NULL
@@ -47,10 +47,10 @@ RETURNING job.id
 -- as `JobManager.renewal`'s UPDATE is (the attempt, running, an unexpired lease, no cancel
 -- requested), the lease clamped to MIN_LEASE..MAX_LEASE and never shortened. Renewed one by one, 300
 -- leases of 1 s fell behind their expiry (1,049 duplicate runs of 3,000 jobs;
--- tests/test_managers.py, `test_renew_many_...`). Rows another session has locked are skipped, not
+-- tests/queue/test_managers.py, `test_renew_many_...`). Rows another session has locked are skipped, not
 -- waited for: waiting, the statement kept the locks of the rows it had renewed, and the dispatcher's
 -- acks of those waited behind it (one row locked for 3 s elsewhere, 421 leases lost;
--- tests/test_worker.py, `test_a_renewal_skips_a_row_...`); the housekeeper tries those again shortly
+-- tests/runtime/test_worker.py, `test_a_renewal_skips_a_row_...`); the housekeeper tries those again shortly
 -- (`JobManager.holding_many` tells them from lost ones). Written as ACK_MANY is (the state hidden
 -- from the planner, the attempts read by id from one JSON object).
 WITH held AS (
@@ -73,7 +73,7 @@ RETURNING job.id
 -- for many): pending again, due now, without spending an attempt (`max_attempts` + 1,
 -- `releases` + 1), each row fenced on its own, written as RENEW_MANY is. A job with a
 -- cancel request is left to `release`, which ends it cancelled. One UPDATE a job made a
--- stop with a full prefetch buffer (256 jobs) take 0.1-1 s (tests/test_managers.py,
+-- stop with a full prefetch buffer (256 jobs) take 0.1-1 s (tests/queue/test_managers.py,
 -- `test_release_many_...`).
 UPDATE skipqueue_job AS job
 SET state = 'pending', run_at = statement_timestamp(), leased_until = NULL,

@@ -7,7 +7,7 @@
 --
 -- This file is what the database runs, not what changes it: to change the body, write a
 -- migration that holds its own frozen copy of the new text, and copy that text here.
--- tests/test_workflow_step_sql.py checks that the newest migration's body is this
+-- tests/queue/test_workflow_step_sql.py checks that the newest migration's body is this
 -- file's, that a migrated database runs it, and that its literals name the states,
 -- cancel reasons and channels the Python side uses.
 

@@ -200,7 +200,7 @@ class Housekeeper:
         thread ends. A job not started yet (buffered) keeps it too, so that it can still
         end cancelled when its turn comes or at a stop: renewed no more, a buffered
         job's lease ran out, its end was refused, and a graceful stop left it running
-        for the reaper, 30 times of 30 (tests/test_worker.py,
+        for the reaper, 30 times of 30 (tests/runtime/test_worker.py,
         `test_a_stop_ends_cancelled_the_buffered_jobs_...`). Any other is renewed no more."""
         slot = self.flow is not None and self.flow.holds_slot(flight.job)
         keep = slot or not self.held.started(flight)
@@ -226,7 +226,7 @@ class Housekeeper:
 
     def leases_lost(self, flights: list[Flight]) -> None:
         """`lease_lost` for many at once (a frozen worker's buffer), in one line: after
-        a freeze, one line a job wrote 1,668 lines (tests/test_worker.py,
+        a freeze, one line a job wrote 1,668 lines (tests/runtime/test_worker.py,
         `test_a_pass_that_finds_many_leases_lost_says_so_in_one_line`)."""
         ids = [flight.job.id for flight in flights if self.held.renewal_refused(flight)]
         if not ids:

@@ -287,7 +287,7 @@ def _words_before(text: str, end: int) -> str:
     """`text` up to `end`, less the word that `end` cuts (all of `text` if it is shorter).
     Masking shrinks a text, so what follows the cut could be kept by the final cut:
     cut in a word, a password's DSN lost its `@` and no rule knew it
-    (tests/test_redaction.py, `test_a_message_is_masked_before_it_is_cut_...`)."""
+    (tests/core/test_redaction.py, `test_a_message_is_masked_before_it_is_cut_...`)."""
     if len(text) <= end:
         return text
     cut = text[:end]

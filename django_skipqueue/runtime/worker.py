@@ -352,7 +352,7 @@ class Worker(WorkerLifecycle):
         """A burst worker found nothing to claim and holds nothing: whether to exit
         (None) or claim again after this many seconds. Not before it looked, once, at
         what a plain claim cannot see (bursts exited with due jobs left, every time:
-        tests/test_worker.py, `test_a_burst_runs_the_keyed_and_rate_limited_jobs_...`):
+        tests/runtime/test_worker.py, `test_a_burst_runs_the_keyed_and_rate_limited_jobs_...`):
         - a limit that held jobs back (a queue's rate or slots): after its wait;
         - expired leases of a worker that died: one reap (unless `reap_interval=0`);
           a drain shorter than the reap interval otherwise exited past them for good;

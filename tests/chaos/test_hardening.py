@@ -16,7 +16,7 @@ from django.test import Client
 from django_skipqueue.models import Job, JobState
 from tests.chaos.harness import check
 from tests.processes import wait_until
-from tests.test_managers import insert_raw
+from tests.queue.test_managers import insert_raw
 from tests.testapp import tasks
 from tests.testapp.models import Run
 

@@ -1,5 +1,5 @@
 """django-tasks' own test tasks (its tests/tasks.py at 0.12.0), declared with the Tasks
-API's @task under SkipQueueBackend, for tests/test_backport_conformance.py.
+API's @task under SkipQueueBackend, for tests/integration/test_backport_conformance.py.
 
 Changed: the failing tasks make one attempt (`max_attempts=1`), as the backport's
 backends do; ours would otherwise retry them with backoff. `hang` and `sleep_for` are

@@ -444,7 +444,7 @@ def outlives_its_timeout_per_account(context: TaskContext, account: str, seconds
     _occupy(context.job_id, seconds, account)
 
 
-# -- workflows (tests/test_workflows.py) ------------------------------------------------
+# -- workflows (tests/queue/test_workflows.py) ------------------------------------------------
 
 
 @task
@@ -498,7 +498,7 @@ def per_account_ignores_cancel(context: TaskContext, account: str, seconds: floa
     _occupy(context.job_id, seconds, account)
 
 
-# -- time limits (tests/test_time_limits.py) ---------------------------------------------
+# -- time limits (tests/runtime/test_timelimits.py) ---------------------------------------------
 
 
 @task(takes_context=True, soft_time_limit=0.3, time_limit=20.0)
@@ -621,7 +621,7 @@ def sleeps_past_its_limit(seconds: float = 30.0) -> None:
     time.sleep(seconds)
 
 
-# -- rate limits per task (tests/test_rate_limits.py) -------------------------------------
+# -- rate limits per task (tests/queue/test_rate_limits.py) -------------------------------------
 
 
 @task(rate_limit="5/s", takes_context=True)
@@ -637,7 +637,7 @@ def three_a_minute(n: int = 0) -> int:
 
 @task
 def enqueues_three() -> None:
-    """Enqueues from inside a task, as a fan-out does (tests/test_compat.py)."""
+    """Enqueues from inside a task, as a fan-out does (tests/db/test_compat.py)."""
     for n in range(3):
         add.enqueue(n, n)
 
@@ -647,7 +647,7 @@ def rated_and_keyed(account: str) -> str:
     return account
 
 
-# -- the outside trial of issue 27 (tests/test_celery_port_trial.py) ---------------------
+# -- the outside trial of issue 27 (tests/integration/test_celery_port_trial.py) -----
 
 
 @task(rate_limit="2/h")
@@ -674,7 +674,7 @@ async def trial_async_loops(seconds: float = 30.0) -> str:
     return "ran to the end"
 
 
-#: Set by tests/test_job_progress.py to let `reports_progress` finish.
+#: Set by tests/tasks/test_context.py to let `reports_progress` finish.
 progress_release = threading.Event()
 
 

@@ -262,7 +262,7 @@ def test_a_task_that_enqueues_itself_from_its_context_keeps_its_queue_and_priori
 
 
 def test_get_result_returns_a_row_whose_task_this_process_does_not_know():
-    from tests.test_managers import insert_raw
+    from tests.queue.test_managers import insert_raw
 
     job_id = insert_raw(task="'reports.tasks.monthly_totals'")
     result = default_task_backend.get_result(str(job_id))

@@ -20,7 +20,7 @@ from django_skipqueue.exceptions import Retry
 from django_skipqueue.tasks.base import Task
 from django_skipqueue.tasks.context import TaskContext
 
-REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 
 #: How a call is written in the reference -> the function it documents.
 DOCUMENTED: dict[str, Callable[..., Any]] = {

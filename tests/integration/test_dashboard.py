@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from django_skipqueue.runtime.prometheus import PrometheusSeries, QueueSample, gauge_families
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana" / "django-skipqueue.json"
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "howto" / "metrics-and-traces.md"
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "django-skipqueue.json"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "howto" / "metrics-and-traces.md"
 
 
 def exposed() -> set[str]:

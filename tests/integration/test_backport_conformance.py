@@ -550,10 +550,10 @@ def test_lib_using_django_backend():
 # test_immediate_backend.py:
 #   test_throws_keyboard_interrupt: ImmediateBackend re-raises a task's
 #     KeyboardInterrupt into the caller of enqueue(); a worker records it as the job's
-#     failure and goes on (tests/test_executor.py).
+#     failure and goes on (tests/runtime/test_executor.py).
 #   test_cannot_get_result, test_cannot_refresh_result, test_cannot_pass_run_after:
 #     ImmediateBackend lacks these features; ours supports them (supports_get_result,
-#     supports_defer: tests/test_backends.py).
+#     supports_defer: tests/integration/test_backends.py).
 #   test_meaning_of_life_view: its test project's view; the same enqueue-and-read is
 #     test_result and test_get_result_from_different_request here.
 # test_dummy_backend.py: test_clear, test_refresh_result(_async) (they edit DummyBackend's

@@ -12,7 +12,7 @@ from django_skipqueue import signals
 from django_skipqueue.conf import SkipQueueSettings
 from django_skipqueue.stats import QueueStats
 
-REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 
 
 def page(name: str) -> str:
@@ -54,7 +54,7 @@ def test_every_command_flag_is_in_the_reference(command):
 
 
 def test_every_check_id_is_in_the_reference():
-    source = (Path(__file__).resolve().parent.parent / "django_skipqueue" / "checks.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "django_skipqueue" / "checks.py").read_text()
     ids = set(re.findall(r'id="(skipqueue\.[EW]\d{3})"', source))
     assert ids and all(f"`{check}`" in page("checks.md") for check in ids)
 

@@ -863,7 +863,7 @@ def test_our_pages_link_the_stylesheet_and_our_code_has_no_inline_style(superuse
         reverse("admin:skipqueue_workerprocess_changelist"),
     ]:
         assert b"skipqueue/admin.css" in superuser_client.get(url).content, url
-    package = Path(__file__).resolve().parent.parent / "django_skipqueue"
+    package = Path(__file__).resolve().parents[2] / "django_skipqueue"
     sources = [*(package / "admin").glob("*.py"), *(package / "templates").rglob("*.html")]
     assert [str(path) for path in sources if "style=" in path.read_text()] == []
 

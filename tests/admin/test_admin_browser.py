@@ -22,7 +22,7 @@ from tests.factories import JobFactory
 from tests.processes import REPO_ROOT, child_env, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 WIDTH, HEIGHT = 1280, 800
 
 pytestmark = [

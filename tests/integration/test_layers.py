@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "django_skipqueue"
+PACKAGE = Path(__file__).resolve().parents[2] / "django_skipqueue"
 
 #: Imported by user code at import time (`@task`, settings, the django.tasks backend, test
 #: helpers in a conftest), possibly before the app registry is ready; and the app config.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "django_skipqueue"
+PACKAGE = Path(__file__).resolve().parents[2] / "django_skipqueue"
 
 
 def source(*names: str) -> dict[str, str]:
