@@ -15,6 +15,7 @@ from __future__ import annotations
 from django_skipqueue.broker.message import Message
 from django_skipqueue.broker.publisher import BatchPublisher, PublishRefusedError
 from django_skipqueue.broker.topology import (
+    ALONE_HEADER,
     ATTEMPT_HEADER,
     BROKER_DELIVERIES_HEADER,
     DELIVERIES_HEADER,
@@ -40,6 +41,7 @@ from django_skipqueue.conf.relay import (
 )
 
 __all__ = [
+    "ALONE_HEADER",
     "ATTEMPT_HEADER",
     "BROKER_DELIVERIES_HEADER",
     "DEFAULT_BATCH_SIZE",

@@ -16,11 +16,18 @@ consumer killed at any point causes a redelivery, never a loss. There is no fenc
 a consumer that loses its connection while a task runs cannot ack it, and RabbitMQ
 delivers the message again (the job id, the message id, lets the task deduplicate).
 A lost connection is retried with backoff.
+
+What counts against DELIVERY_LIMIT is every return of a message to its queue: a dead
+consumer's unacked deliveries, a channel RabbitMQ closes for its consumer timeout, a
+delivery pika returns because it arrived during a cancel. So: a redelivered message (or
+a given-up attempt's retry) runs alone with the consumers cancelled (`_pause`, after
+taking in what was sent, nothing acked meanwhile); what is not started is given back as
+a fresh copy keeping its count (`_hand_back`), never returned; and the consumer acts
+before the broker's consumer timeout (`_overdue`), during a stop too.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -42,14 +49,20 @@ from django_skipqueue.broker.topology import (
     dead_queue,
     declare,
     declare_retry,
-    pika_module,
     retry_exponent,
     retry_queue,
+)
+from django_skipqueue.broker.verdicts import (
+    FINAL,
+    ack,
+    delivery_count,
+    log_channel_closed,
+    properties_with_error,
+    write_back_params,
 )
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import RelayConfig
 from django_skipqueue.core.compat import pika_channel_impl
-from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job, WorkerKind
@@ -81,7 +94,7 @@ STUCK_STOP_SECONDS = 10.0
 #: A stopping consumer takes in what the broker sent until nothing came for this long
 #: (a round trip to the broker, and then some), for at most TAKE_IN_SECONDS.
 QUIET_SECONDS = 0.1
-TAKE_IN_SECONDS = 2.0
+TAKE_IN_SECONDS = 1.0
 
 
 @dataclass
@@ -123,9 +136,8 @@ class Consumer:
         self._write_due = 0.0
         self._retry_declared: set[str] = set()
         self._running = 0  # deliveries handed to the pool and not acked yet
-        #: Redelivered messages, run alone, and any delivery that comes while it stops
-        #: (given back): (tag, message, deliveries without an ack, the process clock when
-        #: it came).
+        #: Redelivered messages (or a given-up attempt's retry), run alone: (tag, message,
+        #: deliveries without an ack, the process clock when it came).
         self._suspects: list[tuple[int, Message, int, float]] = []
         #: After how long from its delivery a delivery waiting for a thread is handed
         #: back, and a running one is timed out (`_overdue`).
@@ -135,6 +147,14 @@ class Consumer:
         #: (`runworker --broker` exits with EXIT_TIME_LIMIT).
         self.stuck = False
         self._isolating = False
+        #: Consuming (its consumers' tags), or paused (`_pause`): while redelivered jobs
+        #: run alone, while a thread is in a task given up on, and while it stops.
+        self._consuming = False
+        self._consumer_tags: list[str] = []
+        self._taking_in = False  # `_pause` takes in what was sent: nothing is acked
+        self._arrivals = 0  # deliveries so far (`_take_in` waits for none to come)
+        #: Fresh deliveries that came while pausing: given back, never started.
+        self._unrun: list[tuple[int, Message, int, float]] = []
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
         self.presence = Presence(
@@ -164,6 +184,7 @@ class Consumer:
                     self.stats.reconnects += 1
                     self._pending_write.clear()  # their tags died with the channel
                     self._suspects.clear()
+                    self._unrun.clear()
                     self._handoff.lost()
                     self._running, self._isolating = 0, False
                     delay = backoff.next()
@@ -189,10 +210,10 @@ class Consumer:
             self._retry_declared.clear()
             for name in self.queues:
                 declare(channel, name, self.config)
-            channel.basic_qos(prefetch_count=self.prefetch)
-            pika_channel_impl(channel).add_on_close_callback(_log_channel_closed)
+            pika_channel_impl(channel).add_on_close_callback(log_channel_closed)
 
             def deliver(ch: Any, method: Any, properties: Any, body: bytes) -> None:
+                self._arrivals += 1
                 try:
                     message = Message.decode(body, properties.headers)
                 except InvalidJobError as error:
@@ -207,14 +228,14 @@ class Consumer:
                     ch.basic_ack(method.delivery_tag)
                     return
                 headers = properties.headers or {}
-                earlier = _count(headers.get(DELIVERIES_HEADER))
-                if method.redelivered or earlier:
-                    # A consumer died or lost its connection holding it: perhaps this
-                    # message killed it. Run it alone (below), so that a crash on it
-                    # holds no other message: the delivery limit counts every unacked
-                    # delivery of a dead consumer, and innocent neighbours must not
-                    # reach it with the poison.
-                    deliveries = earlier + _count(headers.get(BROKER_DELIVERIES_HEADER))
+                earlier = delivery_count(headers.get(DELIVERIES_HEADER))
+                if method.redelivered or earlier or message.alone:
+                    # A consumer died or lost its connection holding it, or gave up on its
+                    # last attempt while it ran: perhaps this message killed it. Run it
+                    # alone (`_isolate`), so that a crash on it holds no other message:
+                    # the delivery limit counts every unacked delivery of a dead consumer,
+                    # and innocent neighbours must not reach it with the poison.
+                    deliveries = earlier + delivery_count(headers.get(BROKER_DELIVERIES_HEADER))
                     if method.redelivered and not headers.get(BROKER_DELIVERIES_HEADER):
                         deliveries += 1  # a classic queue does not count for us
                     if deliveries >= self.config.delivery_limit:
@@ -225,14 +246,15 @@ class Consumer:
                     came = time.monotonic()
                     self._suspects.append((method.delivery_tag, message, deliveries, came))
                     return
-                if self.stop.is_set():  # taken in while stopping (below): not started
-                    self._suspects.append((method.delivery_tag, message, 0, time.monotonic()))
+                if self._taking_in or not self._consuming or self.stop.is_set():
+                    # Sent before the consumers were cancelled: not started, given back.
+                    self._unrun.append((method.delivery_tag, message, 0, time.monotonic()))
                     return
                 self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
 
             def turn() -> None:  # in this thread, from process_data_events
-                if self.stop.is_set():
-                    return  # stopping: nothing acked before the consumers are cancelled
+                if self._taking_in:
+                    return  # nothing acked before the consumers are cancelled (`_pause`)
                 self._overdue(channel, publisher, generation)
                 self._settle(channel, publisher, generation)
                 abandoned = self._abandoned()
@@ -241,57 +263,114 @@ class Consumer:
 
             # A finished job wakes this thread at once (the acks free prefetch room).
             self._handoff.connected(lambda: connection.add_callback_threadsafe(turn))
-            for name in self.queues:
-                channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
+            self._resume(channel, deliver)
             backoff.reset()
             logger.info("broker consumer connected queues=%s", ",".join(self.queues))
             while not self.stop.is_set():
                 connection.process_data_events(time_limit=0.2)
                 turn()
+                if self._wants_pause() and self._consuming:
+                    self._pause(connection, channel)
+                    self._give_back_unstarted(channel, publisher, generation)
+                elif not self._consuming and not self.stop.is_set() and self._may_resume():
+                    self._resume(channel, deliver)
                 self.presence.beat()
-            # Stopping: no new deliveries. Before the consumers are cancelled, nothing is
-            # acked, and what the broker already sent is taken in until none comes for
-            # QUIET_SECONDS: pika returns to the queue whatever arrives during a cancel,
-            # and the return counts a delivery against it (an ack just before made room
-            # the broker filled: 6 of 300 jobs dead-lettered at DELIVERY_LIMIT 2, T58).
-            # Then those not started are given back, keeping their count (a return by
-            # the close would add one against each, at every restart); those running
-            # finish and are settled, within STUCK_STOP_SECONDS where a thread never
-            # returns (then they come again).
-            self._take_in(connection)
-            channel.stop_consuming()
-            pool.shutdown(wait=False, cancel_futures=True)
-            for tag, held in self._handoff.unstarted(generation):
-                self._running -= 1
-                self._hand_back(channel, publisher, tag, held.message, held.deliveries)
+            # Stopping: the consumers cancelled (`_pause`), then those not started are
+            # given back, keeping their count (a return to the queue by the close would
+            # add one against each, at every restart); those running finish and are
+            # settled, the connection served meanwhile (the consumer timeout's rules
+            # apply to them as before), within STUCK_STOP_SECONDS once a task it gave
+            # up on did not return.
+            if self._consuming:
+                self._pause(connection, channel)
+            self._give_back_unstarted(channel, publisher, generation)
             for tag, message, deliveries, _ in self._suspects:
                 self._hand_back(channel, publisher, tag, message, deliveries)
             self._suspects.clear()
-            if self.stuck:
-                until = time.monotonic() + STUCK_STOP_SECONDS
-                while self._running > 0 and time.monotonic() < until:
-                    connection.process_data_events(time_limit=0.1)
-                    self._settle(channel, publisher, generation)
-            else:
-                pool.shutdown(wait=True)
+            until = None
+            while self._running > 0:
+                if self.stuck:
+                    until = until or time.monotonic() + STUCK_STOP_SECONDS
+                    if time.monotonic() >= until:
+                        break
+                connection.process_data_events(time_limit=0.1)
+                turn()
+            if self._handoff.abandoned_since() is not None:
+                self.stuck = True  # a thread still in a task given up on: not waited for
             self._settle(channel, publisher, generation, final=True)
         finally:
+            self._consuming = False
             if connection.is_open:
                 try:
                     connection.close()
                 except Exception as error:  # noqa: BLE001
                     logger.debug("closing the broker connection failed: %r", error)
 
+    # -- consuming, or not --------------------------------------------------------------
+
+    def _resume(self, channel: Any, deliver: Any) -> None:
+        """Consume every queue, at `prefetch` unacked deliveries each (a per-consumer
+        limit applies to the consumers made after it)."""
+        channel.basic_qos(prefetch_count=self.prefetch)
+        self._consumer_tags = [
+            channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
+            for name in self.queues
+        ]
+        self._consuming = True
+
+    def _pause(self, connection: Any, channel: Any) -> None:
+        """No more deliveries: the consumers cancelled, with nothing in flight.
+
+        Nothing is acknowledged from here until the cancel is done, and first what the
+        broker already sent is taken in (`_take_in`): a delivery that arrives during a
+        cancel is returned to the queue by pika, and RabbitMQ counts the return as a
+        delivery (an earlier fix, which cancelled at once, dead-lettered 6 of 300
+        innocent jobs at DELIVERY_LIMIT 2 after one SIGKILL). Cancelled, not held back by
+        a channel-wide prefetch of 1: RabbitMQ ignores that on quorum queues (an outside
+        trial: fresh jobs ran beside a poison, 44 of 110 dead-lettered)."""
+        self._taking_in = True
+        try:
+            self._take_in(connection)
+            for consumer_tag in self._consumer_tags:
+                channel.basic_cancel(consumer_tag)
+        finally:
+            self._taking_in = False
+        self._consumer_tags = []
+        self._consuming = False
+
     def _take_in(self, connection: Any) -> None:
         """Dispatch what the broker sent, until nothing came for QUIET_SECONDS (at most
-        TAKE_IN_SECONDS): a stopping consumer holds every delivery it was sent before it
-        cancels its consumers (`deliver` keeps those that come now, unstarted)."""
+        TAKE_IN_SECONDS): `deliver` keeps what comes now, unstarted."""
         until = time.monotonic() + TAKE_IN_SECONDS
         while time.monotonic() < until:
-            held = len(self._suspects) + self._running
+            arrivals = self._arrivals
             connection.process_data_events(time_limit=QUIET_SECONDS)
-            if len(self._suspects) + self._running == held:
+            if self._arrivals == arrivals:
                 return
+
+    def _give_back_unstarted(self, channel: Any, publisher: Any, generation: int) -> None:
+        """What this consumer holds and has not started, given back as fresh copies
+        keeping their counts: those waiting for a thread, and those taken in while
+        pausing. Redelivered ones stay with `_isolate`."""
+        for tag, held in self._handoff.unstarted(generation):
+            self._running -= 1
+            self._hand_back(channel, publisher, tag, held.message, held.deliveries)
+        for tag, message, deliveries, _ in self._unrun:
+            self._hand_back(channel, publisher, tag, message, deliveries)
+        self._unrun.clear()
+
+    def _wants_pause(self) -> bool:
+        """Redelivered jobs to run alone, or a thread in a task given up on."""
+        return bool(self._suspects) or self._handoff.abandoned_since() is not None
+
+    def _may_resume(self) -> bool:
+        """Paused, and nothing left that must run alone or be waited for."""
+        return (
+            not self._suspects
+            and self._running == 0
+            and not self._pending_write
+            and self._handoff.abandoned_since() is None
+        )
 
     def _submit(
         self,
@@ -323,49 +402,46 @@ class Consumer:
         *,
         abandoned: bool,
     ) -> None:
-        """Run redelivered messages one at a time, with nothing else unacked: prefetch 1
-        until they are done, each started once everything else was acked, no thread is
-        left in a task given up on (`_abandoned`), and a thread is free (one may still
-        run a task of a lost connection). The other redelivered messages are published
-        again as fresh copies (then acked), since a return to the queue would count as a
-        delivery against them; so is one still waiting at half the broker's consumer
-        timeout (it did not run: it keeps its count), and every one while a thread runs
-        a task given up on (its process may end soon, `_abandoned`)."""
+        """Run redelivered messages one at a time, alone in the process: only while the
+        consumers are cancelled (`_pause`, from the loop, once one comes), each started
+        once everything else was acked, no thread is left in a task given up on
+        (`_abandoned`), and a thread is free (one may still run a task of a lost
+        connection). The other redelivered messages are published again as fresh copies
+        (then acked), since a return to the queue would count as a delivery against them;
+        so is one still waiting at half the broker's consumer timeout (it did not run: it
+        keeps its count), and every one while a thread runs a task given up on (its
+        process may end soon). The copies come back flagged by their count, each run
+        alone in its turn; then the consumers come back (`_resume`)."""
         if self._suspects and not self._isolating:
-            # No new delivery while any is unacked. A channel-wide (global) limit, as
-            # RabbitMQ applies a per-consumer one only to consumers created after it:
-            # this consumer's own prefetch would go on filling up behind the suspects.
-            channel.basic_qos(prefetch_count=1, global_qos=True)
             self._isolating = True
             logger.warning(
                 "broker consumer: %d redelivered job(s), running them one at a time",
                 len(self._suspects),
             )
-        if not self._isolating:
+        if not self._suspects:
+            self._isolating = False
             return
         alone = (
-            self._running == 0
+            not self._consuming
+            and self._running == 0
             and not self._pending_write
             and not abandoned
             and self._handoff.busy() < self.concurrency
         )
-        if alone and self._suspects:
+        if alone:
             tag, message, deliveries, came = self._suspects.pop(0)
             for other_tag, other, other_deliveries, _ in self._suspects:
                 self._hand_back(channel, publisher, other_tag, other, other_deliveries)
             self._suspects.clear()
             self._submit(pool, generation, tag, message, deliveries, came)
-        elif alone:
-            channel.basic_qos(prefetch_count=0, global_qos=True)  # no channel limit
-            self._isolating = False
-        else:
-            now, waiting = time.monotonic(), []
-            for suspect in self._suspects:
-                if abandoned or now >= suspect[3] + self.hand_back_seconds:
-                    self._hand_back(channel, publisher, *suspect[:3])
-                else:
-                    waiting.append(suspect)
-            self._suspects = waiting
+            return
+        now, waiting = time.monotonic(), []
+        for suspect in self._suspects:
+            if abandoned or now >= suspect[3] + self.hand_back_seconds:
+                self._hand_back(channel, publisher, *suspect[:3])
+            else:
+                waiting.append(suspect)
+        self._suspects = waiting
 
     def _abandoned(self) -> bool:
         """Whether a thread still runs a task given up on (`_overdue`). If it still runs
@@ -481,7 +557,7 @@ class Consumer:
                 verdict = Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
             else:
                 verdict = Verdict(Outcome.FAILED, seconds, error=error)
-            self._handoff.settle_here(Done(generation, tag, message, verdict))
+            self._handoff.settle_here(Done(generation, tag, message, verdict, given_up=True))
 
     def _run(self, generation: int, tag: int, message: Message) -> None:
         job = Job(
@@ -498,7 +574,9 @@ class Consumer:
         )
         task = registry.get(job.task) if job.task in registry else None
         timeout = task.timeout.total_seconds() if task and task.timeout else None
-        if not self._handoff.start((generation, tag), timeout, time.monotonic()):
+        if self.stop.is_set() or not self._handoff.start(
+            (generation, tag), timeout, time.monotonic()
+        ):
             return  # handed back while it waited, or its connection is gone
         try:
             verdict = run_brokered(job, database=self.database)
@@ -570,7 +648,7 @@ class Consumer:
             declare_retry(publisher, done.message.queue, exponent)
             self._retry_declared.add(name)
         released = done.verdict.outcome is Outcome.RELEASED
-        following = done.message.next_attempt(released=released)
+        following = done.message.next_attempt(released=released, alone=done.given_up)
         publisher.basic_publish(
             "",
             retry_queue(done.message.queue, exponent),
@@ -596,63 +674,5 @@ class Consumer:
         self._pending_write.clear()
 
 
-FINAL = (Outcome.SUCCEEDED, Outcome.FAILED)
-
-
 class DeliveryLimitError(Exception):
     """The error a consumer records on a message it dead-letters at the delivery limit."""
-
-
-def _count(value: object) -> int:
-    """A delivery count from a header: 0 unless a non-negative integer."""
-    return value if isinstance(value, int) and value > 0 else 0
-
-
-def _log_channel_closed(channel: Any, reason: Exception) -> None:
-    """Say why the broker closed the consuming channel: the deliveries it held are
-    delivered again, and each such close counts against their delivery limit."""
-    text = str(reason)
-    if "timed out" in text or "consumer_timeout" in text:
-        logger.error(
-            "broker channel closed by RabbitMQ's consumer timeout: a delivery stayed "
-            "unacked longer than the broker's consumer_timeout (its deliveries come "
-            "again, counted against DELIVERY_LIMIT); give long tasks a timeout below it, "
-            "or raise it: %s",
-            text,
-        )
-    elif getattr(reason, "reply_code", None) == 200:  # ours: a clean close or a stop
-        logger.debug("broker channel closed: %s", text)
-    else:
-        logger.warning("broker channel closed: %s", text)
-
-
-def ack(channel: Any, tag: int) -> None:
-    """Acknowledge one delivery without flushing the socket at once: the frames of a
-    turn's acks leave together at the next I/O of the connection's loop (pika's
-    BlockingChannel.basic_ack would send and poll once for each)."""
-    pika_channel_impl(channel).basic_ack(tag)
-
-
-def properties_with_error(properties: Any, text: str) -> Any:
-    pika = pika_module()
-    headers = dict(properties.headers or {})
-    headers[ERROR_HEADER] = redact_text(text)[:1000]
-    return pika.BasicProperties(
-        message_id=properties.message_id,
-        delivery_mode=2,
-        content_type=properties.content_type,
-        headers=headers,
-    )
-
-
-def write_back_params(finals: list[Done]) -> list[Any]:
-    ids, states, results, errors, attempts = [], [], [], [], []
-    for done in finals:
-        succeeded = done.verdict.outcome is Outcome.SUCCEEDED
-        ids.append(done.message.job_id)
-        states.append(JobState.DONE if succeeded else JobState.FAILED)
-        results.append(json.dumps(done.verdict.result) if succeeded else None)
-        error = done.verdict.error
-        errors.append("" if error is None else f"{error.type}: {error.message}\n{error.traceback}")
-        attempts.append(done.message.attempt)
-    return [ids, states, results, errors, attempts]

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_skipqueue.broker.topology import ATTEMPT_HEADER, pika_module
+from django_skipqueue.broker.topology import ALONE_HEADER, ATTEMPT_HEADER, pika_module
 from django_skipqueue.exceptions import InvalidJobError
 
 if TYPE_CHECKING:
@@ -31,6 +31,8 @@ class Message:
     #: as the message's `traceparent`, `tracestate` and `baggage` headers; None:
     #: untraced.
     trace: dict[str, str] | None = None
+    #: Run alone (ALONE_HEADER): the attempt before it was given up on while it ran.
+    alone: bool = False
 
     def body(self) -> bytes:
         return json.dumps(
@@ -52,16 +54,23 @@ class Message:
             message_id=str(self.job_id),
             delivery_mode=2,  # persistent
             content_type="application/json",
-            headers={ATTEMPT_HEADER: self.attempt, **(self.trace or {}), **headers},
+            headers={
+                ATTEMPT_HEADER: self.attempt,
+                **({ALONE_HEADER: 1} if self.alone else {}),
+                **(self.trace or {}),
+                **headers,
+            },
         )
 
-    def next_attempt(self, *, released: bool = False) -> Message:
+    def next_attempt(self, *, released: bool = False, alone: bool = False) -> Message:
         """The message of the next attempt. `released` (the task raised Retry): the
-        attempt is given back, as in the table, by one more allowed attempt."""
+        attempt is given back, as in the table, by one more allowed attempt. `alone`:
+        this attempt was given up on while it ran; the next runs alone."""
         return dataclasses.replace(
             self,
             attempt=self.attempt + 1,
             max_attempts=self.max_attempts + (1 if released else 0),
+            alone=alone,
         )
 
     @classmethod
@@ -85,6 +94,7 @@ class Message:
                 max_attempts=int(data["max_attempts"]),
                 lease_seconds=float(data["lease_seconds"]),
                 trace=_trace_of(headers or {}),
+                alone=bool((headers or {}).get(ALONE_HEADER)),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidJobError(f"a broker message is not a job: {error!r}") from None

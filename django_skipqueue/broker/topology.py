@@ -45,6 +45,10 @@ ERROR_HEADER = "x-skipqueue-error"
 DELIVERIES_HEADER = "x-skipqueue-deliveries"
 #: What a quorum queue adds to a message delivered again: its earlier deliveries.
 BROKER_DELIVERIES_HEADER = "x-delivery-count"
+#: The header of a job's next attempt after its consumer gave up on a running one (a
+#: timeout): that attempt runs alone, as a redelivered message does, so that a task that
+#: kills its process only after the timeout takes no other message with it.
+ALONE_HEADER = "x-skipqueue-alone"
 
 
 # -- names -------------------------------------------------------------------------

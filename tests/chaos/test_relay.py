@@ -6,6 +6,7 @@ duplicates counted against what the design allows."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -67,6 +68,13 @@ def test_sigkilling_the_relay_while_it_publishes_5000_jobs_loses_none(
     assert duplicates <= kills * batch
 
 
+def rabbitmqctl() -> list[str]:
+    """rabbitmqctl for the broker the tests use: the local default node, or the node
+    SKIPQUEUE_TEST_RABBITMQ_NODE names (with SKIPQUEUE_TEST_AMQP_URL pointing at it)."""
+    node = os.environ.get("SKIPQUEUE_TEST_RABBITMQ_NODE")
+    return ["rabbitmqctl", *(["-n", node] if node else [])]
+
+
 def restarted(supervisor, consumer, settings, concurrency: str):
     """A new consumer in place of one that exited, as its supervisor would start one."""
     supervisor.workers.remove(consumer)
@@ -99,10 +107,10 @@ def test_restarting_rabbitmq_mid_run_loses_nothing_and_everyone_reconnects(
         consumer.wait_for_output("broker consumer connected")
     first = tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 5})] * 1000)
     wait_until(lambda: Effect.objects.filter(job_id__in=[j.id for j in first]).count() > 200)
-    subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=60)
+    subprocess.run([*rabbitmqctl(), "-q", "stop_app"], check=True, timeout=60)
     second = tasks.probe.using(queue_name=queue).enqueue_many([((), {"ms": 5})] * 1000)
     time.sleep(2)
-    subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120)
+    subprocess.run([*rabbitmqctl(), "-q", "start_app"], check=True, timeout=120)
     ids = [job.id for job in [*first, *second]]
     wait_for_effects(ids, timeout=150)
     duplicates = DuplicateEffect.objects.filter(job_id__in=ids).count()
@@ -235,7 +243,7 @@ def consumer_timeout_4s():
 
     def ctl(expression: str) -> str:
         return subprocess.run(
-            ["rabbitmqctl", "-q", "eval", expression],
+            [*rabbitmqctl(), "-q", "eval", expression],
             check=True,
             timeout=60,
             capture_output=True,
@@ -384,3 +392,92 @@ def test_one_sigkill_dead_letters_no_innocent_at_a_delivery_limit_of_2(
     wait_for_effects(ids, timeout=120)
     print(f"\none sigkill: dead={depth(dead_queue(queue))}")
     assert depth(dead_queue(queue)) == 0
+
+
+def run_with_replacements(supervisor, settings, concurrency, done, *, timeout=150):
+    """Consumers replaced as they exit until `done()`; their exit codes."""
+    consumer = supervisor.start("--broker", "--concurrency", concurrency, settings=settings)
+    exits: list[int] = []
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            print(supervisor.logs()[-8000:])
+            pytest.fail("the scenario did not end")
+        if consumer.process.poll() is not None:
+            exits.append(consumer.process.returncode)
+            consumer = restarted(supervisor, consumer, settings, concurrency)
+        time.sleep(0.2)
+    return exits
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["exit", "late-exit"])
+def test_a_poison_among_a_full_prefetch_takes_no_innocent_with_it(
+    supervisor, broker_queue_name, consumer_timeout_4s, mode
+):
+    """T60 (the outside trial of T55-T59): `--concurrency 4`, PREFETCH 50, DELIVERY_LIMIT
+    2, 100 short jobs and a poison that kills its process at once, or 5 s in (past its
+    give-up at 3.6 s). Before: the channel-wide prefetch meant to run redelivered jobs
+    alone is ignored on quorum queues, fresh jobs ran beside them, and the poison's
+    retry after a given-up attempt came as a fresh message: 44 of 110 innocent jobs
+    dead-lettered. Now the consumers are cancelled (after taking in what was sent, so
+    that nothing returned is counted) while redelivered jobs, or a given-up attempt's
+    retry, run alone."""
+    queue = broker_queue_name
+    settings = relay_settings(
+        queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s, PREFETCH=50
+    )
+    probe = tasks.probe.using(queue_name=queue)
+    healthy = [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 20)]
+    poison = probe.using(max_attempts=3).enqueue(ms=5000 if mode == "late-exit" else 0, mode=mode)
+    healthy += [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 80)]
+    supervisor.start(settings=settings, command="relayjobs")
+    exits = run_with_replacements(
+        supervisor,
+        settings,
+        "4",
+        lambda: (
+            Effect.objects.filter(job_id__in=healthy).count() == len(healthy)
+            and depth(dead_queue(queue)) > 0
+        ),
+    )
+    dead = drain(dead_queue(queue))
+    print(f"\nfull prefetch, poison {mode}: exits={exits} dead={len(dead)}")
+    assert [int(properties.message_id) for _, properties, _ in dead] == [poison.id]
+    assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
+
+
+@pytest.mark.timeout(120)
+def test_a_sigterm_while_a_long_job_runs_ends_within_the_consumer_timeout(
+    supervisor, broker_queue_name, consumer_timeout_4s
+):
+    """T61 (the same trial): SIGTERM 1 s after a consumer at `--concurrency 2`, PREFETCH
+    4, took an 8 s job and 10 short ones. Before: the stop waited for the long job
+    without serving the connection or the timeout's rules; RabbitMQ closed the channel
+    (2 of 2 runs) and one stop hung in the connection's close. Now the stop gives back
+    what it did not start and keeps serving: the long job is timed out at 3.6 s, its
+    consumer exits with code 3 a second later, and no channel is closed."""
+    queue = broker_queue_name
+    settings = relay_settings(
+        queue, DELIVERY_LIMIT=2, CONSUMER_TIMEOUT=consumer_timeout_4s, PREFETCH=4
+    )
+    probe = tasks.probe.using(queue_name=queue, max_attempts=1)
+    probe.enqueue(ms=8000)
+    healthy = [job.id for job in probe.enqueue_many([((), {"ms": 300})] * 10)]
+    supervisor.start(settings=settings, command="relayjobs")
+    consumer = supervisor.start("--broker", "--concurrency", "2", settings=settings)
+    wait_until(lambda: Effect.objects.filter(job_id__in=healthy).exists(), timeout=30)
+    time.sleep(0.5)
+    began = time.monotonic()
+    consumer.signal(signal.SIGTERM)
+    code = consumer.wait(timeout=20)
+    took = time.monotonic() - began
+    supervisor.workers.remove(consumer)
+    supervisor.retired.append(consumer)
+    supervisor.start("--broker", "--concurrency", "2", settings=settings)
+    wait_for_effects(healthy, timeout=60)
+    print(f"\nsigterm during a long job: exit={code} stop took {took:.1f}s")
+    assert code == 3
+    assert took < 6
+    assert "closed by RabbitMQ's consumer timeout" not in supervisor.logs()
+    assert depth(dead_queue(queue)) == 1
