@@ -1,4 +1,10 @@
-"""The job table and the worker registry."""
+"""The job table and the worker registry: the app's models (Job, Workflow, Queue,
+RateBucket, Schedule, QueueMinute, WorkerProcess), one module as Django expects.
+
+Over 600 lines because each model's fields carry their help text and constraints, which
+the migrations and the admin read; their verbs are `queue/`'s, their clamping fields
+`queue/fields.py`'s.
+"""
 
 from __future__ import annotations
 

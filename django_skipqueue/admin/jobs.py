@@ -1,4 +1,10 @@
-"""The job admin: read-only jobs, their health, and the operator's guarded actions."""
+"""The job admin: read-only jobs, their health, and the operator's guarded actions.
+
+Over 600 lines because it is one ModelAdmin: its columns, its page and its three
+actions (retry, cancel, requeue) share the queryset and the permission checks. The
+words of a job's banners are `job_texts.py`'s; what every admin page shares,
+`common.py`'s.
+"""
 
 from __future__ import annotations
 

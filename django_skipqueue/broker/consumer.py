@@ -24,6 +24,10 @@ a given-up attempt's retry) runs alone with the consumers cancelled (`_pause`, a
 taking in what was sent, nothing acked meanwhile); what is not started is given back as
 a fresh copy keeping its count (`_hand_back`), never returned; and the consumer acts
 before the broker's consumer timeout (`_overdue`), during a stop too.
+
+Over 600 lines: these rules hold together in the one thread that talks to the broker
+(pika's connection is not thread-safe); what it shares with the pool is `handoff.py`'s,
+what it replies about a delivery `verdicts.py`'s.
 """
 
 from __future__ import annotations

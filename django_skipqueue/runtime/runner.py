@@ -9,6 +9,10 @@ or failed (with the error and, when another attempt may help, the backoff before
 The PostgreSQL worker writes a decision through the fence (`executor.execute`); the
 broker consumer turns it into an ack, a delayed retry or a dead letter
 (`executor.run_brokered`). Only registered tasks run (tasks/registry.py).
+
+Over 600 lines because a task's run is one sequence read top to bottom (call, roll
+back, watch the session, check the result, decide): split, each step would need the
+others' state passed around.
 """
 
 from __future__ import annotations

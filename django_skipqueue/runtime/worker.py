@@ -19,6 +19,9 @@ threads change them only through its methods. A thread that dies is started agai
 
 The process clock only schedules (when to renew, how long to wait); every decision on
 a lease is made by the database in a fenced statement.
+
+Over 600 lines: the dispatch loop (claim, hand over, acknowledge, burst, limits) is one
+thread's state machine; its threads' start and its stop are `lifecycle.py`'s.
 """
 
 from __future__ import annotations
