@@ -35,6 +35,10 @@ from django_skipqueue.exceptions import (
     ConfigurationError,
     InvalidJobError,
 )
+
+# TaskContext and progress_report lived here before tasks/context.py: importable from
+# here still (`from django_skipqueue import TaskContext` is the documented path).
+from django_skipqueue.tasks.context import TaskContext, progress_report
 from django_skipqueue.tasks.options import (
     validate_expires,
     validate_lease,
@@ -586,3 +590,16 @@ def bind_schedules(
             )
         )
     return tuple(bound)
+
+
+__all__ = [
+    "Schedule",
+    "Signature",
+    "Task",
+    "TaskContext",
+    "UniqueKey",
+    "bind_schedules",
+    "default_retry_policy",
+    "progress_report",
+    "task",
+]
