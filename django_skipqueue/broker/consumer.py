@@ -244,7 +244,7 @@ class Consumer:
                         deliveries += 1  # a classic queue does not count for us
                     if deliveries >= self.config.delivery_limit:
                         self._dead_letter_undelivered(
-                            ch, publisher, method.delivery_tag, message, deliveries
+                            ch, publisher, method.delivery_tag, message, deliveries, generation
                         )
                         return
                     came = time.monotonic()
@@ -439,9 +439,11 @@ class Consumer:
             self._suspects.clear()
             self._submit(pool, generation, tag, message, deliveries, came)
             return
+        # Waiting for the others to finish: one held, the rest given back at once, so that
+        # a crash meanwhile (a fresh job may be a poison) counts again one of them at most.
         now, waiting = time.monotonic(), []
         for suspect in self._suspects:
-            if abandoned or now >= suspect[3] + self.hand_back_seconds:
+            if abandoned or waiting or now >= suspect[3] + self.hand_back_seconds:
                 self._hand_back(channel, publisher, *suspect[:3])
             else:
                 waiting.append(suspect)
@@ -471,7 +473,10 @@ class Consumer:
         self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
     ) -> None:
         """Publish a delivery that did not run again as a fresh copy that carries its count
-        of deliveries so far (a return to the queue would add one), then ack it."""
+        of deliveries so far (a return to the queue would add one), then ack it, sent at
+        once: the next job may be a poison run alone, and an ack still in the client's
+        buffer when it ends the process is lost, the original returned and counted again
+        beside its copy (an outside trial: 1 innocent job of 150 dead-lettered)."""
         headers = {DELIVERIES_HEADER: deliveries} if deliveries else {}
         publisher.basic_publish(
             "",
@@ -480,15 +485,22 @@ class Consumer:
             message.properties(**headers),
             mandatory=True,
         )
-        ack(channel, tag)
+        channel.basic_ack(tag)
         self.stats.handed_back += 1
 
     def _dead_letter_undelivered(
-        self, channel: Any, publisher: Any, tag: int, message: Message, deliveries: int
+        self,
+        channel: Any,
+        publisher: Any,
+        tag: int,
+        message: Message,
+        deliveries: int,
+        generation: int,
     ) -> None:
         """A message delivered `deliveries` times to consumers that died holding it (the
         broker's own limit counts the copies of this one only): to the dead queue, then
-        acked, as RabbitMQ does at the limit."""
+        acked, as RabbitMQ does at the limit; with RESULTS, once its row is written back
+        failed."""
         text = (
             f"{DeliveryLimitError.__module__}.{DeliveryLimitError.__name__}: delivered "
             f"{deliveries} times without an ack (each consumer holding it died or lost "
@@ -502,8 +514,15 @@ class Consumer:
             message.properties(**{ERROR_HEADER: text}),
             mandatory=True,
         )
-        channel.basic_ack(tag)
         self.stats.dead += 1
+        if self.config.results:
+            raised = DeliveryLimitError(text.split(": ", 1)[1])
+            verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(raised))
+            if not self._pending_write:
+                self._write_due = time.monotonic() + WRITE_BACK_SECONDS
+            self._pending_write.append(Done(generation, tag, message, verdict))
+            return
+        channel.basic_ack(tag)
 
     def _overdue(self, channel: Any, publisher: Any, generation: int) -> None:
         """Deliveries past their time (`Handoff.overdue`), counted from each delivery as

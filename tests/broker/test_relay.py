@@ -144,6 +144,46 @@ def test_results_keep_the_rows_relayed_until_the_consumer_writes_the_outcome_bac
     assert "no luck" in properties.headers[ERROR_HEADER]
 
 
+def test_with_results_a_message_at_the_delivery_limit_ends_its_row_failed(
+    relayed, settings, start_worker
+):
+    """An outside trial: a message the consumer dead-letters at DELIVERY_LIMIT (a copy
+    whose count says its consumers died holding it) left its row `relayed` for ever.
+    Now the row ends failed with DeliveryLimitError, as any dead-lettered job's does."""
+    import pika
+
+    from django_skipqueue.broker import DELIVERIES_HEADER, Message
+
+    settings.SKIPQUEUE = {**settings.SKIPQUEUE, **relay_settings(relayed, RESULTS=True)}
+    job = record.using(queue_name=relayed).enqueue()
+    assert relay_everything() == 1
+    [(_, properties, body)] = drain(broker_queue(relayed))
+    message = Message.decode(body, properties.headers)
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        connection.channel().basic_publish(
+            "",
+            broker_queue(relayed),
+            message.body(),
+            message.properties(**{DELIVERIES_HEADER: 5}),
+        )
+    finally:
+        connection.close()
+    consumer = start_worker("--broker", settings=settings.SKIPQUEUE)
+    wait_until(
+        lambda: Job.objects.filter(id=job.id, state=JobState.FAILED).exists(),
+        timeout=30,
+        message="the row stayed relayed",
+    )
+    consumer.signal(signal.SIGTERM)
+    assert consumer.wait(20) == 0
+    job.refresh_from_db()
+    assert "DeliveryLimitError: delivered 5 times" in job.last_error
+    assert not Run.objects.filter(job_id=job.id).exists()
+    [(_, properties, _)] = drain(dead_queue(relayed))
+    assert int(properties.message_id) == job.id
+
+
 def test_the_consumer_runs_the_tasks_with_context_and_stops_on_sigterm(
     relayed, settings, start_worker
 ):
