@@ -330,8 +330,8 @@ class Consumer:
         cancel is returned to the queue by pika, and RabbitMQ counts the return as a
         delivery (an earlier fix, which cancelled at once, dead-lettered 6 of 300
         innocent jobs at DELIVERY_LIMIT 2 after one SIGKILL). Cancelled, not held back by
-        a channel-wide prefetch of 1: RabbitMQ ignores that on quorum queues (an outside
-        trial: fresh jobs ran beside a poison, 44 of 110 dead-lettered)."""
+        a channel-wide prefetch of 1: RabbitMQ ignores that on quorum queues (fresh jobs
+        ran beside a poison, 44 of 110 dead-lettered; tests/chaos/test_relay.py, T60)."""
         self._taking_in = True
         try:
             self._take_in(connection)
@@ -476,7 +476,8 @@ class Consumer:
         of deliveries so far (a return to the queue would add one), then ack it, sent at
         once: the next job may be a poison run alone, and an ack still in the client's
         buffer when it ends the process is lost, the original returned and counted again
-        beside its copy (an outside trial: 1 innocent job of 150 dead-lettered)."""
+        beside its copy (1 innocent job of 150 dead-lettered, 1 run in 4 of T60's shape;
+        tests/chaos/test_relay.py)."""
         headers = {DELIVERIES_HEADER: deliveries} if deliveries else {}
         publisher.basic_publish(
             "",

@@ -149,8 +149,9 @@ class WorkerLifecycle:
         """Start a helper's thread, which runs `run` once the first claim has returned
         (at once when restarted). One that is not needed `when_stopping` does not start
         its work after a stop came (a signal during the start-up): the listener would
-        open a connection and LISTEN for a worker that claims no more (an outside
-        trial, 3 of 11 signals around the first claim)."""
+        open a connection and LISTEN for a worker that claims no more (3 of 11 signals
+        around the first claim; tests/runtime/test_worker.py,
+        `test_a_stop_before_the_first_claim_returned_starts_no_listener`)."""
 
         def after_first_claim() -> None:
             self._first_claim.wait(HELPERS_HEAD_START_SECONDS)
@@ -174,8 +175,9 @@ class WorkerLifecycle:
         # `running` for up to the whole grace period where another worker could have
         # run them, and their leases, no longer renewed once out of the held set, ran
         # out meanwhile: a short lease's job was reaped by this worker's own
-        # housekeeper, and failed without ever running on its last attempt (an outside
-        # trial: 50 of 50 buffered jobs with a 1 s lease behind a 6 s task).
+        # housekeeper, and failed without ever running on its last attempt (50 of 50
+        # buffered jobs with a 1 s lease behind a 6 s task; tests/runtime/test_worker.py,
+        # `test_on_stop_prefetched_jobs_are_released_before_the_grace_period_not_reaped`).
         if self._release_prefetched:
             self._release(self.held.unstarted(self._work.drain()))
         deadline = time.monotonic() + self.grace

@@ -64,9 +64,10 @@ class Command(BaseCommand):
         itself. Every other check, yours untagged included, still stops the worker.
 
         Only on the main thread (the command line's start-up): the registry is the
-        process's, and a check run by another thread meanwhile would miss them too (an
-        outside trial: `call_command('runworker', skip_checks=False)` on a thread hid
-        them from the main thread's `run_checks`)."""
+        process's, and a check run by another thread meanwhile would miss them too
+        (`call_command('runworker', skip_checks=False)` on a thread hid them from the
+        main thread's `run_checks`; tests/integration/test_commands.py,
+        `test_runworker_on_another_thread_runs_every_system_check`)."""
         on_main = threading.current_thread() is threading.main_thread()
         # Tags.commands, from Django 5.2
         with _checks_hidden(tagged="commands") if on_main else contextlib.nullcontext():
