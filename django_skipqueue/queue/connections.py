@@ -96,7 +96,7 @@ def refresh_connections() -> None:
 #: minutes) waits for a lock. They share the housekeeper's thread with the lease renewals, which
 #: a table locked for seconds (an operator's LOCK TABLE, a migration) must not hold up:
 #: such a write is skipped and tried again later (tests/runtime/test_worker.py,
-#: `test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal`). We lost 1 s leases
+#: `test_a_side_table_locked_for_seconds_holds_up_no_lease_renewal`). Waiting, 1 s leases were lost
 #: behind an EXCLUSIVE lock held 4-7 s on skipqueue_workerprocess or
 #: skipqueue_queueminute, and with ACCESS EXCLUSIVE, the reap's NOTIFY trigger (a read
 #: of the worker table) and its sample (a read of the minute table) (tests/runtime/test_worker.py).
