@@ -441,7 +441,8 @@ class Consumer:
             return
         # Waiting for the others to finish: one held, the rest given back at once, so that
         # a crash meanwhile (a fresh job may be a poison) counts again one of them at most.
-        now, waiting = time.monotonic(), []
+        now = time.monotonic()
+        waiting: list[tuple[int, Message, int, float]] = []
         for suspect in self._suspects:
             if abandoned or waiting or now >= suspect[3] + self.hand_back_seconds:
                 self._hand_back(channel, publisher, *suspect[:3])
