@@ -95,8 +95,9 @@ GIVE_UP_SHARE = 0.9
 #: How long a stopping consumer whose thread is stuck in a task it gave up on waits for
 #: its other running jobs before it closes its connection (they come again).
 STUCK_STOP_SECONDS = 10.0
-#: A stopping consumer takes in what the broker sent until nothing came for this long
-#: (a round trip to the broker, and then some), for at most TAKE_IN_SECONDS.
+#: Before it cancels its consumers (`Consumer._pause`), a consumer takes in what the broker
+#: sent until nothing came for this long (a round trip to the broker, and then some), for
+#: at most TAKE_IN_SECONDS.
 QUIET_SECONDS = 0.1
 TAKE_IN_SECONDS = 1.0
 
@@ -107,7 +108,7 @@ class ConsumerStats:
     retried: int = 0
     dead: int = 0
     reconnects: int = 0
-    handed_back: int = 0  # deliveries published again unrun, near the consumer timeout
+    handed_back: int = 0  # deliveries published again unrun, keeping their count
 
 
 class Consumer:
@@ -132,8 +133,8 @@ class Consumer:
         self.database = database or get_settings().DATABASE_ALIAS
         self.stop = threading.Event()
         self.stats = ConsumerStats()
-        #: What this thread and the pool's threads share (finished deliveries, the
-        #: pending wake-up, timeout deadlines): its own owner, with one lock.
+        #: What this thread and the pool's threads share (the deliveries held and their
+        #: deadlines, finished ones, the pending wake-up): its own owner, with one lock.
         self._handoff = Handoff()
         self._generation = 0
         self._pending_write: list[Done] = []
@@ -151,14 +152,14 @@ class Consumer:
         #: (`runworker --broker` exits with EXIT_TIME_LIMIT).
         self.stuck = False
         self._isolating = False
-        #: Consuming (its consumers' tags), or paused (`_pause`): while redelivered jobs
-        #: run alone, while a thread is in a task given up on, and while it stops.
-        self._consuming = False
+        #: Its consumers' tags while it consumes; none while paused (`_pause`): while
+        #: redelivered jobs run alone, while a thread is in a task given up on, and while
+        #: it stops.
         self._consumer_tags: list[str] = []
         self._taking_in = False  # `_pause` takes in what was sent: nothing is acked
         self._arrivals = 0  # deliveries so far (`_take_in` waits for none to come)
-        #: Fresh deliveries that came while pausing: given back, never started.
-        self._unrun: list[tuple[int, Message, int, float]] = []
+        #: Fresh deliveries that came while pausing (tag, message): given back, unstarted.
+        self._unrun: list[tuple[int, Message]] = []
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
         self.presence = Presence(
@@ -252,7 +253,7 @@ class Consumer:
                     return
                 if self._taking_in or not self._consuming or self.stop.is_set():
                     # Sent before the consumers were cancelled: not started, given back.
-                    self._unrun.append((method.delivery_tag, message, 0, time.monotonic()))
+                    self._unrun.append((method.delivery_tag, message))
                     return
                 self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
 
@@ -303,7 +304,7 @@ class Consumer:
                 self.stuck = True  # a thread still in a task given up on: not waited for
             self._settle(channel, publisher, generation, final=True)
         finally:
-            self._consuming = False
+            self._consumer_tags = []
             if connection.is_open:
                 try:
                     connection.close()
@@ -320,7 +321,6 @@ class Consumer:
             channel.basic_consume(broker_queue(name), deliver, auto_ack=False)
             for name in self.queues
         ]
-        self._consuming = True
 
     def _pause(self, connection: Any, channel: Any) -> None:
         """No more deliveries: the consumers cancelled, with nothing in flight.
@@ -340,7 +340,10 @@ class Consumer:
         finally:
             self._taking_in = False
         self._consumer_tags = []
-        self._consuming = False
+
+    @property
+    def _consuming(self) -> bool:
+        return bool(self._consumer_tags)
 
     def _take_in(self, connection: Any) -> None:
         """Dispatch what the broker sent, until nothing came for QUIET_SECONDS (at most
@@ -359,8 +362,8 @@ class Consumer:
         for tag, held in self._handoff.unstarted(generation):
             self._running -= 1
             self._hand_back(channel, publisher, tag, held.message, held.deliveries)
-        for tag, message, deliveries, _ in self._unrun:
-            self._hand_back(channel, publisher, tag, message, deliveries)
+        for tag, message in self._unrun:
+            self._hand_back(channel, publisher, tag, message, 0)
         self._unrun.clear()
 
     def _wants_pause(self) -> bool:
@@ -503,11 +506,11 @@ class Consumer:
         broker's own limit counts the copies of this one only): to the dead queue, then
         acked, as RabbitMQ does at the limit; with RESULTS, once its row is written back
         failed."""
-        text = (
-            f"{DeliveryLimitError.__module__}.{DeliveryLimitError.__name__}: delivered "
-            f"{deliveries} times without an ack (each consumer holding it died or lost "
-            f"its connection); DELIVERY_LIMIT is {self.config.delivery_limit}"
+        raised = DeliveryLimitError(
+            f"delivered {deliveries} times without an ack (each consumer holding it died or "
+            f"lost its connection); DELIVERY_LIMIT is {self.config.delivery_limit}"
         )
+        text = f"{DeliveryLimitError.__module__}.{DeliveryLimitError.__name__}: {raised}"
         logger.error("job dead-lettered id=%s task=%s: %s", message.job_id, message.task, text)
         publisher.basic_publish(
             "",
@@ -518,7 +521,6 @@ class Consumer:
         )
         self.stats.dead += 1
         if self.config.results:
-            raised = DeliveryLimitError(text.split(": ", 1)[1])
             verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(raised))
             if not self._pending_write:
                 self._write_due = time.monotonic() + WRITE_BACK_SECONDS
