@@ -20,10 +20,11 @@ A lost connection is retried with backoff.
 What counts against DELIVERY_LIMIT is every return of a message to its queue: a dead
 consumer's unacked deliveries, a channel RabbitMQ closes for its consumer timeout, a
 delivery pika returns because it arrived during a cancel. So: a redelivered message (or
-a given-up attempt's retry) runs alone with the consumers cancelled (`_pause`, after
-taking in what was sent, nothing acked meanwhile); what is not started is given back as
-a fresh copy keeping its count (`_hand_back`), never returned; and the consumer acts
-before the broker's consumer timeout (`_overdue`), during a stop too.
+a given-up attempt's retry) runs in a process of its own (`isolation.py`), whose crash
+is counted against it alone; what is not started is given back as a fresh copy keeping
+its count (`_hand_back`), never returned; the consumers are cancelled only to stop
+(`_stop_consuming`, after taking in what was sent); and the consumer acts before the broker's
+consumer timeout (`_overdue`), during a stop too.
 
 Over 600 lines: these rules hold together in the one thread that talks to the broker
 (pika's connection is not thread-safe); what it shares with the pool is `handoff.py`'s,
@@ -43,6 +44,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from django_skipqueue.broker.handoff import Done, Handoff, Held
+from django_skipqueue.broker.isolation import Crashed, job_of, run_isolated
 from django_skipqueue.broker.message import Message
 from django_skipqueue.broker.topology import (
     BROKER_DELIVERIES_HEADER,
@@ -67,7 +69,6 @@ from django_skipqueue.broker.verdicts import (
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import RelayConfig
 from django_skipqueue.core.compat import pika_channel_impl
-from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import InvalidJobError
 from django_skipqueue.models import Job, WorkerKind
 from django_skipqueue.queue.connections import Backoff, discard_connection
@@ -95,9 +96,13 @@ GIVE_UP_SHARE = 0.9
 #: How long a stopping consumer whose thread is stuck in a task it gave up on waits for
 #: its other running jobs before it closes its connection (they come again).
 STUCK_STOP_SECONDS = 10.0
-#: Before it cancels its consumers (`Consumer._pause`), a consumer takes in what the broker
-#: sent until nothing came for this long (a round trip to the broker, and then some), for
-#: at most TAKE_IN_SECONDS.
+#: A job run in a process of its own (`isolation.py`) still running this long after its
+#: attempt was timed out is killed (the consuming thread settles it first); below
+#: GRACE_SECONDS, so the consumer never stops for such a job.
+KILL_SECONDS = 0.5
+#: Before a stopping consumer cancels its consumers (`Consumer._stop_consuming`), it
+#: takes in what the broker sent until nothing came for this long (a round trip to the
+#: broker, and then some), for at most TAKE_IN_SECONDS.
 QUIET_SECONDS = 0.1
 TAKE_IN_SECONDS = 1.0
 
@@ -141,9 +146,6 @@ class Consumer:
         self._write_due = 0.0
         self._retry_declared: set[str] = set()
         self._running = 0  # deliveries handed to the pool and not acked yet
-        #: Redelivered messages (or a given-up attempt's retry), run alone: (tag, message,
-        #: deliveries without an ack, the process clock when it came).
-        self._suspects: list[tuple[int, Message, int, float]] = []
         #: After how long from its delivery a delivery waiting for a thread is handed
         #: back, and a running one is timed out (`_overdue`).
         self.hand_back_seconds = HAND_BACK_SHARE * config.consumer_timeout
@@ -151,15 +153,13 @@ class Consumer:
         #: A task it gave up on still ran GRACE_SECONDS later: it stopped, to be replaced
         #: (`runworker --broker` exits with EXIT_TIME_LIMIT).
         self.stuck = False
-        self._isolating = False
-        #: Its consumers' tags while it consumes; none while paused (`_pause`): while
-        #: redelivered jobs run alone, while a thread is in a task given up on, and while
-        #: it stops.
+        #: Its consumers' tags while it consumes; none once it stops (`_stop_consuming`).
         self._consumer_tags: list[str] = []
-        self._taking_in = False  # `_pause` takes in what was sent: nothing is acked
+        self._taking_in = False  # `_stop_consuming` takes in what was sent: nothing is acked
         self._arrivals = 0  # deliveries so far (`_take_in` waits for none to come)
-        #: Fresh deliveries that came while pausing (tag, message): given back, unstarted.
-        self._unrun: list[tuple[int, Message]] = []
+        #: Deliveries that came while stopping (tag, message, deliveries without an ack):
+        #: given back, unstarted.
+        self._unrun: list[tuple[int, Message, int]] = []
         #: Its row in the worker registry (kind consumer): written at start, beaten from
         #: the consuming loop, marked stopped at a clean stop.
         self.presence = Presence(
@@ -188,10 +188,9 @@ class Consumer:
                 except Exception as error:  # noqa: BLE001  (the broker went away)
                     self.stats.reconnects += 1
                     self._pending_write.clear()  # their tags died with the channel
-                    self._suspects.clear()
                     self._unrun.clear()
                     self._handoff.lost()
-                    self._running, self._isolating = 0, False
+                    self._running = 0
                     delay = backoff.next()
                     logger.warning("broker consumer lost, retrying in %.2fs: %r", delay, error)
                     self.presence.beat()  # alive, if not connected: not "lost"
@@ -234,12 +233,14 @@ class Consumer:
                     return
                 headers = properties.headers or {}
                 earlier = delivery_count(headers.get(DELIVERIES_HEADER))
+                deliveries, isolated = 0, False
                 if method.redelivered or earlier or message.alone:
                     # A consumer died or lost its connection holding it, or gave up on its
-                    # last attempt while it ran: perhaps this message killed it. Run it
-                    # alone (`_isolate`), so that a crash on it holds no other message:
-                    # the delivery limit counts every unacked delivery of a dead consumer,
-                    # and innocent neighbours must not reach it with the poison.
+                    # last attempt while it ran: perhaps this message killed it. It runs
+                    # in a process of its own (`isolation.py`), so that a crash on it
+                    # holds no other message: the delivery limit counts every unacked
+                    # delivery of a dead consumer, and innocent neighbours must not reach
+                    # it with the poison.
                     deliveries = earlier + delivery_count(headers.get(BROKER_DELIVERIES_HEADER))
                     if method.redelivered and not headers.get(BROKER_DELIVERIES_HEADER):
                         deliveries += 1  # a classic queue does not count for us
@@ -248,22 +249,35 @@ class Consumer:
                             ch, publisher, method.delivery_tag, message, deliveries, generation
                         )
                         return
-                    came = time.monotonic()
-                    self._suspects.append((method.delivery_tag, message, deliveries, came))
-                    return
+                    isolated = True
                 if self._taking_in or not self._consuming or self.stop.is_set():
                     # Sent before the consumers were cancelled: not started, given back.
-                    self._unrun.append((method.delivery_tag, message))
+                    self._unrun.append((method.delivery_tag, message, deliveries))
                     return
-                self._submit(pool, generation, method.delivery_tag, message, 0, time.monotonic())
+                if isolated:
+                    logger.info(
+                        "job delivered again id=%s task=%s deliveries=%d: run in a process "
+                        "of its own",
+                        message.job_id,
+                        message.task,
+                        deliveries,
+                    )
+                self._submit(
+                    pool,
+                    generation,
+                    method.delivery_tag,
+                    message,
+                    deliveries,
+                    time.monotonic(),
+                    isolated=isolated,
+                )
 
             def turn() -> None:  # in this thread, from process_data_events
                 if self._taking_in:
-                    return  # nothing acked before the consumers are cancelled (`_pause`)
+                    return  # nothing acked before the consumers are cancelled (`_stop_consuming`)
                 self._overdue(channel, publisher, generation)
                 self._settle(channel, publisher, generation)
-                abandoned = self._abandoned()
-                self._isolate(channel, publisher, pool, generation, abandoned=abandoned)
+                self._abandoned()
                 self._flush_counts()
 
             # A finished job wakes this thread at once (the acks free prefetch room).
@@ -274,24 +288,15 @@ class Consumer:
             while not self.stop.is_set():
                 connection.process_data_events(time_limit=0.2)
                 turn()
-                if self._wants_pause() and self._consuming:
-                    self._pause(connection, channel)
-                    self._give_back_unstarted(channel, publisher, generation)
-                elif not self._consuming and not self.stop.is_set() and self._may_resume():
-                    self._resume(channel, deliver)
                 self.presence.beat()
-            # Stopping: the consumers cancelled (`_pause`), then those not started are
+            # Stopping: the consumers cancelled (`_stop_consuming`), then those not started are
             # given back, keeping their count (a return to the queue by the close would
             # add one against each, at every restart); those running finish and are
             # settled, the connection served meanwhile (the consumer timeout's rules
             # apply to them as before), within STUCK_STOP_SECONDS once a task it gave
             # up on did not return.
-            if self._consuming:
-                self._pause(connection, channel)
+            self._stop_consuming(connection, channel)
             self._give_back_unstarted(channel, publisher, generation)
-            for tag, message, deliveries, _ in self._suspects:
-                self._hand_back(channel, publisher, tag, message, deliveries)
-            self._suspects.clear()
             until = None
             while self._running > 0:
                 if self.stuck:
@@ -311,7 +316,7 @@ class Consumer:
                 except Exception as error:  # noqa: BLE001
                     logger.debug("closing the broker connection failed: %r", error)
 
-    # -- consuming, or not --------------------------------------------------------------
+    # -- consuming, then stopping -------------------------------------------------------
 
     def _resume(self, channel: Any, deliver: Any) -> None:
         """Consume every queue, at `prefetch` unacked deliveries each (a per-consumer
@@ -322,16 +327,16 @@ class Consumer:
             for name in self.queues
         ]
 
-    def _pause(self, connection: Any, channel: Any) -> None:
-        """No more deliveries: the consumers cancelled, with nothing in flight.
+    def _stop_consuming(self, connection: Any, channel: Any) -> None:
+        """Stopping: no more deliveries, the consumers cancelled with as little in
+        flight as can be.
 
         Nothing is acknowledged from here until the cancel is done, and first what the
         broker already sent is taken in (`_take_in`): a delivery that arrives during a
         cancel is returned to the queue by pika, and RabbitMQ counts the return as a
-        delivery (an earlier fix, which cancelled at once, dead-lettered 6 of 300
-        innocent jobs at DELIVERY_LIMIT 2 after one SIGKILL). Cancelled, not held back by
-        a channel-wide prefetch of 1: RabbitMQ ignores that on quorum queues (fresh jobs
-        ran beside a poison, 44 of 110 dead-lettered; tests/chaos/test_relay.py, T60)."""
+        delivery (T59 in tests/broker/test_relay.py). The window stays open to a message
+        published meanwhile, so the consumers are cancelled only to stop, never to
+        pause: redelivered jobs run in processes of their own instead (`isolation.py`)."""
         self._taking_in = True
         try:
             self._take_in(connection)
@@ -356,28 +361,15 @@ class Consumer:
                 return
 
     def _give_back_unstarted(self, channel: Any, publisher: Any, generation: int) -> None:
-        """What this consumer holds and has not started, given back as fresh copies
-        keeping their counts: those waiting for a thread, and those taken in while
-        pausing. Redelivered ones stay with `_isolate`."""
+        """What a stopping consumer holds and has not started, given back as fresh
+        copies keeping their counts: those waiting for a thread, and those taken in
+        while it stopped."""
         for tag, held in self._handoff.unstarted(generation):
             self._running -= 1
             self._hand_back(channel, publisher, tag, held.message, held.deliveries)
-        for tag, message in self._unrun:
-            self._hand_back(channel, publisher, tag, message, 0)
+        for tag, message, deliveries in self._unrun:
+            self._hand_back(channel, publisher, tag, message, deliveries)
         self._unrun.clear()
-
-    def _wants_pause(self) -> bool:
-        """Redelivered jobs to run alone, or a thread in a task given up on."""
-        return bool(self._suspects) or self._handoff.abandoned_since() is not None
-
-    def _may_resume(self) -> bool:
-        """Paused, and nothing left that must run alone or be waited for."""
-        return (
-            not self._suspects
-            and self._running == 0
-            and not self._pending_write
-            and self._handoff.abandoned_since() is None
-        )
 
     def _submit(
         self,
@@ -387,8 +379,11 @@ class Consumer:
         message: Message,
         deliveries: int,
         came: float,
+        *,
+        isolated: bool = False,
     ) -> None:
-        """Hand a delivery to the pool, held from `came` (`_overdue` says how long)."""
+        """Hand a delivery to the pool, held from `came` (`_overdue` says how long);
+        `isolated`: run in a process of its own (`isolation.py`)."""
         self._running += 1
         held = Held(
             message,
@@ -396,62 +391,10 @@ class Consumer:
             came=came,
             hand_back_at=came + self.hand_back_seconds,
             give_up_at=came + self.give_up_seconds,
+            isolated=isolated,
         )
         self._handoff.hold((generation, tag), held)
-        pool.submit(self._run, generation, tag, message)
-
-    def _isolate(
-        self,
-        channel: Any,
-        publisher: Any,
-        pool: ThreadPoolExecutor,
-        generation: int,
-        *,
-        abandoned: bool,
-    ) -> None:
-        """Run redelivered messages one at a time, alone in the process: only while the
-        consumers are cancelled (`_pause`, from the loop, once one comes), each started
-        once everything else was acked, no thread is left in a task given up on
-        (`_abandoned`), and a thread is free (one may still run a task of a lost
-        connection). The other redelivered messages are published again as fresh copies
-        (then acked), since a return to the queue would count as a delivery against them;
-        so is one still waiting at half the broker's consumer timeout (it did not run: it
-        keeps its count), and every one while a thread runs a task given up on (its
-        process may end soon). The copies come back flagged by their count, each run
-        alone in its turn; then the consumers come back (`_resume`)."""
-        if self._suspects and not self._isolating:
-            self._isolating = True
-            logger.warning(
-                "broker consumer: %d redelivered job(s), running them one at a time",
-                len(self._suspects),
-            )
-        if not self._suspects:
-            self._isolating = False
-            return
-        alone = (
-            not self._consuming
-            and self._running == 0
-            and not self._pending_write
-            and not abandoned
-            and self._handoff.busy() < self.concurrency
-        )
-        if alone:
-            tag, message, deliveries, came = self._suspects.pop(0)
-            for other_tag, other, other_deliveries, _ in self._suspects:
-                self._hand_back(channel, publisher, other_tag, other, other_deliveries)
-            self._suspects.clear()
-            self._submit(pool, generation, tag, message, deliveries, came)
-            return
-        # Waiting for the others to finish: one held, the rest given back at once, so that
-        # a crash meanwhile (a fresh job may be a poison) counts again one of them at most.
-        now = time.monotonic()
-        waiting: list[tuple[int, Message, int, float]] = []
-        for suspect in self._suspects:
-            if abandoned or waiting or now >= suspect[3] + self.hand_back_seconds:
-                self._hand_back(channel, publisher, *suspect[:3])
-            else:
-                waiting.append(suspect)
-        self._suspects = waiting
+        pool.submit(self._run, generation, tag, held, isolated)
 
     def _abandoned(self) -> bool:
         """Whether a thread still runs a task given up on (`_overdue`). If it still runs
@@ -478,8 +421,8 @@ class Consumer:
     ) -> None:
         """Publish a delivery that did not run again as a fresh copy that carries its count
         of deliveries so far (a return to the queue would add one), then ack it, sent at
-        once: the next job may be a poison run alone, and an ack still in the client's
-        buffer when it ends the process is lost, the original returned and counted again
+        once: a job beside it may end the process, and an ack still in the client's
+        buffer then is lost, the original returned and counted again
         beside its copy (1 innocent job of 150 dead-lettered, 1 run in 4 of T60's shape;
         tests/chaos/test_relay.py)."""
         headers = {DELIVERIES_HEADER: deliveries} if deliveries else {}
@@ -508,7 +451,8 @@ class Consumer:
         failed."""
         raised = DeliveryLimitError(
             f"delivered {deliveries} times without an ack (each consumer holding it died or "
-            f"lost its connection); DELIVERY_LIMIT is {self.config.delivery_limit}"
+            "lost its connection, or the process running it died); DELIVERY_LIMIT is "
+            f"{self.config.delivery_limit}"
         )
         text = f"{DeliveryLimitError.__module__}.{DeliveryLimitError.__name__}: {raised}"
         logger.error("job dead-lettered id=%s task=%s: %s", message.job_id, message.task, text)
@@ -556,64 +500,83 @@ class Consumer:
             self._running -= 1
             self._hand_back(channel, publisher, tag, held.message, held.deliveries)
         for tag, held, by_broker in found.running:
-            message = held.message
-            task = registry.get(message.task) if message.task in registry else None
-            started = held.started_at if held.started_at is not None else held.came
-            seconds = now - started
-            if by_broker:
-                raised = TimeoutError(
-                    f"the job waited {started - held.came:.1f}s for a thread and ran "
-                    f"{seconds:.1f}s: nine tenths of the broker's consumer timeout (RELAY "
-                    f"CONSUMER_TIMEOUT {self.config.consumer_timeout:g}s), counted from its "
-                    "delivery; past it the broker would close the channel and count a "
-                    "delivery against every job unacked on it"
-                )
-            else:
-                limit = task.timeout.total_seconds() if task and task.timeout else 0.0
-                raised = TimeoutError(f"the task ran past its timeout of {limit}s")
-            error = describe_error(raised)
-            logger.error(
-                "job timed out id=%s task=%s attempt=%d ran=%.3fs: its thread is given up on",
-                message.job_id,
-                message.task,
-                message.attempt,
-                seconds,
-            )
-            retry_in = retry_delay(task, raised, message.attempt)  # the runner's rule
-            if retry_in is not None and message.attempt < message.max_attempts:
-                verdict = Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
-            else:
-                verdict = Verdict(Outcome.FAILED, seconds, error=error)
-            self._handoff.settle_here(Done(generation, tag, message, verdict, given_up=True))
+            verdict = self._timed_out(held, now, by_broker=by_broker)
+            self._handoff.settle_here(Done(generation, tag, held.message, verdict, given_up=True))
 
-    def _run(self, generation: int, tag: int, message: Message) -> None:
-        job = Job(
-            id=message.job_id,
-            task=message.task,
-            queue_name=message.queue,
-            args=message.args,
-            kwargs=message.kwargs,
-            attempts=message.attempt,
-            max_attempts=message.max_attempts,
-            lease=timedelta(seconds=message.lease_seconds),
-            state=JobState.RUNNING,
-            trace_context=message.trace,
+    def _timed_out(self, held: Held, now: float, *, by_broker: bool) -> Verdict:
+        """The verdict on a running delivery past its time (`_overdue`): a timed-out
+        attempt, retried by its task's policy, as the runner does."""
+        message = held.message
+        task = registry.get(message.task) if message.task in registry else None
+        started = held.started_at if held.started_at is not None else held.came
+        seconds = now - started
+        if by_broker:
+            raised = TimeoutError(
+                f"the job waited {started - held.came:.1f}s for a thread and ran "
+                f"{seconds:.1f}s: nine tenths of the broker's consumer timeout (RELAY "
+                f"CONSUMER_TIMEOUT {self.config.consumer_timeout:g}s), counted from its "
+                "delivery; past it the broker would close the channel and count a "
+                "delivery against every job unacked on it"
+            )
+        else:
+            limit = task.timeout.total_seconds() if task and task.timeout else 0.0
+            raised = TimeoutError(f"the task ran past its timeout of {limit}s")
+        error = describe_error(raised)
+        logger.error(
+            "job timed out id=%s task=%s attempt=%d ran=%.3fs: its %s is given up on",
+            message.job_id,
+            message.task,
+            message.attempt,
+            seconds,
+            "process" if held.isolated else "thread",
         )
-        task = registry.get(job.task) if job.task in registry else None
+        retry_in = retry_delay(task, raised, message.attempt)  # the runner's rule
+        if retry_in is not None and message.attempt < message.max_attempts:
+            return Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
+        return Verdict(Outcome.FAILED, seconds, error=error)
+
+    def _run(self, generation: int, tag: int, held: Held, isolated: bool) -> None:
+        message = held.message
+        task = registry.get(message.task) if message.task in registry else None
         timeout = task.timeout.total_seconds() if task and task.timeout else None
-        if self.stop.is_set() or not self._handoff.start(
-            (generation, tag), timeout, time.monotonic()
-        ):
+        now = time.monotonic()
+        if self.stop.is_set() or not self._handoff.start((generation, tag), timeout, now):
             return  # handed back while it waited, or its connection is gone
-        try:
-            verdict = run_brokered(job, database=self.database)
-        except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it anyway
-            logger.exception("broker consumer: job id=%s could not run", job.id)
-            verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
-        finally:
-            connections[self.database].close_if_unusable_or_obsolete()
+        crashed, given_up = None, False
+        if isolated:
+            # Killed a little after the consuming thread settles it as timed out.
+            deadline = held.give_up_at if timeout is None else min(held.give_up_at, now + timeout)
+            ran = run_isolated(message, database=self.database, deadline=deadline + KILL_SECONDS)
+            if isinstance(ran, Crashed):
+                verdict, crashed = Verdict(Outcome.FAILED, time.monotonic() - now), ran
+            elif ran is None and not self._handoff.holds((generation, tag)):
+                verdict = Verdict(Outcome.FAILED, 0.0)  # settled as timed out: dropped
+            elif ran is None:  # killed at its deadline, before the consuming thread saw it
+                given_up = True
+                by_broker = timeout is None or held.give_up_at < now + timeout
+                verdict = self._timed_out(held, time.monotonic(), by_broker=by_broker)
+            else:
+                verdict = ran
+        else:
+            try:
+                verdict = run_brokered(job_of(message), database=self.database)
+            except Exception as error:  # noqa: BLE001  (a signal receiver, say): settle it
+                logger.exception("broker consumer: job id=%s could not run", message.job_id)
+                verdict = Verdict(Outcome.FAILED, 0.0, error=describe_error(error))
+            finally:
+                connections[self.database].close_if_unusable_or_obsolete()
         # A delivery settled already as timed out (_overdue): this late outcome is dropped.
-        self._handoff.finish(Done(generation, tag, message, verdict))
+        self._handoff.finish(
+            Done(
+                generation,
+                tag,
+                message,
+                verdict,
+                given_up=given_up,
+                deliveries=held.deliveries,
+                crashed=crashed,
+            )
+        )
 
     # -- acting on verdicts ------------------------------------------------------------
 
@@ -624,6 +587,9 @@ class Consumer:
             if done.generation != generation:
                 continue  # its channel is gone: RabbitMQ delivers it again
             self._running -= 1
+            if done.crashed is not None:
+                self._crashed(channel, publisher, done)
+                continue
             outcome = done.verdict.outcome
             self.meter.finished(
                 done.message.queue, done.message.task, outcome, done.verdict.duration
@@ -656,6 +622,30 @@ class Consumer:
             or time.monotonic() >= self._write_due
         ):
             self._write_back(channel)
+
+    def _crashed(self, channel: Any, publisher: Any, done: Done) -> None:
+        """The process of a job run in a process of its own ended without a verdict: one
+        more delivery without an ack, counted against this job alone, as RabbitMQ counts
+        a consumer's death against what it held. At DELIVERY_LIMIT, the dead queue;
+        else a fresh copy carrying the count, run in a process of its own again."""
+        assert done.crashed is not None  # noqa: S101  (only crashed deliveries come here)
+        deliveries = done.deliveries + 1
+        message = done.message
+        logger.error(
+            "job's process died id=%s task=%s attempt=%d (%s): delivery %d of %d",
+            message.job_id,
+            message.task,
+            message.attempt,
+            done.crashed.reason,
+            deliveries,
+            self.config.delivery_limit,
+        )
+        if deliveries >= self.config.delivery_limit:
+            self._dead_letter_undelivered(
+                channel, publisher, done.tag, message, deliveries, done.generation
+            )
+        else:
+            self._hand_back(channel, publisher, done.tag, message, deliveries)
 
     def _flush_counts(self, *, now: bool = False) -> None:
         """Every FLUSH_SECONDS, the counts since the last flush into the minute rows."""

@@ -10,7 +10,7 @@ consuming thread when it is overdue (`overdue`), never both. Every method takes 
 lock; none does I/O or calls user code, except `finish`, which calls the wake-up
 function after releasing it.
 
-Counters only the consuming thread touches (deliveries running, suspects held) stay in
+Counters only the consuming thread touches (deliveries running) stay in
 the consumer. The process clock is passed in (`now`): it only schedules deadlines.
 """
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from django_skipqueue.broker.isolation import Crashed
     from django_skipqueue.broker.message import Message
     from django_skipqueue.runtime.executor import Verdict
 
@@ -41,7 +42,10 @@ class Done:
     tag: int
     message: Message
     verdict: Verdict
-    given_up: bool = False  # settled by the consuming thread while its task still ran
+    given_up: bool = False  # settled as timed out while its task still ran
+    deliveries: int = 0  # deliveries of its message before this one without an ack
+    #: Run in a process of its own, which ended without a verdict (`isolation.py`).
+    crashed: Crashed | None = None
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Held:
     #: started yet).
     deadline: float | None = None
     started_at: float | None = None
+    isolated: bool = False  # run in a process of its own (`isolation.py`)
 
     @property
     def started(self) -> bool:
@@ -183,6 +188,11 @@ class Handoff:
                     self._abandoned[delivery] = now
             self._soonest = soonest
         return Overdue(unstarted, running)
+
+    def holds(self, delivery: Delivery) -> bool:
+        """Whether `delivery` is still held (not settled as timed out, not given back)."""
+        with self._lock:
+            return delivery in self._held
 
     def abandoned_since(self) -> float | None:
         """When the first running delivery still inside its task was given up on (None:

@@ -31,7 +31,8 @@ class Message:
     #: as the message's `traceparent`, `tracestate` and `baggage` headers; None:
     #: untraced.
     trace: dict[str, str] | None = None
-    #: Run alone (ALONE_HEADER): the attempt before it was given up on while it ran.
+    #: Run in a process of its own (ALONE_HEADER): the attempt before it was given up
+    #: on while it ran.
     alone: bool = False
 
     def body(self) -> bytes:
@@ -65,7 +66,7 @@ class Message:
     def next_attempt(self, *, released: bool = False, alone: bool = False) -> Message:
         """The message of the next attempt. `released` (the task raised Retry): the
         attempt is given back, as in the table, by one more allowed attempt. `alone`:
-        this attempt was given up on while it ran; the next runs alone."""
+        this attempt was given up on while it ran; the next runs in a process of its own."""
         return dataclasses.replace(
             self,
             attempt=self.attempt + 1,

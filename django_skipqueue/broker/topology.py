@@ -38,16 +38,17 @@ MAX_RETRY_EXPONENT = 16
 #: The message header that carries the attempt number a delivery is.
 ATTEMPT_HEADER = "x-skipqueue-attempt"
 ERROR_HEADER = "x-skipqueue-error"
-#: The header of a redelivered message a consumer published again as a fresh copy (to
-#: run it alone, `consumer.Consumer._isolate`): how many deliveries it had already had
-#: without an ack. Fresh copies keep counting against the delivery limit with it, and
-#: are run alone again.
+#: The header of a redelivered message a consumer published again as a fresh copy (it
+#: did not start it, or the process it ran in died): how many deliveries it had already
+#: had without an ack. Fresh copies keep counting against the delivery limit with it,
+#: and run in a process of their own (`broker/isolation.py`).
 DELIVERIES_HEADER = "x-skipqueue-deliveries"
 #: What a quorum queue adds to a message delivered again: its earlier deliveries.
 BROKER_DELIVERIES_HEADER = "x-delivery-count"
 #: The header of a job's next attempt after its consumer gave up on a running one (a
-#: timeout): that attempt runs alone, as a redelivered message does, so that a task that
-#: kills its process only after the timeout takes no other message with it.
+#: timeout): that attempt runs in a process of its own, as a redelivered message does,
+#: so that a task that kills its process only after the timeout takes no other message
+#: with it.
 ALONE_HEADER = "x-skipqueue-alone"
 
 

@@ -40,7 +40,7 @@ QUICK_EXIT_SECONDS = 1.0
 MAX_RESTART_DELAY = 30.0
 
 
-def _stop_with_parent() -> None:
+def stop_with_parent() -> None:
     """Linux: SIGTERM this child when the parent dies (SIGKILLed, say), so that no worker
     runs on unsupervised; it then drains like any stopped worker. Elsewhere, nothing."""
     if not sys.platform.startswith("linux"):
@@ -200,7 +200,7 @@ class WorkerPool:
                 # only, which passes it on once. In the parent's group, a child got it
                 # twice, took the second for "exit now", and left its jobs to the reaper.
                 os.setpgid(0, 0)
-                _stop_with_parent()
+                stop_with_parent()
                 if run is not self.run_child:  # a helper installs no handlers: default
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
                 elif self.in_child is not None and slot is not None:

@@ -28,6 +28,9 @@ BEFORE_THE_REGISTRY = {
     "django_skipqueue.backends",
     "django_skipqueue.tasks.registry",
     "django_skipqueue.testing",
+    # A redelivered relay job's child process imports it to find its function, before
+    # it sets Django up (broker/isolation.py).
+    "django_skipqueue.broker.isolation",
 }
 
 

@@ -713,3 +713,18 @@ def holds_its_own_row(context: TaskContext, seconds: float = 20.0) -> None:
 @task
 def takes_secrets(user: str, *passwords: str) -> None:
     """A variadic parameter named like a secret (the admin masks what fills it)."""
+
+
+@task
+def ends_its_process(how: str = "exit", after: float = 0.0) -> str:
+    """Touches no database. After `after` seconds: "exit" ends the process with code 7,
+    "kill" SIGKILLs it, "return" returns its pid (what runs it in a process of its own
+    may be checked)."""
+    import signal
+
+    time.sleep(after)
+    if how == "exit":
+        os._exit(7)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return str(os.getpid())
