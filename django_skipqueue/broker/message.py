@@ -55,13 +55,17 @@ class Message:
             message_id=str(self.job_id),
             delivery_mode=2,  # persistent
             content_type="application/json",
-            headers={
-                ATTEMPT_HEADER: self.attempt,
-                **({ALONE_HEADER: 1} if self.alone else {}),
-                **(self.trace or {}),
-                **headers,
-            },
+            headers=self.headers(**headers),
         )
+
+    def headers(self, **more: Any) -> dict[str, Any]:
+        """Its headers (what `decode` reads with the body), and `more`."""
+        return {
+            ATTEMPT_HEADER: self.attempt,
+            **({ALONE_HEADER: 1} if self.alone else {}),
+            **(self.trace or {}),
+            **more,
+        }
 
     def next_attempt(self, *, released: bool = False, alone: bool = False) -> Message:
         """The message of the next attempt. `released` (the task raised Retry): the

@@ -716,12 +716,15 @@ def takes_secrets(user: str, *passwords: str) -> None:
 
 
 @task
-def ends_its_process(how: str = "exit", after: float = 0.0) -> str:
+def ends_its_process(how: str = "exit", after: float = 0.0, pid_file: str = "") -> str:
     """Touches no database. After `after` seconds: "exit" ends the process with code 7,
     "kill" SIGKILLs it, "return" returns its pid (what runs it in a process of its own
-    may be checked)."""
+    may be checked); its pid is written to `pid_file` first, if given."""
     import signal
 
+    if pid_file:
+        with open(pid_file, "w") as out:
+            out.write(str(os.getpid()))
     time.sleep(after)
     if how == "exit":
         os._exit(7)
