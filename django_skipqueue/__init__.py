@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.retry import RetryPolicy
-from django_skipqueue.exceptions import DuplicateJobError, Retry, WorkflowFailed
+from django_skipqueue.exceptions import DuplicateJobError, JobFailed, Retry, WorkflowFailed
 from django_skipqueue.tasks.base import Signature, Task, task
 from django_skipqueue.tasks.canvas import chain, chord, group
 from django_skipqueue.tasks.context import TaskContext
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cron",
     "DuplicateJobError",
+    "JobFailed",
     "Retry",
     "RetryPolicy",
     "Signature",

@@ -69,6 +69,25 @@ class WorkflowFailed(SkipQueueError):  # noqa: N818  (named like Celery's and Dj
         self.error = error
 
 
+class JobFailed(SkipQueueError):  # noqa: N818  (named like WorkflowFailed)
+    """A job waited on (`Job.wait()`) ended failed or cancelled: its id, task and state,
+    its last error ("module.Type: message") and who cancelled it."""
+
+    def __init__(
+        self, job_id: int, task: str, state: str, error: str, *, cancelled_by: str = ""
+    ) -> None:
+        if state == "cancelled":
+            what = f"was cancelled by {cancelled_by or 'an operator'}"
+        else:
+            what = f"failed: {error or 'no error was recorded'}"
+        super().__init__(f"job {job_id} ({task}) {what}")
+        self.job_id = job_id
+        self.task = task
+        self.state = state
+        self.error = error
+        self.cancelled_by = cancelled_by
+
+
 class WorkflowNotFinished(SkipQueueError):  # noqa: N818
     """A workflow's result was asked for while it still runs (use `wait()`)."""
 

@@ -116,7 +116,30 @@ class WorkerProcess(models.Model):
         return queue_names_of(self.queues)
 
 
-class Job(models.Model):
+class Waitable:
+    """`await_result()` for a model whose `wait()` blocks: Job and Workflow."""
+
+    _state: models.base.ModelState
+
+    def wait(self, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    async def await_result(self, timeout: float | None = None) -> Any:
+        """`wait()` for async code (an async view): the same, without blocking the loop."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self._wait_then_close, thread_sensitive=False)(timeout)
+
+    def _wait_then_close(self, timeout: float | None) -> Any:
+        from django.db import connections
+
+        try:
+            return self.wait(timeout)
+        finally:
+            connections[self._state.db or "default"].close()  # this worker thread's own
+
+
+class Job(Waitable, models.Model):
     """A call of a registered task, from enqueue to its final state.
 
     `attempts` counts claims and is the fence: it never goes down. A finished attempt
@@ -249,6 +272,13 @@ class Job(models.Model):
     #: The W3C trace context of the span that enqueued it ({"traceparent": ...,
     #: "tracestate": ...}); NULL without OpenTelemetry or outside a span.
     trace_context = PayloadField(null=True, blank=True)
+    #: Somebody waits on it (`wait()`): it notifies 'skipqueue!job' when it finishes
+    #: (migration 0022; queue/awaiting.py).
+    awaited = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Somebody waits on it (Job.wait()): it notifies when it finishes.",
+    )
 
     objects = JobManager()
 
@@ -416,8 +446,20 @@ class Job(models.Model):
             text += f" (attempt {attempt})"
         return text
 
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until this job finishes and return its result, as Celery's
+        `AsyncResult.get(timeout=)` does; `await_result()` in async code.
 
-class Workflow(models.Model):
+        JobFailed if it ended failed (its last error) or cancelled (by whom),
+        TimeoutError after `timeout` seconds; the job's state, result and last error are
+        read again. Woken by a NOTIFY when it finishes, through one LISTEN connection the
+        process's waiters share, with a poll each second as the fallback; never holds a
+        transaction while it waits. Refused at once (TransactionManagementError) inside
+        the transaction that enqueued it: no worker can see the job before that commits."""
+        return Job.objects.db_manager(self._state.db).wait_for(self, timeout)
+
+
+class Workflow(Waitable, models.Model):
     """Jobs enqueued together as chains, groups and chords (docs/howto/workflows.md).
 
     The handle `.enqueue()` of a chain, group or chord returns; found again by id from
@@ -492,20 +534,6 @@ class Workflow(models.Model):
         Woken by a NOTIFY when a workflow finishes, with a poll as the fallback; raises
         TimeoutError after `timeout` seconds. Never holds a transaction while waiting."""
         return Workflow.objects.db_manager(self._state.db).wait_for(self, timeout)
-
-    async def await_result(self, timeout: float | None = None) -> Any:
-        """`wait()` for async code (an async view): the same, without blocking the loop."""
-        from asgiref.sync import sync_to_async
-
-        return await sync_to_async(self._wait_then_close, thread_sensitive=False)(timeout)
-
-    def _wait_then_close(self, timeout: float | None) -> Any:
-        from django.db import connections
-
-        try:
-            return self.wait(timeout)
-        finally:
-            connections[self._state.db or "default"].close()  # this worker thread's own
 
 
 class Queue(models.Model):

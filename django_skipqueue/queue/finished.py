@@ -1,5 +1,5 @@
 """One LISTEN connection per process and database for every thread that waits for a
-workflow to finish (`Workflow.wait()`, `await_result()`).
+workflow or a job to finish (`Workflow.wait()`, `Job.wait()`, their `await_result()`).
 
 Each waiting thread opened a connection of its own: 20 waiters held 40 backends, and at
 50 other clients were refused with "too many clients". Now the waiters share one
@@ -10,6 +10,11 @@ finds another reading waits on the condition. The connection is open while anyon
 waits (`waiting()`), and closed when the last waiter leaves. Notifications are counted
 (`generation`): a waiter that read the count before it looked at its row is woken by
 any notification that came after, even one another waiter read.
+
+A job's waiter first marks its row `awaited` (only such a row notifies when it finishes:
+queue/awaiting.py). That write goes through a second connection of the listener, in
+autocommit, never the LISTEN one (which a waiter may be reading at that moment) nor the
+caller's (which may be inside a transaction). It is opened and closed with the first.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: The channel a finished workflow's transaction notifies (workflows.FINISHED_CHANNEL).
 FINISHED_CHANNEL = "skipqueue!workflow"
+#: The channel a finished job notifies if a waiter marked it (migration 0022).
+JOB_FINISHED_CHANNEL = "skipqueue!job"
 
 
 class FinishedListener:
@@ -44,6 +51,8 @@ class FinishedListener:
         self._connection: Any = None
         self._pid = os.getpid()
         self._waiters = 0
+        self._marking = threading.Lock()
+        self._marker: Any = None  # the connection that marks rows awaited
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[FinishedListener]:
@@ -60,6 +69,11 @@ class FinishedListener:
                 self._waiters -= 1
                 if not self._waiters and self._connection is not None:
                     self._drop(self._connection)
+                if not self._waiters:
+                    with self._marking:
+                        if self._marker is not None:
+                            _close(self._marker)
+                            self._marker = None
 
     @property
     def generation(self) -> int:
@@ -85,7 +99,7 @@ class FinishedListener:
                 try:
                     read = _read(connection, left)
                 except Exception as error:  # noqa: BLE001  (a broken connection: reopened)
-                    logger.debug("workflow wait: the LISTEN connection failed: %r", error)
+                    logger.debug("wait: the LISTEN connection failed: %r", error)
                     read = 0
                     self._drop(connection)
                 finally:
@@ -95,29 +109,58 @@ class FinishedListener:
                 self._changed.notify_all()
             return self._generation
 
+    def mark_awaited(self, job_id: int) -> bool | None:
+        """Mark job `job_id` awaited, unless finished (then it notifies when it
+        finishes), in a transaction of its own: True if another session can see the
+        row, False if not (not committed yet, or gone), None if the mark failed (the
+        waiter polls)."""
+        with self._marking:
+            if self._pid != os.getpid():
+                self._marker = None
+            try:
+                if self._marker is None:
+                    self._marker = self._connect()
+                row = self._marker.execute(sql.MARK_AWAITED, [job_id, job_id]).fetchone()
+                return bool(row and row[0])
+            except Exception as error:  # noqa: BLE001  (waiting falls back to polling)
+                logger.debug("job wait: no mark, polling: %r", error)
+                if self._marker is not None:
+                    _close(self._marker)
+                    self._marker = None
+                return None
+
+    def _connect(self) -> Any:
+        wrapper = connections[self.alias]
+        connection = wrapper.get_new_connection(wrapper.get_connection_params())
+        connection.autocommit = True
+        return connection
+
     def _ensure(self) -> Any:
         """The connection, opened and listening if need be (the condition held)."""
         if self._pid != os.getpid():  # forked: the parent's socket is not ours to use
             self._connection, self._pid = None, os.getpid()
         if self._connection is None:
             try:
-                wrapper = connections[self.alias]
-                connection = wrapper.get_new_connection(wrapper.get_connection_params())
-                connection.autocommit = True
-                sql.listen_channel(connection, FINISHED_CHANNEL)
+                connection = self._connect()
+                for channel in (FINISHED_CHANNEL, JOB_FINISHED_CHANNEL):
+                    sql.listen_channel(connection, channel)
             except Exception as error:  # noqa: BLE001  (waiting falls back to polling)
-                logger.debug("workflow wait: no LISTEN, polling: %r", error)
+                logger.debug("wait: no LISTEN, polling: %r", error)
                 return None
             self._connection = connection
         return self._connection
 
     def _drop(self, connection: Any) -> None:
-        try:
-            connection.close()
-        except Exception:  # noqa: BLE001,S110  (it failed already)
-            pass
+        _close(connection)
         if self._connection is connection:
             self._connection = None
+
+
+def _close(connection: Any) -> None:
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001,S110  (it failed already)
+        pass
 
 
 def _read(connection: Any, seconds: float) -> int:

@@ -42,14 +42,15 @@ if TYPE_CHECKING:
         WorkerProcess,
     )
 
-from django_skipqueue.queue.operator import OperatorVerbs
+from django_skipqueue.queue.awaiting import AwaitVerbs
 
 
-class JobManager(OperatorVerbs):
+class JobManager(AwaitVerbs):
     """The protocol verbs. Each owns its transaction and says what its return means.
 
     Its verbs live in one module each, a class each, one on top of the other:
-    `claim`, `limited`, `enqueue`, `relaying`, `outcomes`, `reap`, `operator`."""
+    `claim`, `limited`, `enqueue`, `relaying`, `outcomes`, `reap`, `operator`,
+    `awaiting`."""
 
 
 class WorkerProcessQuerySet(models.QuerySet["WorkerProcess"]):

@@ -11,20 +11,22 @@ except LISTEN, which the worker runs only on its own direct connection.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from django_skipqueue.core.states import UNFINISHED_STATES, validate_queue_name
+from django_skipqueue.conf.validators import CHANNEL_NAME_MAX_LENGTH
+from django_skipqueue.core.states import FINISHED_STATES, UNFINISHED_STATES, validate_queue_name
 
 if TYPE_CHECKING:
     import psycopg
     from django.db.backends.utils import CursorWrapper
 
 #: The files of statements, beside the verbs that run them.
-SQL_FILES = ("claim", "outcomes", "enqueue", "relaying", "workflows", "stats")
+SQL_FILES = ("claim", "outcomes", "enqueue", "relaying", "workflows", "stats", "awaiting")
 
 
 def load_statements(text: str) -> dict[str, str]:
@@ -79,8 +81,13 @@ SELF_TEST_PAYLOAD = "skipqueue:listen-self-test"
 
 
 def channel_name(queue_name: str) -> str:
-    """The LISTEN/NOTIFY channel of a queue (at most 58 bytes, under PostgreSQL's 63)."""
-    return CHANNEL_PREFIX + validate_queue_name(queue_name)
+    """The LISTEN/NOTIFY channel of a queue, under PostgreSQL's 63 bytes: "skipqueue_"
+    and the name, or "#" and its md5 past CHANNEL_NAME_MAX_LENGTH bytes. The NOTIFY
+    triggers compute the same in SQL (skipqueue_channel(), migration 0023)."""
+    name = validate_queue_name(queue_name)
+    if len(name.encode()) <= CHANNEL_NAME_MAX_LENGTH:
+        return CHANNEL_PREFIX + name
+    return CHANNEL_PREFIX + "#" + hashlib.md5(name.encode(), usedforsecurity=False).hexdigest()
 
 
 def try_advisory_xact_lock(cursor: CursorWrapper, key: int = REAPER_LOCK_KEY) -> bool:
@@ -182,6 +189,11 @@ ACK_MANY = STATEMENTS["ACK_MANY"]
 RENEW_MANY = STATEMENTS["RENEW_MANY"]
 
 RELEASE_MANY = STATEMENTS["RELEASE_MANY"]
+
+#: The finished states, as an SQL list.
+FINISHED = ", ".join(f"'{state}'" for state in FINISHED_STATES)
+
+MARK_AWAITED = STATEMENTS["MARK_AWAITED"].format(finished=FINISHED)
 
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.

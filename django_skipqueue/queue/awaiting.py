@@ -1,0 +1,81 @@
+"""Waiting on one job: `Job.wait()` and `Job.await_result()` (Celery's
+`AsyncResult.get(timeout=)`).
+
+The waiter shares this process's LISTEN connection with every other waiter
+(`finished.py`). Before its first look at the row it marks the row `awaited` on the
+listener's side connection, never the caller's (which may be inside a transaction: the
+mark would hold the row's lock until that commit, and the worker's ack would wait on
+it). A job marked so notifies 'skipqueue!job' when a statement finishes it (the trigger
+of migration 0022), in that statement's transaction; the others never do, so a job
+nobody waits on costs nothing. The row is read again at each notification, and every
+POLL_SECONDS as the fallback (no LISTEN, a lost connection).
+
+The mark also tells whether another session can see the row: one enqueued in the
+caller's own uncommitted transaction cannot run before that commits, so waiting on it
+is refused at once (TransactionManagementError) rather than timed out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.db.transaction import TransactionManagementError
+
+from django_skipqueue.core.payload import Undecodable
+from django_skipqueue.core.states import FINISHED_STATES, JobState
+from django_skipqueue.exceptions import InvalidJobError, JobFailed
+from django_skipqueue.queue.finished import finished_listener
+from django_skipqueue.queue.operator import OperatorVerbs
+
+#: How often a waiter reads its row again when no notification comes.
+POLL_SECONDS = 1.0
+
+#: What a waiter reads of its row.
+FIELDS = ("state", "result", "last_error", "cancelled_by", "attempts", "finished_at")
+
+
+class AwaitVerbs(OperatorVerbs):
+    """Waiting on one job until it finishes."""
+
+    def wait_for(self, job: Any, timeout: float | None = None) -> Any:
+        """Block until `job` finishes; its result. JobFailed if it ended failed or
+        cancelled, TimeoutError after `timeout` seconds. `job`'s fields are read again
+        (state, result, last error). Never holds a transaction while it waits."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with finished_listener(self.db).waiting() as listener:
+            seen = listener.generation
+            visible = listener.mark_awaited(job.id)
+            while True:
+                row = self.filter(id=job.id).only(*FIELDS).first()
+                if row is None:
+                    raise self.model.DoesNotExist(
+                        f"job {job.id} does not exist (pruned after it finished, or "
+                        "relayed to RabbitMQ, whose jobs keep no row without RESULTS)"
+                    )
+                for name in FIELDS:
+                    setattr(job, name, getattr(row, name))
+                if job.state in FINISHED_STATES:
+                    return outcome_of(job)
+                if visible is False:
+                    raise TransactionManagementError(
+                        f"job {job.id} was enqueued in a transaction that has not committed "
+                        "yet: no worker can see it. Wait for it after the commit "
+                        "(transaction.on_commit, or outside the atomic block)."
+                    )
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"job {job.id} ({job.task}) is still {job.state} after {timeout} s"
+                    )
+                wait = POLL_SECONDS if left is None else min(POLL_SECONDS, left)
+                seen = listener.wait(seen, wait)
+
+
+def outcome_of(job: Any) -> Any:
+    """A finished job's result; JobFailed if it failed or was cancelled."""
+    if job.state == JobState.DONE:
+        if isinstance(job.result, Undecodable):
+            raise InvalidJobError(f"job {job.id}'s result cannot be loaded: {job.result.reason}")
+        return job.result
+    raise JobFailed(job.id, job.task, job.state, job.last_error, cancelled_by=job.cancelled_by)

@@ -1,0 +1,151 @@
+"""Waiting on one job (`Job.wait()`, `await_result()`): Celery's `AsyncResult.get()`.
+
+Woken by a NOTIFY that only a row somebody waits on sends (migration 0022), through one
+LISTEN connection per process; refused at once inside the transaction that enqueued the
+job. Real PostgreSQL, real threads, jobs run by `run_jobs()` or a worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
+
+from django_skipqueue.exceptions import JobFailed
+from django_skipqueue.models import Job, JobState
+from django_skipqueue.queue.finished import JOB_FINISHED_CHANNEL
+from django_skipqueue.testing import run_jobs
+from tests.testapp.tasks import add, always_fails
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def listener() -> psycopg.Connection:
+    params = connection.get_connection_params()
+    raw = psycopg.connect(**params, autocommit=True)
+    raw.execute(f'LISTEN "{JOB_FINISHED_CHANNEL}"')  # the trigger's literal (0022)
+    return raw
+
+
+def notified(raw: psycopg.Connection) -> list[str]:
+    time.sleep(0.2)
+    return [n.payload for n in raw.notifies(timeout=0.5, stop_after=10)]
+
+
+def test_only_a_job_somebody_waits_on_notifies_when_it_finishes():
+    raw = listener()
+    try:
+        other = add.enqueue(3, 4)
+        run_jobs()
+        assert Job.objects.get(id=other.id).state == JobState.DONE
+        assert notified(raw) == []
+        awaited = add.enqueue(1, 2)
+        Job.objects.filter(id=awaited.id).update(awaited=True)
+        run_jobs()
+        assert notified(raw) == [""]  # no payload: channels are visible to every user
+    finally:
+        raw.close()
+
+
+def test_wait_returns_the_result_once_a_worker_ran_it():
+    job = add.enqueue(2, 3)
+    runner = threading.Timer(0.5, lambda: (run_jobs(), connection.close()))
+    runner.start()
+    started = time.monotonic()
+    assert job.wait(timeout=10) == 5
+    runner.join()
+    assert job.state == JobState.DONE
+    assert time.monotonic() - started < 5
+
+
+def test_a_failed_job_raises_its_error_and_a_cancelled_one_says_who():
+    failed = always_fails.using(max_attempts=1).enqueue("disk full")
+    run_jobs()
+    with pytest.raises(JobFailed, match=r"failed: .*RuntimeError: disk full") as raised:
+        failed.wait(timeout=5)
+    assert raised.value.state == JobState.FAILED and raised.value.job_id == failed.id
+    cancelled = add.enqueue(1, 1)
+    Job.objects.cancel([cancelled.id], by="ops")
+    with pytest.raises(JobFailed, match="was cancelled by ops"):
+        cancelled.wait(timeout=5)
+
+
+def test_a_wait_that_times_out_names_the_job_and_its_state():
+    job = add.enqueue(1, 1)
+    with pytest.raises(TimeoutError, match=rf"job {job.id} \(.*add\) is still pending after 0.3 s"):
+        job.wait(timeout=0.3)
+
+
+def test_waiting_inside_the_enqueueing_transaction_is_refused_and_the_transaction_lives():
+    with transaction.atomic():
+        job = add.enqueue(1, 1)
+        with pytest.raises(TransactionManagementError, match="has not committed yet"):
+            job.wait(timeout=5)
+        assert Job.objects.filter(id=job.id).exists()  # still usable
+    assert Job.objects.get(id=job.id).state == JobState.PENDING
+
+
+def test_a_job_that_is_gone_says_why():
+    job = add.enqueue(1, 1)
+    Job.objects.filter(id=job.id).delete()
+    with pytest.raises(Job.DoesNotExist, match="pruned after it finished, or relayed"):
+        job.wait(timeout=5)
+
+
+def test_twenty_waiting_threads_share_one_listen_connection_and_all_wake():
+    jobs = [add.enqueue(n, 1) for n in range(20)]
+    answers: dict[int, object] = {}
+    ready = threading.Barrier(21)
+
+    def waiter(job_id: int) -> None:
+        try:
+            ready.wait(timeout=10)
+            answers[job_id] = Job.objects.get(id=job_id).wait(timeout=20)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=waiter, args=(job.id,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    ready.wait(timeout=10)
+    time.sleep(0.3)  # the waiters are past their first look (a deadline, not a sync)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN%%'"
+        )
+        listening = cursor.fetchone()[0]
+    run_jobs()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert listening == 1
+    assert answers == {job.id: n + 1 for n, job in enumerate(jobs)}
+    assert Job.objects.filter(awaited=True).count() == 20
+
+
+def test_await_result_does_not_block_the_event_loop():
+    job = add.enqueue(20, 22)
+    ticks = 0
+
+    async def main() -> object:
+        nonlocal ticks
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.05)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return await job.await_result(timeout=10)
+        finally:
+            ticker.cancel()
+
+    threading.Timer(0.5, lambda: (run_jobs(), connection.close())).start()
+    assert asyncio.run(main()) == 42
+    assert ticks >= 5
