@@ -6,9 +6,12 @@ import re
 
 from django_skipqueue.exceptions import InvalidJobError
 
-#: Longest queue name, in bytes: a queue's LISTEN/NOTIFY channel is "skipqueue_<queue>",
-#: and PostgreSQL ends channel names (identifiers) at 63 bytes.
-QUEUE_NAME_MAX_LENGTH = 48
+#: Longest queue name, in bytes: room for RabbitMQ's 255-byte names of a relayed queue
+#: ("skipqueue.<queue>.retry.65536"). A queue's NOTIFY channel is "skipqueue_<queue>" up
+#: to CHANNEL_NAME_MAX_LENGTH bytes, and a hash of the name past it (queue/sql.py,
+#: channel_name; migration 0023): PostgreSQL ends identifiers at 63 bytes.
+QUEUE_NAME_MAX_LENGTH = 200
+CHANNEL_NAME_MAX_LENGTH = 48
 #: Any text Django's Tasks API takes as a queue name (`emails:high`, `emails high`, `é`)
 #: but control characters (newlines, tabs, NUL: log lines and jsonb). Channel names are
 #: quoted identifiers (psycopg's sql.Identifier) and pg_notify() parameters, never SQL.
@@ -29,6 +32,6 @@ def validate_queue_name(name: object) -> str:
     if size > QUEUE_NAME_MAX_LENGTH:
         raise InvalidJobError(
             f"queue name {name!r} is {size} bytes; at most {QUEUE_NAME_MAX_LENGTH} are "
-            f"allowed (its NOTIFY channel must fit PostgreSQL's 63-byte names)"
+            f"allowed (a relayed queue's names must fit RabbitMQ's 255 bytes)"
         )
     return name

@@ -76,11 +76,12 @@ def normalize(value: Any, where: str, depth: int = 0) -> JSONValue:
             _check_text(key, f"a key of {where}")
             result[key] = normalize(item, f"{where}[{key!r}]", depth + 1)
         return result
-    raise NotJSONError(
-        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
-        f"JSON; pass plain data (str, int, float, bool, None, list, dict), such as an id "
-        f"or an ISO 8601 string",
-        kind=type(value),
+    kind = type(value)
+    raise NotJSONError(  # with json's own words, as Django's backends record them too
+        f"{where} is a {kind.__module__}.{kind.__qualname__} (Object of type "
+        f"{kind.__name__} is not JSON serializable); pass plain data (str, int, float, "
+        "bool, None, list, dict), such as an id or an ISO 8601 string",
+        kind=kind,
     )
 
 

@@ -26,7 +26,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -165,13 +165,15 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         *,
         body: PlannedJob | None = None,
         on_error: PlannedJob | None = None,
+        named: Callable[[], str] | None = None,
     ) -> Any:
         """A group, or a chord's group and body, whose members come from an iterable read
         one INSERT_BATCH at a time: memory stays bounded by the batch (and the members'
         ids), as with `enqueue_many(ids_only=True)`. Members are independent jobs (no
         parents); with `body`, each names the body as its dependent, and the body (given
         its id first) waits on as many as there were. One savepoint around it all, as in
-        `start`: a refusal in any batch leaves nothing of the workflow.
+        `start`: a refusal in any batch leaves nothing of the workflow. `named`: the
+        name, once the members were read (it says what they were), in place of `name`.
         """
         checks = _Checks()
         first = [checks.encoded(extra) for extra in (body, on_error) if extra is not None]
@@ -230,6 +232,9 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
             outputs = 1 if body_id is not None else len(member_ids)
             errors = [extra_ids[-1]] if on_error is not None else []
             self._finish_start(workflow, output, outputs, errors)
+            if named is not None:
+                workflow.name = named()[:255]
+                workflow.save(update_fields=["name"])
         logger.info(
             "workflow enqueued id=%s name=%s jobs=%d",
             workflow.id,

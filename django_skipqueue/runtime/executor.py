@@ -414,8 +414,9 @@ def run_brokered(job: Job, *, database: str | None = None) -> Verdict:
     if decision.failed:
         error = decision.error
         assert error is not None  # noqa: S101  (a failure has its error)
-        _log_raised(job, attempt, duration, error)
-        if decision.retry_in is not None and attempt < job.max_attempts:
+        final = decision.retry_in is None or attempt >= job.max_attempts
+        _log_raised(job, attempt, duration, error, final=final)
+        if not final:
             retry_in = decision.retry_in
             _announce(signals.job_retried, job=job, error=error, run_after=retry_in)
             return Verdict(Outcome.RETRYING, duration, error=error, retry_in=retry_in)
@@ -474,7 +475,7 @@ def record_failure(
             error.message,
         )
     else:
-        _log_raised(job, attempt, duration, error)
+        _log_raised(job, attempt, duration, error, final=state == JobState.FAILED)
     if state == JobState.CANCELLED:  # failed after a cancel request: not retried
         logger.info("job cancelled id=%s task=%s attempt=%d", job.id, job.task, attempt)
         return Execution(job.id, attempt, Outcome.CANCELLED, duration, error)
@@ -519,8 +520,23 @@ _SIGNAL_NAMES = {
 }
 
 
-def _log_raised(job: Job, attempt: int, duration: float, error: ErrorInfo) -> None:
-    # The stored, redacted traceback, not exc_info: secrets stay out of logs too.
+def _log_raised(job: Job, attempt: int, duration: float, error: ErrorInfo, *, final: bool) -> None:
+    # The stored, redacted traceback, not exc_info: secrets stay out of logs too. Not
+    # for the last failure of a django.tasks Task: Django's own task_finished receiver
+    # logs that one with its traceback (logger.exception, for error monitoring), and
+    # the failure was logged twice (tasks/signal_handlers.py sends it).
+    task = registry.get(job.task) if job.task in registry else None
+    if final and task is not None and task.django_task is not None:
+        logger.error(
+            "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s "
+            "(its traceback: django.tasks' line below)",
+            job.id,
+            job.task,
+            attempt,
+            duration,
+            error.type,
+        )
+        return
     logger.error(
         "job raised id=%s task=%s attempt=%d duration=%.3fs error=%s\n%s",
         job.id,

@@ -233,7 +233,11 @@ def _streamed(root: Canvas, on_error: Signature | None) -> Workflow | None:
                 output=body is None,
             )
 
-    header_name = "group(<members>)"
+    def named() -> str:
+        kinds = names[0] if len(names) == 1 else "members"
+        header_name = f"group({count} x {kinds})"
+        return f"chord({header_name}, {_name(body)})" if body else header_name
+
     body_job = None
     if body is not None:
         body_job = dataclasses.replace(
@@ -242,14 +246,9 @@ def _streamed(root: Canvas, on_error: Signature | None) -> Workflow | None:
     if on_error is not None and not isinstance(on_error, Signature):
         raise InvalidJobError(f"on_error must be a signature (task.s(...)), got {on_error!r}")
     handler = dataclasses.replace(_planned(on_error, None), on_error=True) if on_error else None
-    workflow = Workflow.objects.db_manager(database).start_streamed(
-        header_name, members(), body=body_job, on_error=handler
+    return Workflow.objects.db_manager(database).start_streamed(
+        "group(<members>)", members(), body=body_job, on_error=handler, named=named
     )
-    kinds = names[0] if len(names) == 1 else "members"
-    header_name = f"group({count} x {kinds})"
-    workflow.name = (f"chord({header_name}, {_name(body)})" if body else header_name)[:255]
-    workflow.save(update_fields=["name"])
-    return workflow
 
 
 def _planned(signature: Signature, upstream: Upstream) -> PlannedJob:

@@ -482,3 +482,28 @@ def test_django_tasks_are_steps_of_workflows():
     fan = chord(group(django_tasks.dj_add.si(n, n) for n in range(3)), tasks.total.s()).enqueue()
     run_jobs()
     assert fan.wait(timeout=5) == 6
+
+
+def test_a_failed_tasks_traceback_is_logged_once(caplog):
+    """Django's task_finished receiver logs a failure with its traceback (for error
+    monitoring); ours said it again, so every failure showed twice. Ours is one line now,
+    for the last failure of such a Task; an attempt that is retried keeps its own."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    result = django_tasks.dj_fails.enqueue()
+    Job.objects.filter(id=int(result.id)).update(max_attempts=1)
+    run_jobs()
+    with_traceback = [
+        r for r in caplog.records if r.exc_info or "Traceback (most recent call last)" in r.message
+    ]
+    assert [r.name for r in with_traceback] == [tasks_api_logger_name()]
+    assert any(
+        "job raised" in r.message and r.name.startswith("django_skipqueue") for r in caplog.records
+    )
+
+
+def tasks_api_logger_name() -> str:
+    """Django's own tasks logger: "django.tasks", or the backport's "django_tasks"."""
+    backport = TaskResultStatus.__module__.startswith("django_tasks")
+    return "django_tasks" if backport else "django.tasks"

@@ -6,10 +6,10 @@ import os
 import threading
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_skipqueue.models import WorkerProcess
+from django_skipqueue.models import Job, JobState, WorkerProcess
 from django_skipqueue.queue import sql
 from django_skipqueue.runtime import notifier as module
 from tests.processes import wait_until
@@ -95,8 +95,9 @@ def test_a_queue_channel_name_is_validated_before_any_sql():
     with pytest.raises(InvalidJobError):
         sql.channel_name("new\nline")
     with pytest.raises(InvalidJobError):
-        sql.channel_name("q" * 49)
+        sql.channel_name("q" * 201)
     assert len(sql.channel_name("q" * 48).encode()) <= 63
+    assert len(sql.channel_name("q" * 200).encode()) <= 63
     assert threading.current_thread()  # no connection was needed
 
 
@@ -119,6 +120,35 @@ def test_a_queue_name_django_accepts_is_a_quoted_channel_that_notifies(queue):
         raw.close()
     assert note.channel == sql.channel_name(queue) == f"skipqueue_{queue}"
     assert tasks.add.using(queue_name=queue).enqueue(2, 2).queue_name == queue
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "queue", ["q" * 49, "reports.monthly.finance.accounts-receivable." * 4, "é" * 25 + "x"]
+)
+def test_a_queue_name_over_48_bytes_notifies_on_the_hashed_channel_python_names(queue):
+    """Django's Tasks API takes queue names of any length: up to 200 bytes here. Past
+    48, "skipqueue_<name>" would pass PostgreSQL's 63-byte identifiers, so the channel
+    is a hash of the name; the triggers (skipqueue_channel(), migration 0023) and the
+    listener (sql.channel_name) must agree, on INSERT and on UPDATE."""
+    wrapper = connections["default"]
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    raw.autocommit = True
+    try:
+        sql.listen(raw, [queue])
+        waiting_worker(queue)
+        job = tasks.add.using(queue_name=queue).enqueue(1, 1)
+        [inserted] = raw.notifies(timeout=2.0, stop_after=1)
+        Job.objects.filter(id=job.id).update(state=JobState.PENDING)  # 0018's, per row
+        [updated] = raw.notifies(timeout=2.0, stop_after=1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT skipqueue_channel(%s)", [queue])
+            [in_sql] = cursor.fetchone()
+    finally:
+        raw.close()
+    assert inserted.channel == updated.channel == sql.channel_name(queue) == in_sql
+    assert sql.channel_name(queue).startswith("skipqueue_#")
+    assert Job.objects.get(id=job.id).queue_name == queue
 
 
 def slow_notifier(monkeypatch, on_listening=None) -> tuple[module.Notifier, threading.Thread]:

@@ -372,12 +372,17 @@ def test_pruning_keeps_the_results_a_running_workflow_still_needs():
 # -- groups of a generator: written batch by batch ----------------------------------------
 
 
-def test_a_group_of_a_generator_is_written_in_batches_and_keeps_its_order(monkeypatch):
+def test_a_group_of_a_generator_is_written_in_batches_and_keeps_its_order(monkeypatch, caplog):
+    import logging
+
     from django_skipqueue.queue import workflows
 
+    caplog.set_level(logging.INFO, logger="django_skipqueue")
     monkeypatch.setattr(workflows, "INSERT_BATCH", 7)
     workflow = group(double.s(n) for n in range(30)).enqueue()
     assert workflow.name == "group(30 x double)"
+    # Logged by its name once its members were read (it said "group(<members>)").
+    assert f"workflow enqueued id={workflow.id} name=group(30 x double) jobs=30" in caplog.text
     run_jobs()
     assert workflow.wait(timeout=5) == [2 * n for n in range(30)]
 

@@ -189,6 +189,7 @@ def test_a_return_value_that_is_not_json_fails_the_job():
     job, outcome = run()
     assert (outcome, job.state) == (Outcome.FAILED, JobState.FAILED)
     assert "the return value is a builtins.object" in job.last_error
+    assert "Object of type object is not JSON serializable" in job.last_error  # json's words
     assert job.result is None
 
 
