@@ -34,6 +34,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.core.redaction import redact, redact_key, redact_text
 from django_skipqueue.core.states import EXPIRED
+from django_skipqueue.lag import job_reason
 from django_skipqueue.models import (
     Job,
     JobState,
@@ -144,6 +145,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         "timeline",
         "error_history",
         "progress_shown",
+        "waiting_reason",
     ]
     fieldsets = [
         (
@@ -155,6 +157,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                     "queue_name",
                     "priority",
                     "state",
+                    "waiting_reason",
                     "expires_at",
                     "progress_shown",
                 ]
@@ -194,6 +197,14 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         """A failed job's errors come first, right under its banner: why it failed is
         what its page is opened for, not something to scroll 2,000 px down to."""
         fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or obj.state not in (JobState.PENDING, JobState.WAITING):
+            fieldsets = [  # why it waits: only while it does
+                (
+                    name,
+                    {**options, "fields": [f for f in options["fields"] if f != "waiting_reason"]},
+                )
+                for name, options in fieldsets
+            ]
         if obj is None or obj.state != JobState.FAILED:
             return fieldsets
         rest = [
@@ -347,6 +358,12 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
             text = _("ended %(age)s ago") % {"age": _age(now - job.finished_at)}
             return format_html('<span title="{}">{}</span>', _when(job.finished_at), text)
         return _when(job.run_at)
+
+    @admin.display(description=_("why it waits"))
+    def waiting_reason(self, job: Job) -> str:
+        """Why a pending or waiting job has not started (lag.py): its time, its
+        parents, a pause, a limit, or busy workers; "-" for any other state."""
+        return job_reason(job) or "-"
 
     @admin.display(description=_("progress"))
     def progress_shown(self, job: Job) -> str:

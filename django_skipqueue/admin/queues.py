@@ -32,6 +32,7 @@ from django_skipqueue.admin.common import (
 )
 from django_skipqueue.core.states import validate_queue_name
 from django_skipqueue.exceptions import InvalidJobError
+from django_skipqueue.lag import queue_reasons
 from django_skipqueue.models import Job, Queue, QueueOverview
 from django_skipqueue.stats import WINDOWS, Bucket, QueueStats, queue_stats, queue_trends
 
@@ -125,6 +126,7 @@ class QueueOverviewViews(_ModelAdmin):
             row.done_5m = series[-1].succeeded if series else 0
             row.done_1h = sum(bucket.succeeded for bucket in series)
         paused = paused_by_queue()
+        reasons = queue_reasons(rows)
         context = {
             **self.admin_site.each_context(request),
             "title": _("Queue overview"),
@@ -133,6 +135,7 @@ class QueueOverviewViews(_ModelAdmin):
                     **row.as_dict(),
                     **paused.get(row.queue, {}),
                     "lag_text": charts.duration(row.lag_seconds),
+                    "reasons": reasons.get(row.queue, []),  # why its due jobs wait
                     # A relayed queue's due rows wait for a relay, a plain queue's for
                     # a worker: none alive, nobody takes them.
                     "unattended": row.pending_due > 0

@@ -113,17 +113,17 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
 class ScheduleManager(models.Manager.from_queryset(ScheduleQuerySet)):  # type: ignore[misc]
     """An operator's verbs on schedules; the scheduler's are in scheduler.py."""
 
-    def pause(self, names: Iterable[str], *, by: str = "") -> int:
+    def pause(self, names: Iterable[str] | str, *, by: str = "") -> int:
         """Stop enqueuing these schedules' occurrences until resumed; returns how many
         were running. Occurrences passed while paused are not run on resume."""
-        return self.filter(name__in=list(names), paused_at__isnull=True).update(
+        return self.filter(name__in=_names(names), paused_at__isnull=True).update(
             paused_at=Now(), paused_by=by[:ACTOR_MAX_LENGTH]
         )
 
-    def resume(self, names: Iterable[str]) -> int:
+    def resume(self, names: Iterable[str] | str) -> int:
         """Start these paused schedules again from now: the occurrences passed while
         paused are skipped, whatever their `missed` policy. Returns how many resumed."""
-        return self.filter(name__in=list(names), paused_at__isnull=False).update(
+        return self.filter(name__in=_names(names), paused_at__isnull=False).update(
             paused_at=None,
             paused_by="",
             last_occurrence_at=Greatest(Coalesce(F("last_occurrence_at"), Now()), Now()),
@@ -138,11 +138,11 @@ class QueueQuerySet(models.QuerySet["Queue"]):
 class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
     """Pausing queues, and the row lock of a limited queue's claims."""
 
-    def pause(self, names: Iterable[str], *, by: str = "") -> int:
+    def pause(self, names: Iterable[str] | str, *, by: str = "") -> int:
         """No worker claims from these queues until resumed: each worker learns it from
         a NOTIFY at once, or within a second by polling. Jobs already running finish.
         Returns how many queues were running. Kept across restarts (it is a row)."""
-        names = [validate_queue_name(name) for name in dict.fromkeys(names)]
+        names = [validate_queue_name(name) for name in dict.fromkeys(_names(names))]
         with bounded(self.db):
             self.bulk_create([self.model(name=name) for name in names], ignore_conflicts=True)
             changed = self.filter(name__in=names, paused_at__isnull=True).update(
@@ -151,10 +151,10 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
             _notify_control(self.db)
         return changed
 
-    def resume(self, names: Iterable[str]) -> int:
+    def resume(self, names: Iterable[str] | str) -> int:
         """Let workers claim from these queues again; returns how many were paused."""
         with bounded(self.db):
-            changed = self.filter(name__in=list(names), paused_at__isnull=False).update(
+            changed = self.filter(name__in=_names(names), paused_at__isnull=False).update(
                 paused_at=None, paused_by=""
             )
             _notify_control(self.db)
@@ -175,6 +175,12 @@ class RateBucketManager(models.Manager["RateBucket"]):
     def locked(self, key: str) -> tuple[RateBucket, datetime] | None:
         """The bucket's row, created if missing and locked (see `locked_row`)."""
         return locked_row(self, key)
+
+
+def _names(names: Iterable[str] | str) -> list[str]:
+    """The names a pause or resume was given: one name alone is that name, never its
+    letters (`pause("emails")` paused queues "e", "m", "a", "i", "l" and "s")."""
+    return [names] if isinstance(names, str) else list(names)
 
 
 def _notify_control(alias: str) -> None:

@@ -403,3 +403,79 @@ def test_a_running_jobs_progress_and_the_overviews_trends(server_url, page, tmp_
         tasks.progress_release.set()
         worker.stop()
         thread.join(timeout=20)
+
+
+# -- issue 54: every page within 1280 and 1920 px, the end of an error in view -----------
+
+
+def fits_at_both_widths(page, tmp_path: Path, name: str, *selectors: str) -> None:
+    """At 1280 and 1920 px: nothing wider than the window (no page scroll sideways), and
+    each element of `selectors` ends within it (its text wraps, or scrolls in its box)."""
+    for width, height in SIZES:
+        page.set_viewport_size({"width": width, "height": height})
+        page.screenshot(path=str(tmp_path / f"{name}-{width}.png"))
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), (
+            name,
+            width,
+        )
+        for selector in selectors:
+            for box in (item.bounding_box() for item in page.locator(selector).all()):
+                assert box is not None and box["x"] + box["width"] <= width, (name, width, selector)
+    page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+
+
+def test_a_long_error_and_its_traceback_wrap_within_the_page(server_url, page, tmp_path):
+    """Trial finding: a failed job's error lines and traceback ran off the right edge,
+    and the end of the message, the part that says what went wrong, was out of sight."""
+    from django_skipqueue.runtime.worker import Worker
+    from tests.testapp.tasks import always_fails
+
+    message = "charge refused for " + "customer-account-7f3a9c2e1b " * 12 + "END-OF-MESSAGE"
+    job = always_fails.using(max_attempts=1).enqueue(message)
+    Worker(concurrency=1, burst=True, listen=False, reap_interval=0).run()
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/{job.id}/change/")
+    fits_at_both_widths(
+        page,
+        tmp_path,
+        "long-error",
+        ".field-error_history p",
+        ".field-error_history pre",
+        ".skipqueue-failed-banner",
+    )
+    end = page.locator(".field-error_history p", has_text="END-OF-MESSAGE")
+    box = end.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= WIDTH
+    page.goto(f"{server_url}/admin/skipqueue/job/")
+    fits_at_both_widths(page, tmp_path, "long-error-list", "#result_list")
+
+
+def test_the_workflow_list_and_page_fit_with_finished_at_in_view(server_url, page, tmp_path):
+    from django_skipqueue import chain, group
+    from django_skipqueue.testing import run_jobs
+    from tests.testapp.tasks import add
+
+    workflow = chain(group(add.s(n, n) for n in range(3)), add.si(1, 1)).enqueue()
+    run_jobs()
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/workflow/")
+    fits_at_both_widths(page, tmp_path, "workflow-list", "#result_list")
+    assert in_view(page.locator("#result_list thead th.column-finished_at"))
+    page.goto(f"{server_url}/admin/skipqueue/workflow/{workflow.id}/change/")
+    fits_at_both_widths(page, tmp_path, "workflow-page", "fieldset")
+
+
+def test_the_overview_says_why_a_queue_lags_and_fits(server_url, page, tmp_path):
+    from django_skipqueue.models import WorkerProcess
+    from django_skipqueue.testing import run_jobs
+    from tests.testapp.tasks import three_a_minute
+
+    WorkerProcess.objects.create(hostname="web-1", pid=7, queues=["default"])
+    for n in range(5):
+        three_a_minute.enqueue(n)
+    run_jobs()
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+    reason = page.locator("#queue-overview .skipqueue-reason")
+    assert "three_a_minute's rate limit (3/m)" in reason.first.inner_text()
+    fits_at_both_widths(page, tmp_path, "overview-reasons", "#queue-overview")

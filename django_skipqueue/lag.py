@@ -1,0 +1,266 @@
+"""Why due jobs wait: the queue overview's reasons under its lag, and a job page's line.
+
+A due job is claimed unless one of these holds, tested as the claim tests them: its
+queue is paused; no live worker takes the queue; the queue's concurrency limit is full;
+the queue's rate limit is spent (SKIPQUEUE['QUEUE_LIMITS']); its task's rate limit is
+spent (`@task(rate_limit=...)`); its concurrency key is at its limit. Else it waits for
+a free worker thread. A job not due yet waits for its time (`run_at`), or for its
+workflow's parents (`waiting`).
+
+A queue's reasons come from its oldest due jobs, SAMPLE of them in claim order (the
+claim index serves them): bounded work whatever the backlog, and the very jobs its lag
+measures. Every time is the database's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Now
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.conf.limits import QueueLimit, queue_limits
+from django_skipqueue.core.states import CLAIM_ORDER, JobState
+from django_skipqueue.exceptions import ConfigurationError
+from django_skipqueue.models import Job, Queue, RateBucket, WorkerProcess, queue_names_of
+
+if TYPE_CHECKING:
+    from django_skipqueue.stats import QueueStats
+
+#: How many of a queue's oldest due jobs its reasons are read from.
+SAMPLE = 200
+
+_DUE_FIELDS = ("rate_key", "rate_limit", "concurrency_key", "concurrency_limit")
+
+
+def queue_reasons(rows: list[QueueStats], database: str | None = None) -> dict[str, list[str]]:
+    """For each queue of `rows` with due jobs (relayed ones aside: a relay takes those):
+    why they wait, queue-wide reasons first."""
+    alias = database or get_settings().DATABASE_ALIAS
+    limits = _limits()
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        if row.pending_due <= 0 or row.relayed:
+            continue
+        reasons = _queue_wide(row.queue, limits.get(row.queue), row.paused, row.live_workers, alias)
+        if row.live_workers and not row.paused:  # else nothing claims: said already
+            due = list(
+                Job.objects.using(alias)
+                .filter(state=JobState.PENDING, queue_name=row.queue, run_at__lte=Now())
+                .order_by(*CLAIM_ORDER)
+                .values(*_DUE_FIELDS)[:SAMPLE]
+            )
+            reasons += _held(due, alias)
+        if not reasons:
+            reasons.append(_busy(row.running))
+        found[row.queue] = reasons
+    return found
+
+
+def job_reason(job: Job) -> str:
+    """Why this pending or waiting job has not started ("" for any other state)."""
+    alias = job._state.db or get_settings().DATABASE_ALIAS
+    if job.state == JobState.WAITING:
+        parents = job.waiting_on or 0
+        return ngettext(
+            "waiting on %(n)d parent job of its workflow",
+            "waiting on %(n)d parent jobs of its workflow",
+            parents,
+        ) % {"n": parents}
+    if job.state != JobState.PENDING:
+        return ""
+    until = (
+        Job.objects.using(alias)
+        .filter(id=job.id)
+        .annotate(left=_until(Value(job.run_at)))
+        .values_list("left", flat=True)
+        .first()
+    )
+    if until is not None and until > timedelta(0):
+        return _("scheduled: due in %(wait)s") % {"wait": _duration(until.total_seconds())}
+    queue = job.queue_name
+    paused = Queue.objects.using(alias).filter(name=queue, paused_at__isnull=False).exists()
+    live = live_queue_workers(alias)[queue]
+    reasons = _queue_wide(queue, _limits().get(queue), paused, live, alias)
+    if not reasons:
+        mine = {field: getattr(job, field) for field in _DUE_FIELDS}
+        spent = _rates_spent({job.rate_key}, alias) if job.rate_key else {}
+        if job.rate_key in spent:
+            reasons.append(
+                _("its task's rate limit (%(rate)s) is spent: the next start in %(wait)s")
+                % {"rate": job.rate_limit or "?", "wait": _duration(spent[job.rate_key])}
+            )
+        full = _keys_full([mine], alias)
+        if job.concurrency_key in full:  # the key itself is the job's data: not shown
+            reasons.append(
+                _("its concurrency key is at its limit (%(running)d running)")
+                % {"running": full[job.concurrency_key]}
+            )
+    return "; ".join(reasons) or _("due: the next free worker thread takes it")
+
+
+def live_queue_workers(database: str | None = None) -> Counter[str]:
+    """Live workers per queue name."""
+    alias = database or get_settings().DATABASE_ALIAS
+    live: Counter[str] = Counter()
+    for queues in WorkerProcess.objects.using(alias).alive().values_list("queues", flat=True):
+        live.update(set(queue_names_of(queues)))  # another client's row may hold anything
+    return live
+
+
+# -- the tests, each as the claim makes it --------------------------------------------
+
+
+def _queue_wide(
+    queue: str, limit: QueueLimit | None, paused: bool, live_workers: int, alias: str
+) -> list[str]:
+    if paused:
+        return [_("paused: no worker claims from it")]
+    if not live_workers:
+        return [_("no live worker takes this queue")]
+    reasons = []
+    if limit is not None and limit.concurrency is not None:
+        running = (
+            Job.objects.using(alias)
+            .filter(state=JobState.RUNNING, queue_name=queue, leased_until__gt=Now())
+            .count()
+        )
+        if running >= limit.concurrency:
+            reasons.append(
+                _("its concurrency limit: %(running)d of %(limit)d running")
+                % {"running": running, "limit": limit.concurrency}
+            )
+    if limit is not None and limit.rate is not None:
+        wait = _queue_rate_wait(queue, limit, alias)
+        if wait is not None:
+            reasons.append(
+                _("its rate limit (%(rate)s) is spent: the next start in %(wait)s")
+                % {"rate": _rate_text(limit), "wait": _duration(wait)}
+            )
+    return reasons
+
+
+def _queue_rate_wait(queue: str, limit: QueueLimit, alias: str) -> float | None:
+    """Seconds until the queue's token bucket holds a start (None: it holds one now).
+    Its row holds the bucket as the last claim left it; it refills on the clock."""
+    bucket = (
+        Queue.objects.using(alias)
+        .filter(name=queue, rate_refilled_at__isnull=False)
+        .annotate(age=_until(F("rate_refilled_at"), since=True))
+        .values_list("rate_tokens", "age")
+        .first()
+    )
+    if bucket is None:
+        return None
+    tokens, age = bucket
+    rate = limit.refill_per_second
+    now = min(float(limit.rate or 0), tokens + age.total_seconds() * rate)
+    return None if now >= 1 else (1 - now) / rate
+
+
+def _held(due: list[dict[str, Any]], alias: str) -> list[str]:
+    """The oldest due jobs held by their task's rate limit or their concurrency key."""
+    reasons = []
+    rate_keys = Counter(job["rate_key"] for job in due if job["rate_key"])
+    spent = _rates_spent(set(rate_keys), alias)
+    limits = {job["rate_key"]: job["rate_limit"] for job in due if job["rate_key"]}
+    for key, wait in sorted(spent.items()):
+        reasons.append(
+            _("%(held)s: task %(task)s's rate limit (%(rate)s), the next start in %(wait)s")
+            % {
+                "held": _of_the_oldest(rate_keys[key], len(due)),
+                "task": key.rsplit(".", 1)[-1],
+                "rate": limits.get(key) or "?",
+                "wait": _duration(wait),
+            }
+        )
+    full = _keys_full(due, alias)
+    held = [job["concurrency_key"] for job in due if job["concurrency_key"] in full]
+    if held:  # how many keys, never which: a key is made of the jobs' arguments
+        reasons.append(
+            ngettext(
+                "%(held)s: a concurrency key at its limit",
+                "%(held)s: %(keys)d concurrency keys at their limit",
+                len(set(held)),
+            )
+            % {"held": _of_the_oldest(len(held), len(due)), "keys": len(set(held))}
+        )
+    return reasons
+
+
+def _rates_spent(keys: set[str], alias: str) -> dict[str, float]:
+    """Of these task rate keys, those whose bucket holds no start now: seconds until one."""
+    if not keys:
+        return {}
+    buckets = (
+        RateBucket.objects.using(alias)
+        .filter(key__in=keys, empty_until__gt=Now())
+        .annotate(left=_until(F("empty_until")))
+        .values_list("key", "left")
+    )
+    return {key: left.total_seconds() for key, left in buckets}
+
+
+def _keys_full(due: list[dict[str, Any]], alias: str) -> dict[str, int]:
+    """Of the concurrency keys of these jobs, those at their limit: their running jobs
+    (a live lease: a dead worker's job stops holding its slot when its lease ends)."""
+    limits = {job["concurrency_key"]: job["concurrency_limit"] or 1 for job in due}
+    limits.pop(None, None)
+    if not limits:
+        return {}
+    running = (
+        Job.objects.using(alias)
+        .filter(state=JobState.RUNNING, concurrency_key__in=list(limits), leased_until__gt=Now())
+        .values("concurrency_key")
+        .annotate(n=Count("id"))
+        .values_list("concurrency_key", "n")
+    )
+    return {key: n for key, n in running if n >= limits[key]}
+
+
+# -- words ------------------------------------------------------------------------
+
+
+def _busy(running: int) -> str:
+    return ngettext(
+        "every worker thread is busy (%(running)d job running)",
+        "every worker thread is busy (%(running)d jobs running)",
+        running,
+    ) % {"running": running}
+
+
+def _limits() -> dict[str, QueueLimit]:
+    try:
+        return queue_limits()
+    except ConfigurationError:  # reported by the system check skipqueue.E011
+        return {}
+
+
+def _until(moment: Any, *, since: bool = False) -> ExpressionWrapper:
+    """`moment` minus the database's now (or now minus it, `since`), as an interval."""
+    difference = Now() - moment if since else moment - Now()
+    return ExpressionWrapper(difference, output_field=DurationField())
+
+
+def _of_the_oldest(count: int, sample: int) -> str:
+    if count == sample:
+        return _("all of the oldest %(sample)d held") % {"sample": sample}
+    return _("%(count)d of the oldest %(sample)d held") % {"count": count, "sample": sample}
+
+
+def _rate_text(limit: QueueLimit) -> str:
+    unit = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(limit.period, f"{limit.period:g}s")
+    return f"{limit.rate}/{unit}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return _("under a second")
+    if seconds < 120:
+        return _("%(n)d s") % {"n": round(seconds)}
+    return _("%(n)d min") % {"n": round(seconds / 60)}
