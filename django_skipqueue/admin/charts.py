@@ -15,12 +15,18 @@ WIDTH, HEIGHT = 340, 150  # four abreast at 1920 px, two at 1280 px
 LEFT, RIGHT, TOP, BOTTOM = 60, 8, 10, 22  # room for the scale and the time labels
 Label = str | Promise  # a text, translated or not
 Series = tuple[Label, str, Sequence[float | None]]  # label, colour, one value per bar
+#: The tops a scale of seconds takes (the first at or above its peak): the top and its
+#: half read as round numbers ("104.4 s" and "52.2 s" were the ticks of a 104.4 s peak).
+NICE_SECONDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 240, 600)
+NICE_SECONDS += (1200, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
 def _scale(peak: float, unit: Callable[[float], str]) -> tuple[float, SafeString]:
     top = peak if peak > 0 else 1.0
     if unit is count:  # whole numbers at 0, half and the top: an even top, at least 2
         top = float(max(2, math.ceil(top / 2) * 2))
+    elif unit is duration:
+        top = float(next((nice for nice in NICE_SECONDS if nice >= top), top))
     plot = HEIGHT - TOP - BOTTOM
     ticks = format_html_join(
         "",
@@ -170,7 +176,7 @@ def duration(value: float) -> str:
     if value < 1:
         return f"{value * 1000:.0f} ms"
     if value < 120:
-        return f"{value:.1f} s"
+        return f"{value:.1f}".removesuffix(".0") + " s"
     if value < 7200:
         return f"{value / 60:.0f} min"
-    return f"{value / 3600:.1f} h"
+    return f"{value / 3600:.1f}".removesuffix(".0") + " h"

@@ -254,7 +254,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
             )
         origin = ""
         if job.schedule:
-            origin = format_html(" · ⏱ {}", job.schedule)
+            origin = format_html(" · schedule {}", job.schedule)  # words: no emoji font needed
         elif job.unique_key:
             key = redact_key(job.unique_key)[:60] if shows_payloads() else "(hidden)"
             origin = format_html(" · key {}", key)

@@ -149,6 +149,10 @@ class QueueOverviewViews(_ModelAdmin):
                 for name, series in trends.items()
             ],
             "can_pause": self.has_pause_queue_permission(request),
+            # Its column only when it says something: a button, a pause, a limit, a relay
+            # (a view-only user saw an empty FLOW column).
+            "show_flow": self.has_pause_queue_permission(request)
+            or any(row.paused or row.limits or row.relayed for row in rows),
             "opts": self.model._meta,
             "breadcrumbs_as_list": django.VERSION >= (6, 1),  # Django 6.1's admin markup
         }

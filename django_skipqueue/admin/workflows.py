@@ -99,6 +99,10 @@ class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                 : TREE_LIMIT + 1
             ]
         )
+        on_error_label = format_html(
+            ' <small class="skipqueue-tree-label">{}</small>',
+            _("on_error: runs if a job of the workflow fails"),
+        )
         depth: dict[int, int] = {}
         for row in rows:
             depth.setdefault(row["id"], 0)
@@ -107,7 +111,7 @@ class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         lines = format_html_join(
             "",
             '<li class="skipqueue-tree-{}"><a href="{}">#{}</a> {} '
-            '<b class="skipqueue-state-{}">{}</b>{}</li>',
+            '<b class="skipqueue-state-{}">{}</b>{}{}</li>',
             (
                 (
                     min(depth.get(row["id"], 0), MAX_INDENT),
@@ -117,6 +121,7 @@ class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                     row["state"],
                     row["state"],
                     _note(row),
+                    on_error_label if row["id"] == workflow.on_error_job_id else "",
                 )
                 for row in rows[:TREE_LIMIT]
             ),

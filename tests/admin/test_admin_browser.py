@@ -463,6 +463,12 @@ def test_the_workflow_list_and_page_fit_with_finished_at_in_view(server_url, pag
     assert in_view(page.locator("#result_list thead th.column-finished_at"))
     page.goto(f"{server_url}/admin/skipqueue/workflow/{workflow.id}/change/")
     fits_at_both_widths(page, tmp_path, "workflow-page", "fieldset")
+    # The job tree starts at the other values' edge (Django's aligned forms indent a
+    # list by 160 px: the tree stood ~130 px right of them).
+    tree = page.locator(".field-job_tree ul.skipqueue-tree").bounding_box()
+    name = page.locator(".field-name .readonly").bounding_box()
+    assert tree is not None and name is not None
+    assert abs(tree["x"] - name["x"]) <= 2, (tree, name)
 
 
 def test_the_overview_says_why_a_queue_lags_and_fits(server_url, page, tmp_path):

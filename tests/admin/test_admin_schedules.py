@@ -89,6 +89,17 @@ def test_pausing_needs_its_own_permission(client, synced):
     assert paused.is_paused and paused.paused_by == "staff"
 
 
+def test_the_list_filters_active_or_paused_schedules_in_those_words(admin_client, synced):
+    Schedule.objects.pause(["nightly"], by="ops")
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "By status" in page and ">Active<" in page and ">Paused<" in page
+    assert "paused at" not in page.lower()  # Django's "By paused at: Empty / Not empty"
+    paused = admin_client.get(reverse(CHANGELIST) + "?status=paused")
+    assert [s.name for s in paused.context["cl"].result_list] == ["nightly"]
+    active = admin_client.get(reverse(CHANGELIST) + "?status=active")
+    assert "nightly" not in [s.name for s in active.context["cl"].result_list]
+
+
 def test_schedules_cannot_be_added_edited_or_deleted_in_the_admin(admin_client, synced):
     assert admin_client.get(reverse("admin:skipqueue_schedule_add")).status_code == 403
     admin_client.post(
@@ -199,6 +210,8 @@ def test_a_masked_schedule_argument_cannot_be_probed_one_character_at_a_time(vie
         "name=a%00b",
         "paused_at__isempty=%00",
         "paused_at__isempty=7",
+        "status=%00",
+        "status=nonsense",
         "o=99",
         "p=abc",
         "_to_field=kwargs",

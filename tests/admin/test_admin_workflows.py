@@ -13,7 +13,7 @@ from django.urls import reverse
 from django_skipqueue import chain, chord, group
 from django_skipqueue.models import Job, JobState, Workflow, WorkflowState
 from django_skipqueue.testing import run_jobs
-from tests.testapp.tasks import add, breaks, double, total
+from tests.testapp.tasks import add, breaks, double, note_failure, total
 
 pytestmark = pytest.mark.django_db
 
@@ -24,6 +24,14 @@ def staff(client, *perms: str):
         user.user_permissions.add(Permission.objects.get(codename=codename))
     client.force_login(user)
     return client
+
+
+def test_a_workflows_on_error_job_is_labelled_in_its_tree(client):
+    workflow = chain(add.s(1, 2), double.s()).enqueue(on_error=note_failure.s(where="x"))
+    page = staff(client).get(reverse("admin:skipqueue_workflow_change", args=[workflow.id]))
+    page = page.content.decode()
+    [label] = [line for line in page.split("<li") if "on_error: runs if a job" in line]
+    assert f"#{workflow.on_error_job_id}<" in label
 
 
 def test_a_workflows_page_draws_its_jobs_under_their_parents_and_why_it_failed(client):
