@@ -17,8 +17,8 @@ Label = str | Promise  # a text, translated or not
 Series = tuple[Label, str, Sequence[float | None]]  # label, colour, one value per bar
 #: The tops a scale of seconds takes (the first at or above its peak): the top and its
 #: half read as round numbers ("104.4 s" and "52.2 s" were the ticks of a 104.4 s peak).
-NICE_SECONDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 240, 600)
-NICE_SECONDS += (1200, 1800, 3600, 7200, 14400, 28800, 86400)
+NICE_SECONDS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60)
+NICE_SECONDS += (120, 240, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
 def _scale(peak: float, unit: Callable[[float], str]) -> tuple[float, SafeString]:
