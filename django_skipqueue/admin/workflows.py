@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import redirect
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
@@ -24,7 +26,7 @@ from django_skipqueue.admin.common import (
     shows_payloads,
 )
 from django_skipqueue.core.redaction import redact_text
-from django_skipqueue.models import Job, Workflow
+from django_skipqueue.models import Job, Workflow, WorkflowState
 
 #: The most jobs a workflow's page draws (a chord of 10,000 members would not read).
 TREE_LIMIT = 300
@@ -133,6 +135,50 @@ class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
                 '<li><a href="{}">{}</a></li>', url, _("… and more: every job of it")
             )
         return format_html('<ul class="skipqueue-tree">{}{}</ul>', lines, more)
+
+    def get_urls(self) -> list[Any]:
+        retry = path(
+            "<int:object_id>/retry/",
+            self.admin_site.admin_view(self.retry_view),
+            name="skipqueue_workflow_retry",
+        )
+        return [retry, *super().get_urls()]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A failed workflow's page carries the Retry of its failed job, as a failed
+        job's page does (the list's action did it alone before)."""
+        extra = {**(extra_context or {})}
+        workflow_id = object_id if str(object_id).isdigit() else None
+        if workflow_id is not None and self.has_retry_permission(request):
+            failed = Workflow.objects.filter(id=workflow_id, state=WorkflowState.FAILED).exists()
+            if failed:
+                extra["skipqueue_retry_url"] = reverse(
+                    "admin:skipqueue_workflow_retry", args=[workflow_id]
+                )
+        return super().change_view(request, object_id, form_url, extra)
+
+    def retry_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """POST from a failed workflow's page: retry its failed job (`retry_failed`)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        retried = Workflow.objects.retry_failed([object_id])
+        self.message_user(
+            request,
+            _("Workflow %(id)d: %(n)d failed job(s) retried; it runs on.")
+            % {"id": object_id, "n": retried}
+            if retried
+            else _("Workflow %(id)d has no failed job to retry.") % {"id": object_id},
+            messages.SUCCESS if retried else messages.WARNING,
+        )
+        return redirect("admin:skipqueue_workflow_change", object_id)
 
     @admin.action(
         description=_("Cancel the workflow (its unfinished jobs)"), permissions=["cancel"]

@@ -103,3 +103,26 @@ def test_queuestats_counts_jobs_waiting_on_a_parent_apart_from_due_ones():
     (row,) = json.loads(out.getvalue())["queues"]
     assert (row["pending_due"], row["waiting"]) == (3, 1)
     assert Workflow.objects.count() == 1
+
+
+def test_a_failed_workflows_page_retries_its_failed_job_with_the_retry_permission(client):
+    workflow = chain(add.s(1, 2), breaks.si("x"), total.s()).enqueue()
+    run_jobs()
+    workflow.refresh_from_db()
+    assert workflow.state == WorkflowState.FAILED
+    url = reverse("admin:skipqueue_workflow_change", args=[workflow.id])
+    retry = reverse("admin:skipqueue_workflow_retry", args=[workflow.id])
+    viewer = staff(client)
+    assert retry not in viewer.get(url).content.decode()  # no button without the permission
+    assert viewer.post(retry).status_code == 403
+    client.logout()
+    User.objects.all().delete()
+    operator = staff(client, "retry_job")
+    page = operator.get(url).content.decode()
+    assert retry in page and "Retry the failed job" in page
+    assert operator.get(retry).status_code == 405
+    response = operator.post(retry, follow=True)
+    assert "1 failed job(s) retried" in response.content.decode()
+    failed = Job.objects.get(id=workflow.failed_job_id)
+    assert failed.state == JobState.PENDING
+    assert retry not in operator.get(url).content.decode()  # running again: no button
