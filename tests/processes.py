@@ -157,3 +157,13 @@ def run_in_threads(target, count: int, timeout: float = 60.0) -> None:
         thread.start()
     for thread in threads:
         thread.join(timeout=timeout)
+
+
+def listening_backends() -> int:
+    """How many backends of the test database sit in a LISTEN (the waiters' shared one)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN%%'"
+        )
+        return int(cursor.fetchone()[0])

@@ -19,6 +19,7 @@ from django_skipqueue.exceptions import JobFailed
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue.finished import JOB_FINISHED_CHANNEL
 from django_skipqueue.testing import run_jobs
+from tests.processes import listening_backends
 from tests.testapp.tasks import add, always_fails
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,12 +114,7 @@ def test_twenty_waiting_threads_share_one_listen_connection_and_all_wake():
         thread.start()
     ready.wait(timeout=10)
     time.sleep(0.3)  # the waiters are past their first look (a deadline, not a sync)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query ILIKE 'LISTEN%%'"
-        )
-        listening = cursor.fetchone()[0]
+    listening = listening_backends()
     run_jobs()
     for thread in threads:
         thread.join(timeout=20)

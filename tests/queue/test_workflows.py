@@ -23,7 +23,7 @@ from django_skipqueue.exceptions import (
 )
 from django_skipqueue.models import Job, JobState, Workflow, WorkflowState
 from django_skipqueue.testing import run_jobs
-from tests.processes import wait_until
+from tests.processes import listening_backends, wait_until
 from tests.testapp import tasks
 from tests.testapp.tasks import (
     add,
@@ -689,12 +689,7 @@ def test_twenty_waiting_threads_share_one_listen_connection_and_all_wake():
         thread.start()
     ready.wait(timeout=10)
     time.sleep(0.3)  # the waiters are past their first look (a deadline, not a sync)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query ILIKE 'LISTEN%%'"
-        )
-        listening = cursor.fetchone()[0]
+    listening = listening_backends()
     finished_at = time.monotonic()
     run_jobs()
     for thread in threads:
