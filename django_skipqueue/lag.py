@@ -227,9 +227,11 @@ def _keys_full(due: list[dict[str, Any]], alias: str) -> dict[str, int]:
 
 
 def _busy(running: int) -> str:
+    """Nothing holds them: the workers that take the queue are busy (with this queue's
+    jobs or with their other queues')."""
     return ngettext(
-        "every worker thread is busy (%(running)d job running)",
-        "every worker thread is busy (%(running)d jobs running)",
+        "its workers' threads are busy (%(running)d of its jobs running)",
+        "its workers' threads are busy (%(running)d of its jobs running)",
         running,
     ) % {"running": running}
 

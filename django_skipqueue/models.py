@@ -121,20 +121,23 @@ class Waitable:
 
     _state: models.base.ModelState
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None, *, allow_in_task: bool = False) -> Any:
         raise NotImplementedError
 
-    async def await_result(self, timeout: float | None = None) -> Any:
+    async def await_result(
+        self, timeout: float | None = None, *, allow_in_task: bool = False
+    ) -> Any:
         """`wait()` for async code (an async view): the same, without blocking the loop."""
         from asgiref.sync import sync_to_async
 
-        return await sync_to_async(self._wait_then_close, thread_sensitive=False)(timeout)
+        waiting = sync_to_async(self._wait_then_close, thread_sensitive=False)
+        return await waiting(timeout, allow_in_task)
 
-    def _wait_then_close(self, timeout: float | None) -> Any:
+    def _wait_then_close(self, timeout: float | None, allow_in_task: bool) -> Any:
         from django.db import connections
 
         try:
-            return self.wait(timeout)
+            return self.wait(timeout, allow_in_task=allow_in_task)
         finally:
             connections[self._state.db or "default"].close()  # this worker thread's own
 
@@ -446,7 +449,7 @@ class Job(Waitable, models.Model):
             text += f" (attempt {attempt})"
         return text
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None, *, allow_in_task: bool = False) -> Any:
         """Block until this job finishes and return its result, as Celery's
         `AsyncResult.get(timeout=)` does; `await_result()` in async code.
 
@@ -455,8 +458,11 @@ class Job(Waitable, models.Model):
         read again. Woken by a NOTIFY when it finishes, through one LISTEN connection the
         process's waiters share, with a poll each second as the fallback; never holds a
         transaction while it waits. Refused at once (TransactionManagementError) inside
-        the transaction that enqueued it: no worker can see the job before that commits."""
-        return Job.objects.db_manager(self._state.db).wait_for(self, timeout)
+        the transaction that enqueued it: no worker can see the job before that commits.
+        Refused inside a task (RuntimeError: the job waited on may need this very worker
+        thread; chain them), unless `allow_in_task` says its queue's workers are others."""
+        manager = Job.objects.db_manager(self._state.db)
+        return manager.wait_for(self, timeout, allow_in_task=allow_in_task)
 
 
 class Workflow(Waitable, models.Model):
@@ -528,12 +534,14 @@ class Workflow(Waitable, models.Model):
             "running": running,
         }
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None, *, allow_in_task: bool = False) -> Any:
         """Block until the workflow finishes and return its result (see `result`).
 
         Woken by a NOTIFY when a workflow finishes, with a poll as the fallback; raises
-        TimeoutError after `timeout` seconds. Never holds a transaction while waiting."""
-        return Workflow.objects.db_manager(self._state.db).wait_for(self, timeout)
+        TimeoutError after `timeout` seconds. Never holds a transaction while waiting.
+        Refused inside a task unless `allow_in_task` (as `Job.wait()`)."""
+        manager = Workflow.objects.db_manager(self._state.db)
+        return manager.wait_for(self, timeout, allow_in_task=allow_in_task)
 
 
 class Queue(models.Model):

@@ -76,7 +76,10 @@ def limit_from_setting(queue: str, entry: object) -> QueueLimit:
 def queue_limits() -> dict[str, QueueLimit]:
     """Every queue's limits, by queue name (ConfigurationError for a bad entry; the
     system check skipqueue.E011 reports the same)."""
-    return {
-        queue: limit_from_setting(queue, entry)
-        for queue, entry in get_settings().QUEUE_LIMITS.items()
-    }
+    entries = get_settings().QUEUE_LIMITS
+    if not isinstance(entries, dict):  # a process that ran no system check (gunicorn)
+        raise ConfigurationError(
+            "SKIPQUEUE['QUEUE_LIMITS'] must be a dict of queue names to dicts, such as "
+            f"{{'reports': {{'concurrency': 3}}}}; got {entries!r}"
+        )
+    return {queue: limit_from_setting(queue, entry) for queue, entry in entries.items()}

@@ -23,7 +23,8 @@ from typing import Any
 from django.db.transaction import TransactionManagementError
 
 from django_skipqueue.core.payload import Undecodable
-from django_skipqueue.core.states import FINISHED_STATES, JobState
+from django_skipqueue.core.running import checked_timeout, refuse_waiting_in_a_task
+from django_skipqueue.core.states import EXPIRED, FINISHED_STATES, UPSTREAM, JobState
 from django_skipqueue.exceptions import InvalidJobError, JobFailed
 from django_skipqueue.queue.finished import finished_listener
 from django_skipqueue.queue.operator import OperatorVerbs
@@ -38,10 +39,19 @@ FIELDS = ("state", "result", "last_error", "cancelled_by", "attempts", "finished
 class AwaitVerbs(OperatorVerbs):
     """Waiting on one job until it finishes."""
 
-    def wait_for(self, job: Any, timeout: float | None = None) -> Any:
+    def wait_for(
+        self, job: Any, timeout: float | None = None, *, allow_in_task: bool = False
+    ) -> Any:
         """Block until `job` finishes; its result. JobFailed if it ended failed or
         cancelled, TimeoutError after `timeout` seconds. `job`'s fields are read again
-        (state, result, last error). Never holds a transaction while it waits."""
+        (state, result, last error). Never holds a transaction while it waits. Refused
+        inside a task (core/running.py) unless `allow_in_task`."""
+        timeout = checked_timeout(timeout)
+        if job.id is None:
+            raise ValueError(
+                "this job has no id: it was built (task.build()), not enqueued; enqueue it first"
+            )
+        refuse_waiting_in_a_task(f"job {job.id}", allow_in_task)
         deadline = None if timeout is None else time.monotonic() + timeout
         with finished_listener(self.db).waiting() as listener:
             seen = listener.generation
@@ -50,8 +60,9 @@ class AwaitVerbs(OperatorVerbs):
                 row = self.filter(id=job.id).only(*FIELDS).first()
                 if row is None:
                     raise self.model.DoesNotExist(
-                        f"job {job.id} does not exist (pruned after it finished, or "
-                        "relayed to RabbitMQ, whose jobs keep no row without RESULTS)"
+                        f"job {job.id} does not exist: its enqueue was rolled back, or its "
+                        "row was deleted (pruned after it finished, or relayed to RabbitMQ, "
+                        "whose jobs keep no row without RESULTS)"
                     )
                 for name in FIELDS:
                     setattr(job, name, getattr(row, name))
@@ -61,7 +72,8 @@ class AwaitVerbs(OperatorVerbs):
                     raise TransactionManagementError(
                         f"job {job.id} was enqueued in a transaction that has not committed "
                         "yet: no worker can see it. Wait for it after the commit "
-                        "(transaction.on_commit, or outside the atomic block)."
+                        "(transaction.on_commit, or outside the atomic block; a view under "
+                        "ATOMIC_REQUESTS runs in one: @transaction.non_atomic_requests)."
                     )
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -78,4 +90,12 @@ def outcome_of(job: Any) -> Any:
         if isinstance(job.result, Undecodable):
             raise InvalidJobError(f"job {job.id}'s result cannot be loaded: {job.result.reason}")
         return job.result
-    raise JobFailed(job.id, job.task, job.state, job.last_error, cancelled_by=job.cancelled_by)
+    by = CANCELLERS.get(job.cancelled_by, job.cancelled_by)
+    raise JobFailed(job.id, job.task, job.state, job.last_error, cancelled_by=by)
+
+
+#: The package's own cancellers, in words (JobFailed said "cancelled by skipqueue:upstream").
+CANCELLERS = {
+    UPSTREAM: "its workflow: a job it waits on failed or was cancelled",
+    EXPIRED: "its expiry: it was not started in time",
+}

@@ -38,6 +38,7 @@ from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core import tracing
 from django_skipqueue.core.payload import Undecodable, encode_arguments
+from django_skipqueue.core.running import checked_timeout, refuse_waiting_in_a_task
 from django_skipqueue.core.spec import JobSpec
 from django_skipqueue.core.states import (
     FINISHED_STATES,
@@ -388,11 +389,16 @@ class WorkflowManager(models.Manager.from_queryset(WorkflowQuerySet)):  # type: 
         except (KeyError, TypeError, ValueError) as error:  # written by another client
             raise InvalidJobError(f"job {job.id} has inputs of no known shape: {error!r}") from None
 
-    def wait_for(self, workflow: Any, timeout: float | None = None) -> Any:
+    def wait_for(
+        self, workflow: Any, timeout: float | None = None, *, allow_in_task: bool = False
+    ) -> Any:
         """Block until `workflow` finishes; its result, or WorkflowFailed. TimeoutError
         after `timeout` seconds. Woken through this process's one LISTEN connection for
         every waiter (queue/finished.py: never the caller's connection, which may be in
-        a transaction); reads the row again every POLL_SECONDS as the fallback."""
+        a transaction); reads the row again every POLL_SECONDS as the fallback. Refused
+        inside a task unless `allow_in_task` (core/running.py)."""
+        timeout = checked_timeout(timeout)
+        refuse_waiting_in_a_task(f"workflow {workflow.id}", allow_in_task)
         deadline = None if timeout is None else time.monotonic() + timeout
         with finished_listener(self.db).waiting() as listener:
             seen = listener.generation

@@ -43,6 +43,7 @@ from django_skipqueue.core.payload import (
     storable_text,
 )
 from django_skipqueue.core.redaction import redact_text
+from django_skipqueue.core.running import RUNNING_JOB
 from django_skipqueue.exceptions import (
     InvalidJobError,
     JobCancelled,
@@ -164,10 +165,12 @@ def run_and_decide(
         task = registry.get(job.task)
         if cancel is not None and cancel.is_set():  # cancelled before it started
             raise JobCancelled(job.id)
+        running = RUNNING_JOB.set(job.id)  # job.wait() in the task is refused
         try:
             with SessionWatch(connection):
                 value = _call(task, job, database, cancel, brokered=brokered)
         finally:
+            RUNNING_JOB.reset(running)
             # Past its hard limit (runtime/timelimits.py), the attempt ends with
             # TimeLimitExceeded, whatever came out of the task, the rest as its cause.
             past = cancel.exceeded if cancel is not None else None

@@ -82,7 +82,7 @@ def test_a_queue_at_its_concurrency_limit_says_how_many_run():
     running(busy)
     with override_settings(SKIPQUEUE={"QUEUE_LIMITS": {"default": {"concurrency": 1}}}):
         assert reasons() == ["its concurrency limit: 1 of 1 running"]
-    assert reasons() == ["every worker thread is busy (1 job running)"]
+    assert reasons() == ["its workers' threads are busy (1 of its jobs running)"]
 
 
 def test_jobs_not_due_wait_for_their_time_or_their_parents():
@@ -113,3 +113,13 @@ def test_the_overview_and_the_job_page_show_why_to_a_view_only_user(client):
     done = Job.objects.filter(state=JobState.DONE).first()
     page = client.get(reverse("admin:skipqueue_job_change", args=[done.id])).content.decode()
     assert "why it waits" not in page.lower()
+
+
+def test_queue_limits_that_are_not_a_dict_leave_the_overview_up(admin_client):
+    """The system check reports it (skipqueue.E002), but a web server runs no check:
+    the overview raised AttributeError on QUEUE_LIMITS = ["reports"]."""
+    add.enqueue(1, 1)
+    live_worker()
+    with override_settings(SKIPQUEUE={"QUEUE_LIMITS": ["default"]}):
+        response = admin_client.get(reverse("admin:skipqueue_overview"))
+    assert response.status_code == 200

@@ -7,6 +7,7 @@ job. Real PostgreSQL, real threads, jobs run by `run_jobs()` or a worker thread.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -15,12 +16,13 @@ import pytest
 from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
+from django_skipqueue import chain
 from django_skipqueue.exceptions import JobFailed
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue.finished import JOB_FINISHED_CHANNEL
 from django_skipqueue.testing import run_jobs
 from tests.processes import listening_backends
-from tests.testapp.tasks import add, always_fails
+from tests.testapp.tasks import add, always_fails, waits_inside
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,3 +147,46 @@ def test_await_result_does_not_block_the_event_loop():
     threading.Timer(0.5, lambda: (run_jobs(), connection.close())).start()
     assert asyncio.run(main()) == 42
     assert ticks >= 5
+
+
+@pytest.mark.parametrize(
+    ("allow", "error"),
+    [(False, "RuntimeError: job .* waits on job .* inside its task"), (True, "TimeoutError")],
+)
+def test_waiting_inside_a_task_is_refused_unless_allowed(allow, error):
+    """A task that waited on a job it enqueued held its worker's thread for ever at
+    --concurrency 1 (the outside trial); Celery refuses the same."""
+    job = waits_inside.enqueue(allow)
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert re.search(error, job.last_error), job.last_error
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"), [(-1, ValueError), (float("nan"), ValueError), ("3", TypeError)]
+)
+def test_a_bad_timeout_is_refused_naming_it(timeout, error):
+    job = add.enqueue(1, 1)
+    with pytest.raises(error, match="timeout must be"):
+        job.wait(timeout=timeout)
+
+
+def test_a_job_only_built_says_it_was_not_enqueued():
+    with pytest.raises(ValueError, match="built .* not enqueued"):
+        add.build(1, 2).wait(timeout=1)
+
+
+def test_a_step_cancelled_by_its_failed_parent_says_so_in_words():
+    workflow = chain(always_fails.using(max_attempts=1).s("boom"), add.si(1, 1)).enqueue()
+    run_jobs()
+    step = Job.objects.filter(workflow_id=workflow.id, task=add.name).get()
+    with pytest.raises(JobFailed, match="was cancelled by its workflow: a job it waits on"):
+        step.wait(timeout=5)
+
+
+def test_the_atomic_requests_case_is_named_in_the_refusal():
+    with transaction.atomic():
+        job = add.enqueue(1, 1)
+        with pytest.raises(TransactionManagementError, match="ATOMIC_REQUESTS"):
+            job.wait(timeout=1)

@@ -731,3 +731,9 @@ def ends_its_process(how: str = "exit", after: float = 0.0, pid_file: str = "") 
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     return str(os.getpid())
+
+
+@task(max_attempts=1)
+def waits_inside(allow: bool = False) -> object:
+    """Waits, inside its task, on a job it enqueues (tests/queue/test_job_wait.py)."""
+    return add.enqueue(1, 1).wait(timeout=0.5, allow_in_task=allow)
