@@ -632,6 +632,10 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                 extra["skipqueue_failed"] = failed_headline(job)
             if job.state == JobState.CANCELLED:
                 extra["skipqueue_cancelled"] = cancelled_headline(job)
+            elif job.state == JobState.DONE and job.cancelled_by:  # a keyed job's cancel
+                extra["skipqueue_cancelled"] = _(
+                    "Done, though %(who)s asked it to stop: its task finished first."
+                ) % {"who": job.cancelled_by}
             if job.cancel_requested_at is not None and job.state == JobState.RUNNING:
                 extra["skipqueue_stuck"] = _(
                     "Cancel requested %(when)s by %(who)s: the task is told at the worker's "

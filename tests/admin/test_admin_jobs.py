@@ -126,6 +126,16 @@ def test_a_cancelled_jobs_page_says_who_cancelled_it_and_when(superuser_client):
     assert "skipqueue-banner-act" in page.content.decode()  # Retry applies to it
 
 
+def test_a_done_job_whose_cancel_came_too_late_says_who_asked(superuser_client):
+    """A keyed job keeps its lease until its code returns; a cancel it never read leaves
+    it done, its cancelled_by kept: its page said nothing of the cancel (outside trial)."""
+    job = JobFactory(state=JobState.DONE, cancelled_by="carol")
+    page = superuser_client.get(reverse(CHANGE, args=[job.id]))
+    assert page.context["skipqueue_cancelled"] == (
+        "Done, though carol asked it to stop: its task finished first."
+    )
+
+
 def test_a_job_that_expired_before_it_started_says_so_in_words(superuser_client):
     job = add.using(expires=timedelta(milliseconds=1)).enqueue(1, 2)
     Job.objects.filter(id=job.id).update(expires_at=Now() - timedelta(seconds=1))
