@@ -55,4 +55,6 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunSQL(FORWARD, BACKWARD),
+        # Unapplied first, when migrating back: the same bound for the way back.
+        migrations.RunSQL(migrations.RunSQL.noop, LOCK_TIMEOUT),
     ]

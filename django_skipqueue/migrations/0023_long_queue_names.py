@@ -89,4 +89,6 @@ class Migration(migrations.Migration):
         migrations.AlterField("schedule", "queue_name", name_field()),
         migrations.AlterField("queueminute", "queue_name", name_field()),
         migrations.RunSQL(FORWARD, BACKWARD),
+        # Unapplied first, when migrating back: the same bound for the way back.
+        migrations.RunSQL(migrations.RunSQL.noop, LOCK_TIMEOUT),
     ]
