@@ -47,7 +47,10 @@ def queue_reasons(rows: list[QueueStats], database: str | None = None) -> dict[s
     for row in rows:
         if row.pending_due <= 0 or row.relayed:
             continue
-        reasons = _queue_wide(row.queue, limits.get(row.queue), row.paused, row.live_workers, alias)
+        leased = row.running - row.stuck  # its running jobs with a live lease, counted already
+        reasons = _queue_wide(
+            row.queue, limits.get(row.queue), row.paused, row.live_workers, alias, leased
+        )
         if row.live_workers and not row.paused:  # else nothing claims: said already
             due = list(
                 Job.objects.using(alias)
@@ -117,19 +120,26 @@ def live_queue_workers(database: str | None = None) -> Counter[str]:
 
 
 def _queue_wide(
-    queue: str, limit: QueueLimit | None, paused: bool, live_workers: int, alias: str
+    queue: str,
+    limit: QueueLimit | None,
+    paused: bool,
+    live_workers: int,
+    alias: str,
+    running: int | None = None,
 ) -> list[str]:
+    """`running`: the queue's running jobs with a live lease, if known (else counted)."""
     if paused:
         return [_("paused: no worker claims from it")]
     if not live_workers:
         return [_("no live worker takes this queue")]
     reasons = []
     if limit is not None and limit.concurrency is not None:
-        running = (
-            Job.objects.using(alias)
-            .filter(state=JobState.RUNNING, queue_name=queue, leased_until__gt=Now())
-            .count()
-        )
+        if running is None:
+            running = (
+                Job.objects.using(alias)
+                .filter(state=JobState.RUNNING, queue_name=queue, leased_until__gt=Now())
+                .count()
+            )
         if running >= limit.concurrency:
             reasons.append(
                 _("its concurrency limit: %(running)d of %(limit)d running")

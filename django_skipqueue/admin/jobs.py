@@ -198,19 +198,10 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         what its page is opened for, not something to scroll 2,000 px down to."""
         fieldsets = super().get_fieldsets(request, obj)
         if obj is None or obj.state not in (JobState.PENDING, JobState.WAITING):
-            fieldsets = [  # why it waits: only while it does
-                (
-                    name,
-                    {**options, "fields": [f for f in options["fields"] if f != "waiting_reason"]},
-                )
-                for name, options in fieldsets
-            ]
+            fieldsets = _without(fieldsets, "waiting_reason")  # only while it waits
         if obj is None or obj.state != JobState.FAILED:
             return fieldsets
-        rest = [
-            (name, {**options, "fields": [f for f in options["fields"] if f != "error_history"]})
-            for name, options in fieldsets
-        ]
+        rest = _without(fieldsets, "error_history")
         return [(_("Errors, newest first"), {"fields": ["error_history"]}), *rest]
 
     def get_search_results(
@@ -684,3 +675,11 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                 messages.WARNING,
             )
         return redirect("admin:skipqueue_job_change", object_id)
+
+
+def _without(fieldsets: Any, field: str) -> list[Any]:
+    """`fieldsets` with `field` left out of each."""
+    return [
+        (name, {**options, "fields": [f for f in options["fields"] if f != field]})
+        for name, options in fieldsets
+    ]

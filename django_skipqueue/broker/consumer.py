@@ -394,7 +394,7 @@ class Consumer:
             isolated=isolated,
         )
         self._handoff.hold((generation, tag), held)
-        pool.submit(self._run, generation, tag, held, isolated)
+        pool.submit(self._run, generation, tag, held)
 
     def _abandoned(self) -> bool:
         """Whether a thread still runs a task given up on (`_overdue`). If it still runs
@@ -535,7 +535,7 @@ class Consumer:
             return Verdict(Outcome.RETRYING, seconds, error=error, retry_in=retry_in)
         return Verdict(Outcome.FAILED, seconds, error=error)
 
-    def _run(self, generation: int, tag: int, held: Held, isolated: bool) -> None:
+    def _run(self, generation: int, tag: int, held: Held) -> None:
         message = held.message
         task = registry.get(message.task) if message.task in registry else None
         timeout = task.timeout.total_seconds() if task and task.timeout else None
@@ -543,18 +543,16 @@ class Consumer:
         if self.stop.is_set() or not self._handoff.start((generation, tag), timeout, now):
             return  # handed back while it waited, or its connection is gone
         crashed, given_up = None, False
-        if isolated:
+        if held.isolated:
             # Killed a little after the consuming thread settles it as timed out.
-            deadline = held.give_up_at if timeout is None else min(held.give_up_at, now + timeout)
-            ran = run_isolated(message, database=self.database, deadline=deadline + KILL_SECONDS)
+            ran = run_isolated(message, database=self.database, deadline=held.due + KILL_SECONDS)
             if isinstance(ran, Crashed):
                 verdict, crashed = Verdict(Outcome.FAILED, time.monotonic() - now), ran
             elif ran is None and not self._handoff.holds((generation, tag)):
                 verdict = Verdict(Outcome.FAILED, 0.0)  # settled as timed out: dropped
             elif ran is None:  # killed at its deadline, before the consuming thread saw it
                 given_up = True
-                by_broker = timeout is None or held.give_up_at < now + timeout
-                verdict = self._timed_out(held, time.monotonic(), by_broker=by_broker)
+                verdict = self._timed_out(held, time.monotonic(), by_broker=held.by_broker)
             else:
                 verdict = ran
         else:

@@ -72,6 +72,19 @@ class Held:
     def started(self) -> bool:
         return self.started_at is not None
 
+    @property
+    def due(self) -> float:
+        """When it is past its time: given back if not started by then, else timed out
+        at its give-up time or its task's deadline, whichever comes first."""
+        if not self.started:
+            return self.hand_back_at
+        return self.give_up_at if self.deadline is None else min(self.give_up_at, self.deadline)
+
+    @property
+    def by_broker(self) -> bool:
+        """A running one times out by the broker's timeout, unless its task's came first."""
+        return self.deadline is None or self.give_up_at < self.deadline
+
 
 @dataclass(frozen=True)
 class Overdue:
@@ -170,21 +183,14 @@ class Handoff:
             for delivery, held in list(self._held.items()):
                 if delivery[0] != generation:
                     continue
-                if not held.started:
-                    due = held.hand_back_at
-                elif held.deadline is not None:
-                    due = min(held.give_up_at, held.deadline)
-                else:
-                    due = held.give_up_at
-                if now < due:
-                    soonest = min(soonest, due)
+                if now < held.due:
+                    soonest = min(soonest, held.due)
                     continue
                 del self._held[delivery]
                 if not held.started:
                     unstarted.append((delivery[1], held))
-                else:  # by the broker's timeout unless its task's came first
-                    by_broker = held.deadline is None or held.give_up_at < held.deadline
-                    running.append((delivery[1], held, by_broker))
+                else:
+                    running.append((delivery[1], held, held.by_broker))
                     self._abandoned[delivery] = now
             self._soonest = soonest
         return Overdue(unstarted, running)
