@@ -7,8 +7,10 @@ listener's side connection, never the caller's (which may be inside a transactio
 mark would hold the row's lock until that commit, and the worker's ack would wait on
 it). A job marked so notifies 'skipqueue!job' when a statement finishes it (the trigger
 of migration 0022), in that statement's transaction; the others never do, so a job
-nobody waits on costs nothing. The row is read again at each notification, and every
-POLL_SECONDS as the fallback (no LISTEN, a lost connection).
+nobody waits on costs nothing. At a notification, the listener asks once which of the
+jobs its waiters wait on are finished, and only their waiters read their rows again;
+every waiter also reads its row every POLL_SECONDS, the fallback (no LISTEN, a lost
+connection).
 
 The mark also tells whether another session can see the row: one enqueued in the
 caller's own uncommitted transaction cannot run before that commits, so waiting on it
@@ -53,10 +55,12 @@ class AwaitVerbs(OperatorVerbs):
             )
         refuse_waiting_in_a_task(f"job {job.id}", allow_in_task)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with finished_listener(self.db).waiting() as listener:
+        listener = finished_listener(self.db)
+        with listener.waiting(), listener.watching(job.id):
             seen = listener.generation
             visible = listener.mark_awaited(job.id)
             while True:
+                read_at = time.monotonic()
                 row = self.filter(id=job.id).only(*FIELDS).first()
                 if row is None:
                     raise self.model.DoesNotExist(
@@ -75,13 +79,20 @@ class AwaitVerbs(OperatorVerbs):
                         "(transaction.on_commit, or outside the atomic block; a view under "
                         "ATOMIC_REQUESTS runs in one: @transaction.non_atomic_requests)."
                     )
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(
-                        f"job {job.id} ({job.task}) is still {job.state} after {timeout} s"
-                    )
-                wait = POLL_SECONDS if left is None else min(POLL_SECONDS, left)
-                seen = listener.wait(seen, wait)
+                # Woken by a notification, the row is read again only if the listener's
+                # one read for all waiters found this job finished, or the poll is due.
+                while True:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(
+                            f"job {job.id} ({job.task}) is still {job.state} after {timeout} s"
+                        )
+                    poll = read_at + POLL_SECONDS - time.monotonic()
+                    if poll <= 0:
+                        break
+                    seen = listener.wait(seen, poll if left is None else min(poll, left))
+                    if job.id in listener.finished_jobs():
+                        break
 
 
 def outcome_of(job: Any) -> Any:

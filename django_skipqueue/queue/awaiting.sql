@@ -15,3 +15,10 @@ WITH marked AS (
     RETURNING id
 )
 SELECT EXISTS (SELECT 1 FROM skipqueue_job WHERE id = %s)
+
+-- name: FINISHED_AMONG
+-- Which of the jobs this process's waiters wait on are finished: one read for all of
+-- them, by whichever waiter read a 'skipqueue!job' notification (queue/finished.py),
+-- so that only the waiters whose job finished read their row again. Raw: it runs on
+-- the listener's side connection, as MARK_AWAITED. Parameter: the job ids.
+SELECT id FROM skipqueue_job WHERE id = ANY(%s) AND state IN ({finished})

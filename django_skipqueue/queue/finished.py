@@ -15,6 +15,16 @@ A job's waiter first marks its row `awaited` (only such a row notifies when it f
 queue/awaiting.py). That write goes through a second connection of the listener, in
 autocommit, never the LISTEN one (which a waiter may be reading at that moment) nor the
 caller's (which may be inside a transaction). It is opened and closed with the first.
+
+A job's waiter also says which job it waits on (`watching`). Whoever reads
+notifications then asks, in one query on that side connection, which of the watched
+jobs are finished (`finished_jobs()`), before it wakes the others: a waiter reads its
+row again only if its job is among them (or its poll is due). Before, each waiter read
+its own row at every notification: 24 waiters made 249 reads in 3.8 s (trial finding
+3). The order keeps every finish seen: the socket is read, then the watched ids are
+taken, then asked about; a job watched after that was read by its waiter after it
+started watching, and a finish its waiter did not see then notifies later, in a read
+whose question includes it.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ class FinishedListener:
         self._waiters = 0
         self._marking = threading.Lock()
         self._marker: Any = None  # the connection that marks rows awaited
+        self._watched: dict[int, int] = {}  # job id: its waiters in this process
+        self._finished: set[int] = set()  # watched jobs a read found finished
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[FinishedListener]:
@@ -75,6 +87,28 @@ class FinishedListener:
                             _close(self._marker)
                             self._marker = None
 
+    @contextlib.contextmanager
+    def watching(self, job_id: int) -> Iterator[None]:
+        """Around one job's wait, inside `waiting()`: reads of notifications ask about
+        this job (see `finished_jobs`)."""
+        with self._changed:
+            self._watched[job_id] = self._watched.get(job_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                left = self._watched.pop(job_id) - 1
+                if left:
+                    self._watched[job_id] = left
+                else:
+                    self._finished.discard(job_id)
+
+    def finished_jobs(self) -> set[int]:
+        """The watched jobs a read of notifications found finished: their waiters read
+        their rows again; the others wait on."""
+        with self._changed:
+            return set(self._finished)
+
     @property
     def generation(self) -> int:
         """Read it before looking at the row you wait on; hand it to `wait`."""
@@ -96,8 +130,11 @@ class FinishedListener:
                     continue
                 self._reading = True
                 self._changed.release()
+                finished: set[int] = set()
                 try:
                     read = _read(connection, left)
+                    if read:
+                        finished = self._finished_among()
                 except Exception as error:  # noqa: BLE001  (a broken connection: reopened)
                     logger.debug("wait: the LISTEN connection failed: %r", error)
                     read = 0
@@ -105,6 +142,7 @@ class FinishedListener:
                 finally:
                     self._changed.acquire()
                     self._reading = False
+                self._finished |= finished
                 self._generation += read
                 self._changed.notify_all()
             return self._generation
@@ -128,6 +166,28 @@ class FinishedListener:
                     _close(self._marker)
                     self._marker = None
                 return None
+
+    def _finished_among(self) -> set[int]:
+        """Which watched jobs are finished, in one query (the condition not held); all
+        of them if the query fails (each waiter then reads its own row)."""
+        with self._changed:
+            watched = list(self._watched)
+        if not watched:
+            return set()
+        with self._marking:
+            if self._pid != os.getpid():
+                self._marker = None
+            try:
+                if self._marker is None:
+                    self._marker = self._connect()
+                rows = self._marker.execute(sql.FINISHED_AMONG, [watched]).fetchall()
+                return {row[0] for row in rows}
+            except Exception as error:  # noqa: BLE001  (each waiter reads its row)
+                logger.debug("job wait: no batched read: %r", error)
+                if self._marker is not None:
+                    _close(self._marker)
+                    self._marker = None
+                return set(watched)
 
     def _connect(self) -> Any:
         wrapper = connections[self.alias]

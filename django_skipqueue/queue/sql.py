@@ -195,6 +195,8 @@ FINISHED = ", ".join(f"'{state}'" for state in FINISHED_STATES)
 
 MARK_AWAITED = STATEMENTS["MARK_AWAITED"].format(finished=FINISHED)
 
+FINISHED_AMONG = STATEMENTS["FINISHED_AMONG"].format(finished=FINISHED)
+
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.
 ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")
