@@ -1,7 +1,9 @@
-"""Queue overview numbers, for the admin's overview page and `manage.py queuestats`.
+"""Queue and task overview numbers, for the admin's overview pages and `manage.py
+queuestats`.
 
 Every count is over a set a partial index serves (pending, running, finished by time),
-never a COUNT(*) of the whole table.
+or over the per-minute rows the workers write (QueueMinute, TaskMinute), never a
+COUNT(*) of the whole table.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from django_skipqueue.conf.relay import RelayConfig, relay_config
 from django_skipqueue.core.states import JobState
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.models import (
+    DURATION_BUCKETS,
     PICKUP_BUCKETS,
     Job,
     Queue,
@@ -28,6 +31,7 @@ from django_skipqueue.models import (
     WorkerProcess,
     queue_names_of,
 )
+from django_skipqueue.queue import sql
 
 
 @dataclass
@@ -257,3 +261,112 @@ def queue_trends(window: str = "hour", database: str | None = None) -> dict[str,
         if oldest is not None:
             bucket.oldest_due_seconds = max(bucket.oldest_due_seconds or 0.0, float(oldest))
     return dict(sorted(trends.items()))
+
+
+# -- tasks: the task overview, from the per-minute counts (TaskMinute) ---------------------
+
+#: The task overview's windows, in minutes: the last hour and the last day.
+TASK_WINDOWS = {"hour": 60, "day": 24 * 60}
+
+
+@dataclass
+class TaskWindow:
+    """What a task's attempts did in one window, as its workers counted them."""
+
+    runs: int = 0  # attempts ended, whatever their outcome
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    run_seconds: float = 0.0
+    buckets: list[int] | None = None  # the run durations' histogram (DURATION_BUCKETS)
+
+    def add(self, other: TaskWindow) -> None:
+        self.runs += other.runs
+        self.succeeded += other.succeeded
+        self.retried += other.retried
+        self.failed += other.failed
+        self.cancelled += other.cancelled
+        self.run_seconds += other.run_seconds
+        mine = self.buckets or [0] * len(DURATION_BUCKETS)
+        for i, count in enumerate((other.buckets or [])[: len(mine)]):
+            mine[i] += count
+        self.buckets = mine
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Failed attempts (retried or failed) over attempts ended, or None if none."""
+        return (self.retried + self.failed) / self.runs if self.runs else None
+
+    def duration(self, share: float) -> float | None:
+        """The run time under which `share` of the attempts ended, estimated from the
+        histogram as Prometheus' histogram_quantile does: linearly within the bucket
+        where it is reached (the open-ended bucket answers its lower bound). None
+        without runs."""
+        counts = self.buckets or []
+        total = sum(counts)
+        if not total:
+            return None
+        wanted, seen, lower = share * total, 0, 0.0
+        for bound, count in zip(DURATION_BUCKETS, counts, strict=False):
+            if count and seen + count >= wanted:
+                if bound == float("inf"):
+                    return lower
+                return lower + (bound - lower) * (wanted - seen) / count
+            seen += count
+            lower = bound
+        return lower
+
+
+@dataclass
+class TaskStats:
+    """One task's numbers over the last hour and the last day, and its newest error."""
+
+    task: str
+    hour: TaskWindow
+    day: TaskWindow
+    last_error: str = ""
+    last_error_job: int | None = None
+    last_error_age: timedelta | None = None
+
+
+def task_stats(database: str | None = None) -> list[TaskStats]:
+    """Per task that ended an attempt in the last day, its hour and its day, by name:
+    two queries of the per-minute rows (the minute index), never the job table."""
+    alias = database or get_settings().DATABASE_ALIAS
+    windows = {"hour": TASK_WINDOWS["hour"], "day": TASK_WINDOWS["day"]}
+    stats: dict[str, TaskStats] = {}
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql.task_windows_statement(len(DURATION_BUCKETS)), windows)
+        for (
+            name,
+            recent,
+            runs,
+            succeeded,
+            retried,
+            failed,
+            cancelled,
+            seconds,
+            *histogram,
+        ) in cursor.fetchall():
+            part = TaskWindow(
+                int(runs),
+                int(succeeded),
+                int(retried),
+                int(failed),
+                int(cancelled),
+                float(seconds),
+                [int(n or 0) for n in histogram],  # NULL: rows of fewer buckets
+            )
+            entry = stats.get(name) or stats.setdefault(
+                name, TaskStats(name, TaskWindow(), TaskWindow())
+            )
+            entry.day.add(part)
+            if recent:
+                entry.hour.add(part)
+        cursor.execute(sql.TASK_LAST_ERRORS, windows)
+        for name, text, job_id, age in cursor.fetchall():
+            if name in stats:
+                entry = stats[name]
+                entry.last_error, entry.last_error_job, entry.last_error_age = text, job_id, age
+    return [stats[name] for name in sorted(stats)]

@@ -67,6 +67,7 @@ from django_skipqueue.admin.common import (
     error_class,
     hidden,
     inputs_before_args,
+    moment,
     payloads_for,
     shape,
     short_error,
@@ -128,17 +129,17 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         "expirations",
         "releases",
         "run_at",
-        "expires_at",
+        "shown_expires_at",
         "rate_limit",
         "lease",
-        "leased_until",
+        "shown_leased_until",
         "created_at",
         "started_at",
         "finished_at",
         "worker_status",
         "shown_unique_key",
         "schedule_link",
-        "scheduled_for",
+        "shown_scheduled_for",
         "workflow_link",
         "pretty_args",
         "pretty_result",
@@ -158,7 +159,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                     "priority",
                     "state",
                     "waiting_reason",
-                    "expires_at",
+                    "shown_expires_at",
                     "progress_shown",
                 ]
             },
@@ -172,7 +173,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                     "expirations",
                     "releases",
                     "lease",
-                    "leased_until",
+                    "shown_leased_until",
                     "worker_status",
                 ]
             },
@@ -183,7 +184,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                 "fields": [
                     "shown_unique_key",
                     "schedule_link",
-                    "scheduled_for",
+                    "shown_scheduled_for",
                     "workflow_link",
                     "rate_limit",
                 ]
@@ -192,6 +193,10 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
+
+    shown_expires_at = moment("expires_at", _("expires at"))
+    shown_leased_until = moment("leased_until", _("leased until"))
+    shown_scheduled_for = moment("scheduled_for", _("scheduled for"))
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         """A failed job's errors come first, right under its banner: why it failed is

@@ -26,6 +26,7 @@ from django_skipqueue.admin.common import (
     _report,
     _when,
     arguments_html,
+    moment,
 )
 from django_skipqueue.core.cron import Cron, zone_of
 from django_skipqueue.exceptions import ConfigurationError
@@ -86,10 +87,12 @@ class ScheduleAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "last_run",
         "next_runs",
         "recent_jobs",
-        "created_at",
-        "synced_at",
+        "shown_created_at",
+        "shown_synced_at",
     ]
     fields = tuple(readonly_fields)
+    shown_created_at = moment("created_at", _("created at"))
+    shown_synced_at = moment("synced_at", _("synced at"))
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("skipqueue.pause_schedule")

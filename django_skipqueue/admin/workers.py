@@ -35,6 +35,7 @@ from django_skipqueue.admin.common import (
     ReadOnly,
     _age,
     _when,
+    moment,
 )
 from django_skipqueue.models import Job, WorkerProcess
 from django_skipqueue.queue.base import dead_after
@@ -116,10 +117,11 @@ class WorkerProcessAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):  # pruned 
         "concurrency",
         "started",
         "heartbeat",
-        "stopped_at",
+        "shown_stopped_at",
         "held_jobs",
     ]
     fields = tuple(readonly_fields)
+    shown_stopped_at = moment("stopped_at", _("stopped at"))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerProcess]:
         """Each row's status and held jobs in the page's one query, not two a row: the

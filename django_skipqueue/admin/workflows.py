@@ -23,6 +23,7 @@ from django_skipqueue.admin.common import (
     ReadOnly,
     error_class,
     hidden,
+    moment,
     shows_payloads,
 )
 from django_skipqueue.core.redaction import redact_text
@@ -39,7 +40,14 @@ class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
     class Media:
         css = {"all": (STYLESHEET,)}
 
-    list_display = ["id", "name", "state_badge", "failed_job_link", "created_at", "finished_at"]
+    list_display = [
+        "id",
+        "name",
+        "state_badge",
+        "failed_job_link",
+        "shown_created_at",
+        "shown_finished_at",
+    ]
     list_filter = ["state"]
     allowed_lookups = frozenset({"state__exact"})
     ordering = ["-id"]
@@ -51,11 +59,13 @@ class WorkflowAdmin(PayloadGate, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
         "state_badge",
         "shown_error",
         "failed_job_link",
-        "created_at",
-        "finished_at",
+        "shown_created_at",
+        "shown_finished_at",
         "job_tree",
     ]
     fields = tuple(readonly_fields)
+    shown_created_at = moment("created_at", _("created at"))
+    shown_finished_at = moment("finished_at", _("finished at"))
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Who may see jobs may see their workflows (no permission of its own to grant)."""

@@ -590,7 +590,12 @@ class Consumer:
                 continue
             outcome = done.verdict.outcome
             self.meter.finished(
-                done.message.queue, done.message.task, outcome, done.verdict.duration
+                done.message.queue,
+                done.message.task,
+                outcome,
+                done.verdict.duration,
+                done.verdict.error,
+                done.message.job_id,
             )
             if outcome in (Outcome.RETRYING, Outcome.RELEASED):
                 self._publish_retry(publisher, done)

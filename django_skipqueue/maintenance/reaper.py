@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient, sqlstate
-from django_skipqueue.models import Job, JobState, QueueMinute, WorkerProcess, Workflow
+from django_skipqueue.models import Job, JobState, QueueMinute, TaskMinute, WorkerProcess, Workflow
 from django_skipqueue.queue.base import ReapResult
 from django_skipqueue.queue.connections import (
     LOCK_NOT_AVAILABLE,
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PRUNE_BATCH_SIZE = 1000
-#: How long the per-minute counts (QueueMinute) are kept: the overview's longest chart
-#: is a day.
+#: How long the per-minute counts (QueueMinute, TaskMinute) are kept: the longest
+#: window of the queue and task overviews is a day.
 MINUTES_KEPT = timedelta(hours=25)
 
 
@@ -163,6 +163,7 @@ class Reaper:
         minutes = 0
         if minutes_older_than is not None and not dry_run:
             minutes = QueueMinute.objects.db_manager(self.database).prune(minutes_older_than)
+            minutes += TaskMinute.objects.db_manager(self.database).prune(minutes_older_than)
         return HousekeepingResult(
             pruned_done=done,
             pruned_failed=failed,

@@ -2,7 +2,7 @@
 # name over 48 bytes was refused, since a queue's NOTIFY channel, "skipqueue_<name>",
 # must fit PostgreSQL's 63-byte identifiers. A longer name's channel is now
 # "skipqueue_#<md5 of the name>" (44 bytes), in SQL (skipqueue_channel()) and in Python
-# (queue/sql.py, channel_name) alike: tests/queue/test_long_queue_names.py checks that
+# (queue/sql.py, channel_name) alike: tests/queue/test_notify.py checks that
 # they agree. 200 leaves room for RabbitMQ's 255-byte names ("skipqueue.<name>.retry.N").
 #
 # The two NOTIFY functions (0016's, on INSERT, and 0018's, on UPDATE) take the channel

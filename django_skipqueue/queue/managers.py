@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, models
 from django.db.models import (
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         QueueMinute,
         RateBucket,
         Schedule,
+        TaskMinute,
         WorkerProcess,
     )
 
@@ -208,7 +209,18 @@ MINUTE_COUNTS = (
 )
 
 
-class QueueMinuteManager(models.Manager["QueueMinute"]):
+_Minute = TypeVar("_Minute", bound=models.Model)
+
+
+class MinuteManager(models.Manager[_Minute]):
+    """Rows of per-minute counts (QueueMinute, TaskMinute), kept MINUTES_KEPT_HOURS."""
+
+    def prune(self, older_than: timedelta) -> int:
+        """Delete the minutes older than `older_than` (the minute index serves it)."""
+        return self.filter(minute__lt=Now() - older_than).delete()[0]
+
+
+class QueueMinuteManager(MinuteManager["QueueMinute"]):
     """The per-minute counts the admin's charts read (see models.QueueMinute)."""
 
     def add(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
@@ -235,6 +247,38 @@ class QueueMinuteManager(models.Manager["QueueMinute"]):
             cursor.execute(sql.MINUTE_SAMPLED)
             return bool(cursor.fetchone()[0])
 
-    def prune(self, older_than: timedelta) -> int:
-        """Delete the minutes older than `older_than` (the minute index serves it)."""
-        return self.filter(minute__lt=Now() - older_than).delete()[0]
+
+#: The counts a TaskMinute row adds up (its integer and float columns).
+TASK_MINUTE_COUNTS = (
+    "succeeded",
+    "retried",
+    "released",
+    "failed",
+    "cancelled",
+    "lost",
+    "unknown",
+    "runs",
+    "run_seconds",
+)
+
+
+class TaskMinuteManager(MinuteManager["TaskMinute"]):
+    """The per-minute counts the task overview reads (see models.TaskMinute)."""
+
+    def add(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
+        """Add each task's counts to its row of the database's current minute: one
+        upsert, tasks in name order, as QueueMinuteManager.add. `last_error`, a pair
+        (job id, text), replaces the row's last error."""
+        if not rows:
+            return
+        records = []
+        for name in sorted(rows):
+            counts = rows[name]
+            record: dict[str, Any] = {"task": name}
+            record |= {column: counts.get(column, 0) for column in TASK_MINUTE_COUNTS}
+            record["run_buckets"] = list(counts.get("run_buckets") or [])
+            job_id, text = counts.get("last_error") or (None, "")
+            record["last_error_job"], record["last_error"] = job_id, text
+            records.append(record)
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.ADD_TASK_MINUTE, [json.dumps(records)])

@@ -328,4 +328,18 @@ WAITING_BY_QUEUE = STATEMENTS["WAITING_BY_QUEUE"]
 
 ADD_MINUTE = STATEMENTS["ADD_MINUTE"]
 
+ADD_TASK_MINUTE = STATEMENTS["ADD_TASK_MINUTE"]
+
+TASK_WINDOWS = STATEMENTS["TASK_WINDOWS"]
+
+
+@functools.lru_cache(maxsize=2)
+def task_windows_statement(buckets: int) -> str:
+    """TASK_WINDOWS summing `buckets` histogram elements, each its own column."""
+    sums = ", ".join(f"sum((run_buckets->>{i})::bigint)" for i in range(buckets))
+    return TASK_WINDOWS.format(buckets=sums)
+
+
+TASK_LAST_ERRORS = STATEMENTS["TASK_LAST_ERRORS"]
+
 MINUTE_SAMPLED = STATEMENTS["MINUTE_SAMPLED"]

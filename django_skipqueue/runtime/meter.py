@@ -1,15 +1,16 @@
 """What a worker counts of the jobs it runs: per queue, for the admin's charts (the
-QueueMinute rows), and, when `runworker --metrics-port` asked for them, for Prometheus.
+QueueMinute rows), per task, for the task overview (the TaskMinute rows), and, when
+`runworker --metrics-port` asked for them, for Prometheus.
 
 The executor threads and the dispatcher call `picked_up` and `finished` (an append to
 a deque: 0.2 microseconds a job); the housekeeper calls `flush` every
 FLUSH_SECONDS, which adds the counts since the last flush to the database's current
-minute in one upsert (`QueueMinuteManager.add`). Counts a failed flush could not
-write are kept for the next one. The deque is folded into counts whenever it holds
-FOLD_AT events, so that what a worker keeps between flushes does not grow with its
-speed (`python benchmarks/run.py --parts memory` measures what a worker holds).
-Nothing here imports prometheus_client: the series are `runtime.prometheus`'s,
-attached only when asked for.
+minute in one transaction (`QueueMinuteManager.add`, `TaskMinuteManager.add`). Counts
+a failed flush could not write are kept for the next one. The deque is folded into
+counts whenever it holds FOLD_AT events, so that what a worker keeps between flushes
+does not grow with its speed (`python benchmarks/run.py --parts memory` measures what
+a worker holds). Nothing here imports prometheus_client: the series are
+`runtime.prometheus`'s, attached only when asked for.
 """
 
 from __future__ import annotations
@@ -19,13 +20,23 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError
 
-from django_skipqueue.models import PICKUP_BUCKETS, QueueMinute
+from django_skipqueue.models import (
+    DURATION_BUCKETS,
+    LAST_ERROR_MAX_CHARS,
+    PICKUP_BUCKETS,
+    QueueMinute,
+    TaskMinute,
+)
 from django_skipqueue.queue.connections import bounded
 from django_skipqueue.runtime.runner import Outcome
+
+if TYPE_CHECKING:
+    from django_skipqueue.queue.base import ErrorInfo
 
 
 class Series(Protocol):
@@ -49,12 +60,33 @@ FLUSH_SECONDS = 5.0
 FOLD_AT = 2048
 
 
+#: The outcomes whose error is the task's (a cancel's, a lost write's are not).
+_FAILURES = (Outcome.RETRYING, Outcome.FAILED)
+
+
 def _empty() -> dict[str, Any]:
     return {"pickup_buckets": [0] * len(PICKUP_BUCKETS)}
 
 
+def _empty_task() -> dict[str, Any]:
+    return {"run_buckets": [0] * len(DURATION_BUCKETS)}
+
+
+@dataclass
+class Counts:
+    """What a worker counted since its last flush: per queue (the QueueMinute columns)
+    and per task (the TaskMinute columns; `last_error` a pair: job id, text)."""
+
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.queues or self.tasks)
+
+
 class Meter:
-    """A worker's counts since its last flush, per queue. Safe to call from any thread.
+    """A worker's counts since its last flush, per queue and per task. Safe to call from
+    any thread.
 
     The executor threads only append to a deque (atomic, no lock: 0.2 us a job where a
     lock and the dict updates cost 1 us, measured); the events are added up under the
@@ -62,23 +94,35 @@ class Meter:
     thread whose append brings the deque to FOLD_AT."""
 
     def __init__(self, prometheus: Series | None = None) -> None:
-        self._events: deque[tuple[str, Any, float]] = deque()
+        # (queue, None, pickup seconds, None, None) or (queue, outcome, run seconds,
+        # task, (job id, error) or None)
+        self._events: deque[tuple[str, Any, float, Any, Any]] = deque()
         self._lock = threading.Lock()  # folds, take() and put_back()
         # Counts not yet flushed: events folded early, and what a failed flush put back.
-        self._counts: dict[str, dict[str, Any]] = {}
+        self._counts = Counts()
         self.prometheus = prometheus
 
     def picked_up(self, queue: str, seconds: float) -> None:
         """A job started `seconds` after it was due (a claim's started_at - run_at)."""
-        self._events.append((queue, None, seconds))
+        self._events.append((queue, None, seconds, None, None))
         if len(self._events) >= FOLD_AT:
             self._fold()
         if self.prometheus is not None:
             self.prometheus.picked_up(queue, max(seconds, 0.0))
 
-    def finished(self, queue: str, task: str, outcome: Outcome, duration: float) -> None:
-        """An attempt ended with `outcome` after running `duration` seconds."""
-        self._events.append((queue, outcome, duration))
+    def finished(
+        self,
+        queue: str,
+        task: str,
+        outcome: Outcome,
+        duration: float,
+        error: ErrorInfo | None = None,
+        job_id: int | None = None,
+    ) -> None:
+        """An attempt ended with `outcome` after running `duration` seconds; `error`,
+        if it failed, and its job's id become the task's last error."""
+        failure = (job_id, error) if error is not None and outcome in _FAILURES else None
+        self._events.append((queue, outcome, duration, task, failure))
         if len(self._events) >= FOLD_AT:
             self._fold()
         if self.prometheus is not None:
@@ -97,12 +141,12 @@ class Meter:
             for queue, count in by_queue.items():
                 self.prometheus.lease_expired(queue, count)
 
-    def take(self) -> dict[str, dict[str, Any]]:
+    def take(self) -> Counts:
         """The counts since the last take (and any put back), emptied."""
         with self._lock:
             self._fold_locked()
-            queues, self._counts = self._counts, {}
-        return queues
+            counts, self._counts = self._counts, Counts()
+        return counts
 
     def _fold(self) -> None:
         with self._lock:
@@ -111,32 +155,46 @@ class Meter:
     def _fold_locked(self) -> None:
         """Add the events queued so far to `_counts` (the lock held). Those appended
         meanwhile stay queued for the next fold."""
-        queues = self._counts
+        queues, tasks = self._counts.queues, self._counts.tasks
         events = self._events
         for _ in range(len(events)):
-            queue, outcome, seconds = events.popleft()
+            queue, outcome, seconds, task, failure = events.popleft()
             counts = queues.get(queue) or queues.setdefault(queue, _empty())
             if outcome is None:
                 seconds = max(seconds, 0.0)
                 counts["pickups"] = counts.get("pickups", 0) + 1
                 counts["pickup_seconds"] = counts.get("pickup_seconds", 0.0) + seconds
                 counts["pickup_buckets"][bisect.bisect_left(PICKUP_BUCKETS, seconds)] += 1
-            else:
-                column = outcome.value  # the QueueMinute column of the same name
-                counts[column] = counts.get(column, 0) + 1
-                counts["runs"] = counts.get("runs", 0) + 1
-                counts["run_seconds"] = counts.get("run_seconds", 0.0) + seconds
+                continue
+            column = outcome.value  # the QueueMinute and TaskMinute column of that name
+            mine = tasks.get(task) or tasks.setdefault(task, _empty_task())
+            for counted in (counts, mine):
+                counted[column] = counted.get(column, 0) + 1
+                counted["runs"] = counted.get("runs", 0) + 1
+                counted["run_seconds"] = counted.get("run_seconds", 0.0) + seconds
+            mine["run_buckets"][bisect.bisect_left(DURATION_BUCKETS, max(seconds, 0.0))] += 1
+            if failure is not None:
+                job_id, error = failure
+                text = f"{error.type}: {error.message}"[:LAST_ERROR_MAX_CHARS]
+                mine["last_error"] = (job_id, text)
 
-    def put_back(self, counts: Mapping[str, Mapping[str, Any]]) -> None:
-        """Counts a flush could not write, added back for the next one."""
+    def put_back(self, counts: Counts) -> None:
+        """Counts a flush could not write, added back for the next one (a last error
+        folded since is newer, and stays)."""
         with self._lock:
-            for queue, values in counts.items():
-                mine = self._counts.setdefault(queue, _empty())
-                for key, value in values.items():
-                    if key == "pickup_buckets":
-                        mine[key] = [a + b for a, b in zip(mine[key], value, strict=True)]
-                    elif key != "oldest_due_seconds":
-                        mine[key] = mine.get(key, 0) + value
+            for taken, kept, empty in (
+                (counts.queues, self._counts.queues, _empty),
+                (counts.tasks, self._counts.tasks, _empty_task),
+            ):
+                for name, values in taken.items():
+                    mine = kept.setdefault(name, empty())
+                    for key, value in values.items():
+                        if key in ("pickup_buckets", "run_buckets"):
+                            mine[key] = [a + b for a, b in zip(mine[key], value, strict=True)]
+                        elif key == "last_error":
+                            mine.setdefault(key, value)
+                        elif key != "oldest_due_seconds":
+                            mine[key] = mine.get(key, 0) + value
 
     def flush(self, database: str, lock_seconds: float | None = None) -> None:
         """Add the counts since the last flush to the current minute's rows, waiting at
@@ -147,7 +205,8 @@ class Meter:
             return
         try:
             with bounded(database, lock_seconds=lock_seconds):
-                QueueMinute.objects.db_manager(database).add(counts)
+                QueueMinute.objects.db_manager(database).add(counts.queues)
+                TaskMinute.objects.db_manager(database).add(counts.tasks)
         except DatabaseError:
             self.put_back(counts)
             raise

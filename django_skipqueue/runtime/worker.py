@@ -630,7 +630,14 @@ class Worker(WorkerLifecycle):
             self.sizing.observe(execution.duration, job.task)
             key = execution.outcome.value
             self.stats.outcomes[key] = self.stats.outcomes.get(key, 0) + 1
-            self.meter.finished(job.queue_name, job.task, execution.outcome, execution.duration)
+            self.meter.finished(
+                job.queue_name,
+                job.task,
+                execution.outcome,
+                execution.duration,
+                execution.error,
+                job.id,
+            )
         if job.concurrency_key is not None or job.queue_name in self.flow.limits:
             # Its slot is free: a keyed job its key held back may be claimed now, not
             # only after the housekeeper's next probe (up to KEYED_PROBE_SECONDS).

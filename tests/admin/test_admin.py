@@ -247,6 +247,20 @@ def test_queuestats_prints_a_table():
     assert "default" in out.getvalue()
 
 
+def test_queuestats_prints_a_200_byte_queue_name_on_a_line_of_its_own():
+    """Trial finding 11: one long name padded every row of the table to its width."""
+    long = "reports.monthly.finance.accounts-receivable." * 4 + "end"
+    JobFactory()
+    JobFactory(queue_name=long)
+    out = StringIO()
+    call_command("queuestats", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert long in lines  # whole, alone: copied into a command as it is
+    numbers = lines[lines.index(long) + 1]
+    assert numbers.split()[0] == "1"  # its due count, under the header's first numbers
+    assert max(len(line) for line in lines if line != long) < 200
+
+
 # -- issue 12, item 7: the admin accepts only its own filters' lookups -------------------
 
 

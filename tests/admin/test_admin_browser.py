@@ -460,7 +460,7 @@ def test_the_workflow_list_and_page_fit_with_finished_at_in_view(server_url, pag
     log_in(page, server_url)
     page.goto(f"{server_url}/admin/skipqueue/workflow/")
     fits_at_both_widths(page, tmp_path, "workflow-list", "#result_list")
-    assert in_view(page.locator("#result_list thead th.column-finished_at"))
+    assert in_view(page.locator("#result_list thead th.column-shown_finished_at"))
     page.goto(f"{server_url}/admin/skipqueue/workflow/{workflow.id}/change/")
     fits_at_both_widths(page, tmp_path, "workflow-page", "fieldset")
     # The job tree starts at the other values' edge (Django's aligned forms indent a
@@ -485,3 +485,37 @@ def test_the_overview_says_why_a_queue_lags_and_fits(server_url, page, tmp_path)
     reason = page.locator("#queue-overview .skipqueue-reason")
     assert "three_a_minute's rate limit (3/m)" in reason.first.inner_text()
     fits_at_both_widths(page, tmp_path, "overview-reasons", "#queue-overview")
+
+
+def test_the_task_overview_fits_with_a_long_name_and_error(server_url, page, tmp_path):
+    from django_skipqueue.models import TaskMinute
+
+    name = "partners.integrations.salesforce.tasks." + "synchronise_account_" * 6 + "end"
+    error = "builtins.RuntimeError: refused for " + "customer-account-7f3a9c2e1b " * 12 + "END"
+    TaskMinute.objects.add({name: {"runs": 3, "failed": 1, "last_error": (1, error)}})
+    TaskMinute.objects.add({"mail.send": {"runs": 90, "succeeded": 90}})
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+    page.get_by_role("link", name="Per task: the task overview.").click()
+    fits_at_both_widths(page, tmp_path, "task-overview", "#task-overview", ".skipqueue-last-error")
+    assert in_view(page.locator("#task-overview td.skipqueue-last-error", has_text="END"))
+
+
+def test_a_200_byte_queue_name_keeps_the_overview_row_short_and_fits_the_job_page(
+    server_url, page, tmp_path
+):
+    """Trial finding 11: the name made its overview row ten lines tall, and its end ran
+    out of the job page's box."""
+    long = "reports.monthly.finance.accounts-receivable." * 4 + "END"
+    job = JobFactory(queue_name=long)
+    JobFactory()
+    log_in(page, server_url)
+    page.goto(f"{server_url}/admin/skipqueue/job/overview/")
+    fits_at_both_widths(page, tmp_path, "long-queue-overview", "#queue-overview")
+    row = page.locator("#queue-overview tbody tr", has=page.locator(f"a[title='{long}']"))
+    other = page.locator("#queue-overview tbody tr", has=page.get_by_role("link", name="default"))
+    tall, short = row.bounding_box(), other.bounding_box()
+    assert tall is not None and short is not None
+    assert tall["height"] <= 3 * short["height"], (tall, short)  # three lines at most
+    page.goto(f"{server_url}/admin/skipqueue/job/{job.id}/change/")
+    fits_at_both_widths(page, tmp_path, "long-queue-job", ".field-queue_name .readonly")

@@ -94,7 +94,7 @@ def test_job_and_memory_limits_count_per_child_and_a_child_past_one_is_replaced(
 def test_in_burst_mode_the_children_are_not_replaced_and_the_parent_exits(start_worker):
     tasks.add.enqueue_many([((1, 2), {})] * 50)
     worker = start_worker("--processes", "2", "--burst")
-    assert worker.wait(timeout=30) == 0
+    assert worker.wait(timeout=30) == 0, worker.output()[-4000:]
     assert Job.objects.filter(state=JobState.DONE).count() == 50
     assert worker.output().count("worker stopped reason=burst: no due job left") == 2
     assert "worker pool stopped replaced=0" in worker.output()

@@ -31,6 +31,10 @@ COLUMNS = [
 ]
 
 
+#: The widest queue name printed in the table's first column.
+NAME_WIDTH = 40
+
+
 class Command(BaseCommand):
     help = (
         "Print, per queue: due and scheduled jobs, workflow jobs waiting on a parent, "
@@ -54,10 +58,20 @@ class Command(BaseCommand):
             document = {"queues": rows, "in_progress": jobs_in_progress()}
             self.stdout.write(json.dumps(document, indent=2))
             return
-        widths = {c: max([len(c), *(len(_cell(r[c])) for r in table_rows)]) for c in COLUMNS}
-        self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS))
+
+        # A name longer than NAME_WIDTH (queue names may be 200 bytes) is printed whole on
+        # a line of its own, its numbers on the next: the table keeps its width.
+        def text(row: dict[str, Any], column: str) -> str:
+            if column == "queue":
+                return row["queue"] if len(row["queue"]) <= NAME_WIDTH else ""
+            return _cell(row[column])
+
+        widths = {c: max([len(c), *(len(text(r, c)) for r in table_rows)]) for c in COLUMNS}
+        self.stdout.write("  ".join(c.ljust(widths[c]) for c in COLUMNS).rstrip())
         for row in table_rows:
-            self.stdout.write("  ".join(_cell(row[c]).ljust(widths[c]) for c in COLUMNS))
+            if len(row["queue"]) > NAME_WIDTH:
+                self.stdout.write(row["queue"])
+            self.stdout.write("  ".join(text(row, c).ljust(widths[c]) for c in COLUMNS).rstrip())
         if not rows:
             self.stdout.write(self.style.WARNING("no jobs and no live workers"))
 
