@@ -45,6 +45,51 @@ class NotJSONError(InvalidJobError, TypeError):
         self.kind = kind
 
 
+class StepMismatchError(InvalidJobError):
+    """A durable task met another step where an earlier attempt of its job recorded one
+    (its code changed under a job in flight): the job fails at once, not retried, rather
+    than hand one step's recorded result to another. docs/howto/durable-jobs.md says how
+    to change a durable task's code safely."""
+
+    def __init__(
+        self,
+        job_id: int,
+        position: int,
+        *,
+        recorded: tuple[str, int, str],
+        met: tuple[str, int, str],
+    ) -> None:
+        def said(step: tuple[str, int, str]) -> str:
+            name, occurrence, kind = step
+            return f"{kind} step {name!r} (occurrence {occurrence})"
+
+        super().__init__(
+            f"job {job_id}: step {position} was recorded as {said(recorded)}, and this "
+            f"attempt met {said(met)} there: the task's code changed under the job. Restart "
+            f"the job from step {position} (the admin's action, or "
+            f"Job.objects.restart_from_step) once the code is what it should be"
+        )
+        self.job_id = job_id
+        self.position = position
+        self.recorded = recorded
+        self.met = met
+
+
+class StepLostError(SkipQueueError):
+    """A step's checkpoint was refused: this attempt no longer owns its job (its lease
+    ran out and the reaper took it back, or an operator acted). An atomic step's writes
+    were rolled back with it. Let it propagate: the attempt's outcome is refused by the
+    same fence, and the job's current attempt goes on from the last recorded step."""
+
+    def __init__(self, job_id: int, attempt: int, step: str) -> None:
+        super().__init__(
+            f"job {job_id}: attempt {attempt} no longer owns the job; step {step!r} was not "
+            "recorded"
+        )
+        self.job_id = job_id
+        self.attempt = attempt
+
+
 class DuplicateJobError(SkipQueueError):
     """An enqueue with `on_conflict="raise"` met an unfinished job of the task holding its
     unique key. Nothing was written for it, and the caller's transaction goes on."""

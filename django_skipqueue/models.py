@@ -59,6 +59,7 @@ __all__ = [
     "QueueMinute",
     "QueueOverview",
     "Schedule",
+    "Step",
     "TaskMinute",
     "TaskOverview",
     "WorkerKind",
@@ -808,3 +809,51 @@ class TaskMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class StepKind(models.TextChoices):
+    PLAIN = "plain", _("plain")  # context.step(): at least once
+    ATOMIC = "atomic", _("atomic")  # context.atomic_step(): its writes commit with it
+    SLEEP = "sleep", _("sleep")  # context.sleep(): the job given back until its time
+
+
+class Step(models.Model):
+    """A durable job's checkpoint (docs/howto/durable-jobs.md): a step its task ran and
+    recorded, whose result every later attempt of the job gets back instead of running it
+    again. Written only through the fence (queue/steps.sql, RECORD_STEP); deleted with
+    its job (a foreign key ON DELETE CASCADE, migration 0025), or by an operator's
+    restart from an earlier step."""
+
+    id = models.BigAutoField(primary_key=True)
+    #: The database cascades a job's deletion (migration 0025); the unique key below,
+    #: which starts with it, is its index.
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="steps",
+    )
+    #: Its place among the job's steps, from 1: the n-th step an attempt meets must be
+    #: the n-th recorded.
+    position = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    #: The how-many-th call of this name in the task (a step in a loop), from 1.
+    occurrence = models.PositiveIntegerField(default=1)
+    kind = models.CharField(max_length=16, choices=StepKind.choices, default=StepKind.PLAIN)
+    #: The attempt that recorded it.
+    attempt = models.PositiveIntegerField()
+    started_at = DateTimeField()
+    recorded_at = DateTimeField()
+    #: Its return value (a sleep's: its length in seconds), under the result rules.
+    result = PayloadField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("step")
+        verbose_name_plural = _("steps")
+        constraints = [
+            models.UniqueConstraint(fields=["job", "position"], name="skipqueue_step_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.position} {self.name}"

@@ -26,3 +26,19 @@ def recorded(context, ms: int = 5) -> None:  # noqa: ANN001
 def sink(data: str) -> None:
     """A job whose cost is its arguments (benchmarks/large_payloads.py)."""
     return None
+
+
+@task(takes_context=True, max_attempts=3)
+def stepped(context, steps: int, atomic: bool = False, fail_at: int = 0) -> int:  # noqa: ANN001
+    """`steps` no-op durable steps (benchmarks/steps.py); raises once at step `fail_at`
+    on the first attempt, so that the second resumes after the recorded ones."""
+
+    def body(index: int) -> int:
+        if index == fail_at and context.attempt == 1:
+            raise RuntimeError("stop here once")
+        return index
+
+    run = context.atomic_step if atomic else context.step
+    for index in range(1, steps + 1):
+        run("s", body, index)
+    return steps

@@ -24,6 +24,7 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponseBadRequest,
     HttpResponseNotAllowed,
 )
 from django.shortcuts import redirect
@@ -38,6 +39,7 @@ from django_skipqueue.lag import job_reason
 from django_skipqueue.models import (
     Job,
     JobState,
+    Step,
     WorkerProcess,
 )
 
@@ -73,6 +75,7 @@ from django_skipqueue.admin.common import (
     short_error,
     shows_payloads,
 )
+from django_skipqueue.admin.job_steps import RESTART_FORM, RESTARTABLE, restart_form, steps_html
 from django_skipqueue.admin.job_texts import cancelled_headline, failed_headline, progress_html
 from django_skipqueue.admin.queues import QueueOverviewViews
 from django_skipqueue.admin.workers import with_status
@@ -147,6 +150,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         "error_history",
         "progress_shown",
         "waiting_reason",
+        "steps_shown",
     ]
     fieldsets = [
         (
@@ -191,6 +195,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
             },
         ),
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
+        (_("Steps"), {"fields": ["steps_shown"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
 
@@ -204,6 +209,8 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         fieldsets = super().get_fieldsets(request, obj)
         if obj is None or obj.state not in (JobState.PENDING, JobState.WAITING):
             fieldsets = _without(fieldsets, "waiting_reason")  # only while it waits
+        if obj is None or not Step.objects.filter(job_id=obj.id).exists():
+            fieldsets = [(name, options) for name, options in fieldsets if name != _("Steps")]
         if obj is None or obj.state != JobState.FAILED:
             return fieldsets
         rest = _without(fieldsets, "error_history")
@@ -393,6 +400,11 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         if not shows_payloads():
             return hidden(shape(job.result))
         return format_html("<pre>{}</pre>", json.dumps(redact(job.result), indent=2))
+
+    @admin.display(description=_("steps"))
+    def steps_shown(self, job: Job) -> str:
+        """A durable job's recorded steps, and whether it sleeps (admin/job_steps.py)."""
+        return steps_html(job)
 
     @admin.display(description=_("worker"))
     def worker_status(self, job: Job) -> str:
@@ -654,12 +666,22 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
             extra["skipqueue_banner_action"] = next(
                 (a for a in extra["skipqueue_actions"] if a["verb"] == "retry"), None
             )
-        return super().change_view(request, object_id, form_url, extra)
+            if job.state in RESTARTABLE and self.has_retry_permission(request):
+                extra["skipqueue_restart_url"] = reverse(
+                    "admin:skipqueue_job_act", args=[job.id, "restart"]
+                )
+        form = restart_form.set(RESTART_FORM if "skipqueue_restart_url" in extra else "")
+        try:  # the page is drawn inside (PayloadGate renders it before returning)
+            return super().change_view(request, object_id, form_url, extra)
+        finally:
+            restart_form.reset(form)
 
     def job_action_view(self, request: HttpRequest, object_id: int, verb: str) -> HttpResponse:
         """POST from a job's page: the same guarded verb as the list action, on this job."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
+        if verb == "restart":
+            return self._restart(request, object_id)
         if verb not in self.JOB_ACTIONS:
             raise Http404(verb)
         method, permission, _states, _label = self.JOB_ACTIONS[verb]
@@ -677,6 +699,34 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
                 request,
                 _("Job %(id)s was not %(done)s: its state changed meanwhile.")
                 % {"id": object_id, "done": done},
+                messages.WARNING,
+            )
+        return redirect("admin:skipqueue_job_change", object_id)
+
+    def _restart(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """POST from a durable job's steps: restart it from the step the button names."""
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        position = as_id(str(request.POST.get("position", "")))
+        if position is None or position < 1:
+            return HttpResponseBadRequest("position: a step's number (1, 2, ...)")
+        if Job.objects.restart_from_step(object_id, position):
+            self.message_user(
+                request,
+                _(
+                    "Job %(id)s runs again from step %(n)s: the records of that step and the later "
+                    "ones were dropped."
+                )
+                % {"id": object_id, "n": position},
+            )
+        else:
+            self.message_user(
+                request,
+                _(
+                    "Job %(id)s was not restarted: it is running or done now, or another job "
+                    "holds its unique key."
+                )
+                % {"id": object_id},
                 messages.WARNING,
             )
         return redirect("admin:skipqueue_job_change", object_id)

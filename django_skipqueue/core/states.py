@@ -71,7 +71,10 @@ class WorkflowState(models.TextChoices):
 #: workflow's dependents) and deleted only when finished (pruning) or relayed without
 #: results (the relay).
 TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("pending", "pending"): ("enqueue_many (unique, replace)",),
+    ("pending", "pending"): (
+        "enqueue_many (unique, replace)",
+        "restart_from_step (operator: a durable job made due)",
+    ),
     ("pending", "running"): ("claim", "claim_limited"),
     ("pending", "cancelled"): ("cancel", "end_expired (reap: not started by expires_at)"),
     ("pending", "failed"): ("claim (a row that cannot be claimed or loaded)", "relay (unfit)"),
@@ -81,7 +84,7 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("running", "pending"): (
         "fail (retried)",
         "release (give_back)",
-        "release_many",
+        "release_many (a Retry that spends no attempt: a durable sleep)",
         "reap",
         "requeue (operator)",
     ),
@@ -97,8 +100,8 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("cancelled", "waiting"): ("retry_now of its failed parent (operator)",),
     ("relayed", "done"): ("the consumer's write-back",),
     ("relayed", "failed"): ("the consumer's write-back",),
-    ("failed", "pending"): ("retry_now (operator)",),
-    ("cancelled", "pending"): ("retry_now (operator)",),
+    ("failed", "pending"): ("retry_now (operator)", "restart_from_step (operator)"),
+    ("cancelled", "pending"): ("retry_now (operator)", "restart_from_step (operator)"),
 }
 #: The only changes that take a job out of a finished state: an operator's explicit act.
 OPERATOR_TRANSITIONS = frozenset(

@@ -107,6 +107,32 @@ class OperatorVerbs(ReapVerbs):
 
         return self._in_batches(ids, batch_size, write)
 
+    def restart_from_step(self, job_id: int, position: int) -> bool:
+        """Run a durable job again from its step `position` (from 1): its checkpoints
+        from there on are deleted, so its next attempt runs that step and the ones after
+        it again, and gets the earlier ones' results from their records. A failed or
+        cancelled job is retried now (as `retry_now`), a pending one (asleep, or in its
+        backoff) made due now. False, and nothing changed, if the job is running or done
+        (cancel a running one first), or a unique job whose key another job holds."""
+        steps = self.model._meta.get_field("steps").related_model._default_manager  # Step's
+        if isinstance(position, bool) or not isinstance(position, int) or position < 1:
+            raise ValueError(f"restart_from_step(): position must be an int >= 1, got {position!r}")
+        with transaction.atomic(using=self.db):
+            self.lock_workflows_of([job_id])  # the order every state change takes its locks in
+            state = (
+                self.select_for_update().filter(id=job_id).values_list("state", flat=True).first()
+            )
+            if state not in (JobState.FAILED, JobState.CANCELLED, JobState.PENDING):
+                return False
+            steps.using(self.db).filter(job_id=job_id, position__gte=position).delete()
+            if state == JobState.PENDING:
+                changed = self.filter(id=job_id, state=JobState.PENDING).update(run_at=Now())
+            else:
+                changed = self.retry_now([job_id])
+            if not changed:
+                transaction.set_rollback(True, using=self.db)  # the checkpoints stay
+            return bool(changed)
+
     def requeue(self, ids: Iterable[int], *, batch_size: int = 1000) -> int:
         """Stuck jobs (running, lease expired) back to pending now, counted as an expiry.
 

@@ -26,7 +26,16 @@ if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
 
 #: The files of statements, beside the verbs that run them.
-SQL_FILES = ("claim", "outcomes", "enqueue", "relaying", "workflows", "stats", "awaiting")
+SQL_FILES = (
+    "claim",
+    "outcomes",
+    "enqueue",
+    "relaying",
+    "workflows",
+    "stats",
+    "awaiting",
+    "steps",
+)
 
 
 def load_statements(text: str) -> dict[str, str]:
@@ -196,6 +205,10 @@ FINISHED = ", ".join(f"'{state}'" for state in FINISHED_STATES)
 MARK_AWAITED = STATEMENTS["MARK_AWAITED"].format(finished=FINISHED)
 
 FINISHED_AMONG = STATEMENTS["FINISHED_AMONG"].format(finished=FINISHED)
+
+STEPS_OF = STATEMENTS["STEPS_OF"]
+
+RECORD_STEP = STATEMENTS["RECORD_STEP"]
 
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.

@@ -58,6 +58,7 @@ from django_skipqueue.faults import is_row_fault
 from django_skipqueue.models import Job, Workflow
 from django_skipqueue.queue.base import ErrorInfo
 from django_skipqueue.queue.connections import (
+    BOUND_TRANSACTION,
     add_execute_wrapper,
     atomic_depth,
     discard,
@@ -448,7 +449,14 @@ class SessionWatch:
             discard(connection)
 
     def _watch(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
-        if not self.changed and isinstance(sql, str) and changes_session(sql):
+        # Our own bounds of a transaction (a durable atomic step's) set_config() for that
+        # transaction only (is_local): not a change of the session.
+        if (
+            not self.changed
+            and isinstance(sql, str)
+            and sql is not BOUND_TRANSACTION
+            and changes_session(sql)
+        ):
             self.changed = True
         return execute(sql, params, many, context)
 

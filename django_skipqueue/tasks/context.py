@@ -4,21 +4,27 @@ cancel and time-limit checks, progress, a lease extension), and `progress_report
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
 
 from django_skipqueue.core.payload import storable_text
 from django_skipqueue.core.states import (
     idempotency_key_of,
 )
 from django_skipqueue.exceptions import (
+    InvalidJobError,
     JobCancelled,
     SoftTimeLimitExceeded,
     TimeLimitExceeded,
 )
+from django_skipqueue.tasks import durable
 from django_skipqueue.tasks.options import validate_lease
 from django_skipqueue.tasks.registry import registry
 
@@ -93,6 +99,63 @@ class TaskContext:
         """Stable across every attempt of this job: hand it to external services."""
         return idempotency_key_of(self.job_id)
 
+    # -- durable steps (tasks/durable.py, docs/howto/durable-jobs.md) ---------------------
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` as the job's next step and record its result (JSON,
+        under the result rules), unless an earlier attempt of this job recorded it:
+        then return that result without calling `fn`. At least once: an attempt that
+        dies between the call and the record runs it again; `step_key` is stable across
+        those runs, for the idempotency keys of external calls."""
+        return durable.run_step(self._steps, name, fn, args, kwargs, atomic=False)
+
+    def atomic_step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step()` whose `fn` runs inside a transaction that also writes the step's
+        record, and commits only if this attempt still owns the job (the ack's fence,
+        proved in SQL at the end): the database writes of `fn` happen once per job,
+        whatever crashes, freezes or expired leases come between. A stale attempt's
+        transaction rolls back whole (StepLostError)."""
+        return durable.run_step(self._steps, name, fn, args, kwargs, atomic=True)
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        """A durable sleep: record its wake time (the database's now + `duration`) and
+        give the job back, pending until then, without spending an attempt (Retry with
+        `spend_attempt=False`, raised here: do not catch it). No thread, lease or
+        connection is held while it sleeps; a worker restart or deploy does not shorten
+        or lose it. The attempt that wakes goes on after this call."""
+        durable.sleep(self._steps, name, duration)
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step()` for an async task: `fn` may be a coroutine function."""
+        return await durable.run_step_async(self._steps, name, fn, args, kwargs)
+
+    async def aatomic_step(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """`atomic_step()` for an async task: `fn` is a plain function (the ORM's
+        transactions are synchronous), run in the task's thread."""
+        return await sync_to_async(self.atomic_step)(name, fn, *args, **kwargs)
+
+    async def asleep(self, name: str, duration: timedelta | float) -> None:
+        """`sleep()` for an async task."""
+        await sync_to_async(self.sleep)(name, duration)
+
+    @property
+    def step_key(self) -> str:
+        """While a step runs: a key stable across every run of this step of this job
+        (the job's idempotency key, the step's name and occurrence)."""
+        return self._steps.key
+
+    @functools.cached_property
+    def _steps(self) -> durable.StepLog:
+        if self.brokered:
+            raise InvalidJobError(
+                "durable steps need the job's row, which records them: a job of a queue "
+                "relayed to RabbitMQ has none; run durable tasks on a queue that is not "
+                "relayed"
+            )
+        return durable.StepLog(self)
+
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
@@ -153,6 +216,15 @@ class TaskContext:
         if (self.cancel_event is not None and self.cancel_event.is_set()) or (
             self._cancel_in_row()
         ):
+            self._cancelled()
+        self._past_hard_limit()
+        self._past_soft_limit()
+
+    def at_step(self) -> None:
+        """A durable step's safe point (tasks/durable.py), before a step that runs: as
+        `check_cancelled()`, but reading no row (a worker's cancel flag, the deadlines),
+        so that a step costs no round trip for it."""
+        if self.cancel_event is not None and self.cancel_event.is_set():
             self._cancelled()
         self._past_hard_limit()
         self._past_soft_limit()

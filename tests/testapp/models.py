@@ -80,3 +80,19 @@ class StateViolation(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.old_state} -> {self.new_state}: {self.problem}"
+
+
+class StepRun(models.Model):
+    """One run of a durable test task's step body (tests/tasks/test_durable.py, the
+    durable fault test): no unique key, so that a step run twice leaves two rows."""
+
+    job_id = models.BigIntegerField()
+    step = models.CharField(max_length=100)
+    attempt = models.PositiveIntegerField()
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["job_id"], name="testapp_steprun_job_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step} attempt {self.attempt}"

@@ -737,3 +737,127 @@ def ends_its_process(how: str = "exit", after: float = 0.0, pid_file: str = "") 
 def waits_inside(allow: bool = False) -> object:
     """Waits, inside its task, on a job it enqueues (tests/queue/test_job_wait.py)."""
     return add.enqueue(1, 1).wait(timeout=0.5, allow_in_task=allow)
+
+
+# -- durable steps (issue 55: tests/tasks/test_durable.py, tests/chaos/test_durable.py) --
+
+
+def _step_run(context: TaskContext, step: str) -> None:
+    from tests.testapp.models import StepRun
+
+    StepRun.objects.create(job_id=context.job_id, step=step, attempt=context.attempt)
+
+
+@task(takes_context=True, max_attempts=3, retry=RetryPolicy(base=0.0, cap=0.0, jitter=0.0))
+def durable_onboarding(context: TaskContext, user: str, fail_at: str = "") -> dict:
+    """Three steps: an account (plain), a welcome mail (plain; fails on attempt 1 when
+    `fail_at` names it), an activation (atomic)."""
+
+    def create_account() -> str:
+        _step_run(context, "create_account")
+        return f"acct-{user}"
+
+    def welcome() -> None:
+        _step_run(context, "welcome")
+        if fail_at == "welcome" and context.attempt == 1:
+            raise RuntimeError("the mail server is down")
+
+    def activate() -> dict:
+        _step_run(context, "activate")
+        return {"active": True}
+
+    account = context.step("create_account", create_account)
+    context.step("welcome", welcome)
+    return {"account": account, **context.atomic_step("activate", activate)}
+
+
+@task(takes_context=True)
+def durable_loop(context: TaskContext, pages: int) -> list:
+    """A step in a loop: one occurrence per page; returns each run's step key."""
+    return [context.step("page", lambda: context.step_key) for _ in range(pages)]
+
+
+@task(takes_context=True)
+def atomic_after_losing(context: TaskContext) -> None:
+    """An atomic step whose attempt loses its lease inside it (an operator's requeue,
+    as a reaper would after a freeze): its row must not survive."""
+    from django_skipqueue.models import Job
+
+    def write_then_lose() -> None:
+        _step_run(context, "write")
+        with connection_for_others() as other:
+            other.execute(
+                "UPDATE skipqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
+                [context.job_id],
+            )
+        assert Job.objects.filter(id=context.job_id).exists()
+
+    context.atomic_step("write", write_then_lose)
+
+
+@contextlib.contextmanager
+def connection_for_others():
+    """A connection of its own, in autocommit: what another process would do."""
+    from django.db import connections
+
+    wrapper = connections["default"]
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    raw.autocommit = True
+    try:
+        yield raw
+    finally:
+        raw.close()
+
+
+@task(takes_context=True)
+def durable_nap(context: TaskContext, seconds: float) -> str:
+    context.step("before", lambda: _step_run(context, "before"))
+    context.sleep("nap", seconds)
+    context.step("after", lambda: _step_run(context, "after"))
+    return "awake"
+
+
+@task(takes_context=True, lease=2.0, max_attempts=50)
+def durable_storm(context: TaskContext, steps: int = 20, ms: int = 60) -> int:
+    """The durable fault test's job: `steps` steps, every other one atomic; each step
+    body writes a StepRun row and sleeps `ms`. Plain rows may repeat (at least once);
+    atomic rows must not (exactly once)."""
+
+    def body(index: int, kind: str) -> int:
+        _step_run(context, f"{kind}-{index}")
+        time.sleep(ms / 1000)
+        return index
+
+    for index in range(steps):
+        if index % 2:
+            context.atomic_step("write", body, index, "atomic")
+        else:
+            context.step("call", body, index, "plain")
+    return steps
+
+
+@task(takes_context=True)
+async def durable_async(context: TaskContext, n: int) -> list:
+    """The async twins: plain steps of a coroutine, an atomic step, a sleep of 0."""
+
+    async def double(value: int) -> int:
+        await asyncio.sleep(0)
+        return value * 2
+
+    values = [await context.astep("double", double, i) for i in range(n)]
+    await context.aatomic_step("save", _step_run, context, "save")
+    await context.asleep("blink", 0)
+    return values
+
+
+@task(takes_context=True, max_attempts=1)
+def durable_bad_step(context: TaskContext) -> None:
+    import datetime
+
+    context.step("when", datetime.datetime.now)
+
+
+@task
+def echo_input(value: object) -> object:
+    """A chain step that returns what its parent returned."""
+    return value

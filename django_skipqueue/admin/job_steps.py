@@ -1,0 +1,123 @@
+"""A durable job's steps on its admin page (docs/howto/durable-jobs.md): each recorded
+step, its kind, the attempt that recorded it and when, its result under the payload
+permission, whether the job sleeps, and the buttons that restart it from a step."""
+
+from __future__ import annotations
+
+import json
+from contextvars import ContextVar
+from datetime import timedelta
+
+from django.db.models.functions import Now
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+from django.utils.translation import gettext as _
+
+from django_skipqueue.admin.common import _age, _when, hidden, shape, shows_payloads
+from django_skipqueue.core.redaction import redact
+from django_skipqueue.core.states import JobState
+from django_skipqueue.models import Job, Step, StepKind
+
+#: The most steps a job's page lists (the newest are shown past it).
+STEPS_SHOWN = 200
+
+#: The id of the form the restart buttons post: the job page's template draws it outside
+#: the change form (a form may not be nested in another), and the buttons name it.
+RESTART_FORM = "skipqueue-restart"
+
+#: RESTART_FORM while a page whose user may restart the job is drawn, else "".
+restart_form: ContextVar[str] = ContextVar("skipqueue_restart_form", default="")
+
+#: The states a job may be restarted from a step in (Job.objects.restart_from_step).
+RESTARTABLE = (JobState.FAILED, JobState.CANCELLED, JobState.PENDING)
+
+
+def steps_html(job: Job) -> str:
+    steps = list(
+        Step.objects.using(job._state.db)
+        .filter(job_id=job.id)
+        .annotate(db_now=Now())
+        .order_by("-position")[:STEPS_SHOWN]
+    )[::-1]
+    if not steps:
+        return "-"
+    form = restart_form.get() if job.state in RESTARTABLE else ""
+    rows = format_html_join("", "{}", ((_row(step, form),) for step in steps))
+    return format_html(
+        '{}<table class="skipqueue-steps"><thead><tr><th>#</th><th>{}</th><th>{}</th>'
+        "<th>{}</th><th>{}</th><th>{}</th>{}</tr></thead><tbody>{}</tbody></table>",
+        _status(job, steps[-1]),
+        _("step"),
+        _("kind"),
+        _("attempt"),
+        _("recorded"),
+        _("result"),
+        mark_safe("<th></th>") if form else "",  # noqa: S308  (a constant)
+        rows,
+    )
+
+
+def _row(step: Step, form: str) -> str:
+    name = step.name if step.occurrence == 1 else f"{step.name} #{step.occurrence}"
+    took = (step.recorded_at - step.started_at).total_seconds()
+    button = (
+        format_html(
+            '<td><button type="submit" form="{}" name="position" value="{}" class="button" '
+            'title="{}">{}</button></td>',
+            form,
+            step.position,
+            _("Drop this step's record and the later ones, and run the job again from here"),
+            _("Restart here"),
+        )
+        if form
+        else ""
+    )
+    return format_html(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code> ({})</td>"
+        "<td>{}</td>{}</tr>",
+        step.position,
+        name,
+        StepKind(step.kind).label if step.kind in StepKind.values else step.kind,
+        step.attempt,
+        _when(step.recorded_at),
+        _("took %(t)s") % {"t": f"{took:.3f} s"},
+        _result(step),
+        button,
+    )
+
+
+def _result(step: Step) -> str:
+    if step.kind == StepKind.SLEEP:
+        seconds = (step.result or {}).get("seconds", 0) if isinstance(step.result, dict) else 0
+        return _("slept %(t)s") % {"t": _age(timedelta(seconds=float(seconds)))}
+    if step.result is None:
+        return "-"
+    if not shows_payloads():
+        return hidden(shape(step.result))
+    return format_html("<code>{}</code>", json.dumps(redact(step.result))[:500])
+
+
+def _status(job: Job, last: Step) -> str:
+    """Whether the job sleeps, and until when, or which step it is past."""
+    if last.kind == StepKind.SLEEP and job.state == JobState.PENDING:
+        seconds = (
+            float((last.result or {}).get("seconds", 0)) if isinstance(last.result, dict) else 0
+        )
+        wake = last.recorded_at + timedelta(seconds=seconds)
+        if wake > last.db_now:  # type: ignore[attr-defined]
+            return format_html(
+                '<p class="skipqueue-sleeping">{}</p>',
+                _("Sleeping (%(name)s) until %(when)s: in %(left)s.")
+                % {
+                    "name": last.name,
+                    "when": _when(wake),
+                    "left": _age(wake - last.db_now),  # type: ignore[attr-defined]
+                },
+            )
+    if job.state == JobState.RUNNING:
+        return format_html(
+            "<p>{}</p>",
+            _("Running the step after step %(n)s (%(name)s).")
+            % {"n": last.position, "name": last.name},
+        )
+    return ""

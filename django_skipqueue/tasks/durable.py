@@ -1,0 +1,246 @@
+"""Durable steps (issue 55): a job that resumes where it stopped.
+
+A task declared with `takes_context=True` calls `context.step(name, fn, ...)`: the first
+attempt that reaches the step runs `fn` and records its result (a checkpoint, one row
+of skipqueue_step); every later attempt of the job gets the recorded result back
+without running `fn`. `context.atomic_step(...)` runs `fn` inside a transaction that
+commits the step's writes and its checkpoint together, only while this attempt owns the
+job. `context.sleep(...)` records a wake time and gives the job back, pending until
+then, without spending an attempt.
+
+Steps are keyed by their order in the task: the n-th step an attempt meets must be the
+n-th one recorded, with the same name, occurrence (the how-many-th call of that name)
+and kind; anything else is code that changed under a job in flight, and the job fails
+with StepMismatchError naming both, rather than feed one step's result to another.
+
+The checkpoint is written by RECORD_STEP (queue/steps.sql), fenced as an ack is.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from django_skipqueue.conf import get_settings
+from django_skipqueue.core.payload import encode, encoded_size, normalize
+from django_skipqueue.exceptions import (
+    InvalidJobError,
+    Retry,
+    StepLostError,
+    StepMismatchError,
+)
+from django_skipqueue.queue import sql
+from django_skipqueue.queue.connections import bounded
+
+
+class Owner(Protocol):
+    """What a step log needs of its attempt (a TaskContext)."""
+
+    @property
+    def job_id(self) -> int: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def database(self) -> str: ...
+
+    @property
+    def idempotency_key(self) -> str: ...
+
+    def at_step(self) -> None: ...
+
+
+#: The longest step name kept, in characters (skipqueue_step.name).
+STEP_NAME_MAX_LENGTH = 200
+
+#: The kinds of step, as recorded (models.StepKind's values).
+PLAIN, ATOMIC, SLEEP = "plain", "atomic", "sleep"
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """One recorded step, as an attempt reads it back."""
+
+    position: int
+    name: str
+    occurrence: int
+    kind: str
+    result: Any
+    #: For a sleep: seconds from the read to its wake time, on the database's clock.
+    wake_in: float | None = None
+
+
+class StepLog:
+    """One attempt's walk through its job's steps (made per attempt, in its context)."""
+
+    def __init__(self, context: Owner) -> None:
+        self.context = context
+        self._recorded: list[Recorded] | None = None
+        self._read_at = 0.0  # time.monotonic() of the read, for the sleeps' wake times
+        self._position = 0
+        self._seen: dict[str, int] = {}
+        #: The step running now: (name, occurrence); `TaskContext.step_key` reads it.
+        self.current: tuple[str, int] | None = None
+
+    def meet(self, name: str, kind: str) -> tuple[int, int, Recorded | None]:
+        """The next step is `name`: its position, its occurrence, and its record if an
+        earlier attempt wrote one (StepMismatchError if that record is another step)."""
+        if not isinstance(name, str) or not name or len(name) > STEP_NAME_MAX_LENGTH:
+            raise InvalidJobError(
+                f"a step's name must be a non-empty str of at most {STEP_NAME_MAX_LENGTH} "
+                f"characters, got {name!r}"
+            )
+        recorded = self._read()
+        self._position += 1
+        occurrence = self._seen[name] = self._seen.get(name, 0) + 1
+        if self._position > len(recorded):
+            return self._position, occurrence, None
+        found = recorded[self._position - 1]
+        if (found.name, found.occurrence, found.kind) != (name, occurrence, kind):
+            raise StepMismatchError(
+                self.context.job_id,
+                self._position,
+                recorded=(found.name, found.occurrence, found.kind),
+                met=(name, occurrence, kind),
+            )
+        return self._position, occurrence, found
+
+    @property
+    def key(self) -> str:
+        """The running step's idempotency key: the job's, its name and its occurrence."""
+        if self.current is None:
+            raise RuntimeError("context.step_key is only defined while a step runs")
+        name, occurrence = self.current
+        return f"{self.context.idempotency_key}:{name}:{occurrence}"
+
+    def wake_in(self, found: Recorded) -> float:
+        """Seconds left until a recorded sleep's wake time (<= 0: past)."""
+        return (found.wake_in or 0.0) - (time.monotonic() - self._read_at)
+
+    @contextmanager
+    def running(self, name: str, occurrence: int) -> Iterator[None]:
+        self.current = (name, occurrence)
+        try:
+            yield
+        finally:
+            self.current = None
+
+    def record(
+        self, position: int, name: str, occurrence: int, kind: str, result: Any, seconds: float
+    ) -> None:
+        """Write the checkpoint through the fence; StepLostError if this attempt no
+        longer owns the job (nothing written)."""
+        context = self.context
+        with connections[context.database].cursor() as cursor:
+            cursor.execute(
+                sql.RECORD_STEP,
+                {
+                    "job": context.job_id,
+                    "attempt": context.attempt,
+                    "position": position,
+                    "name": name,
+                    "occurrence": occurrence,
+                    "kind": kind,
+                    "seconds": max(seconds, 0.0),
+                    "result": encode(result),
+                },
+            )
+            if cursor.fetchone() is None:
+                raise StepLostError(context.job_id, context.attempt, name)
+
+    def _read(self) -> list[Recorded]:
+        if self._recorded is None:
+            with connections[self.context.database].cursor() as cursor:
+                cursor.execute(sql.STEPS_OF, [self.context.job_id])
+                rows = cursor.fetchall()
+            self._read_at = time.monotonic()
+            # Django's psycopg loaders hand jsonb over as its text (fields decode it).
+            self._recorded = [
+                Recorded(position, name, occurrence, kind, _loaded(result), wake_in)
+                for position, name, occurrence, kind, result, wake_in in rows
+            ]
+        return self._recorded
+
+
+def _loaded(text: Any) -> Any:
+    return json.loads(text) if isinstance(text, str) else text
+
+
+def checked_result(value: Any, name: str) -> Any:
+    """A step's return value as JSON data within SKIPQUEUE['MAX_PAYLOAD_BYTES'], or
+    InvalidJobError naming the step: a result, stored by the same rules as a job's."""
+    result = normalize(value, f"step {name!r}'s return value")
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    size = 4 if result is None else encoded_size(result)
+    if size > limit:
+        raise InvalidJobError(
+            f"step {name!r}'s return value takes {size} bytes as stored, over the limit of "
+            f"{limit} (SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
+        )
+    return result
+
+
+def run_step(
+    steps: StepLog, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, *, atomic: bool
+) -> Any:
+    kind = ATOMIC if atomic else PLAIN
+    position, occurrence, found = steps.meet(name, kind)
+    if found is not None:
+        return found.result
+    steps.context.at_step()  # a cancel request or a time limit stops the job here
+    started = time.monotonic()
+    with steps.running(name, occurrence):
+        if not atomic:
+            result = checked_result(fn(*args, **kwargs), name)
+            steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
+            return result
+        with bounded(steps.context.database):
+            result = checked_result(fn(*args, **kwargs), name)
+            steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
+        return result
+
+
+async def run_step_async(
+    steps: StepLog, name: str, fn: Callable[..., Any], args: Any, kwargs: Any
+) -> Any:
+    """`run_step` of a plain step for async code: `fn` may be a coroutine function; the
+    record is read and written in the task's thread (sync_to_async), as the job's."""
+    position, occurrence, found = await sync_to_async(steps.meet)(name, PLAIN)
+    if found is not None:
+        return found.result
+    steps.context.at_step()
+    started = time.monotonic()
+    with steps.running(name, occurrence):
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+    result = checked_result(value, name)
+    seconds = time.monotonic() - started
+    await sync_to_async(steps.record)(position, name, occurrence, PLAIN, result, seconds)
+    return result
+
+
+def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
+    seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise InvalidJobError(
+            f"sleep {name!r}: the duration must be a timedelta or seconds >= 0, got {duration!r}"
+        )
+    position, occurrence, found = steps.meet(name, SLEEP)
+    if found is None:
+        steps.record(position, name, occurrence, SLEEP, {"seconds": float(seconds)}, 0.0)
+        left = float(seconds)
+    else:
+        left = steps.wake_in(found)
+    if left > 0:
+        raise Retry(left, f"sleeping ({name!r}) for {left:g}s", spend_attempt=False)
