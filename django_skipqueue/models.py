@@ -699,15 +699,10 @@ PICKUP_BUCKETS: tuple[float, ...] = (
 )
 
 
-class QueueMinute(models.Model):
-    """What one queue did in one minute, as its workers counted it: the overview's
-    charts read these rows, never the job table. Each worker adds its counts every few
-    seconds (one upsert per queue and minute, `runtime/minutes.py`); the reaper's pass
-    adds the oldest due job's age. Rows older than MINUTES_KEPT_HOURS are deleted."""
+class Outcomes(models.Model):
+    """The counts of attempts ended, by outcome (runner.Outcome's values), that a
+    QueueMinute and a TaskMinute row hold alike."""
 
-    id = models.BigAutoField(primary_key=True)
-    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
-    minute = DateTimeField(help_text=_("The minute's start (database clock)."))
     succeeded = models.PositiveIntegerField(default=0)
     retried = models.PositiveIntegerField(default=0)
     #: Attempts the task gave back (`Retry`): not failures.
@@ -717,13 +712,28 @@ class QueueMinute(models.Model):
     #: Outcomes the fence refused: the attempt had lost the job.
     lost = models.PositiveIntegerField(default=0)
     unknown = models.PositiveIntegerField(default=0)
+    #: Attempts ended, whatever their outcome, and the seconds they ran in all.
+    runs = models.PositiveIntegerField(default=0)
+    run_seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        abstract = True
+
+
+class QueueMinute(Outcomes):
+    """What one queue did in one minute, as its workers counted it: the overview's
+    charts read these rows, never the job table. Each worker adds its counts every few
+    seconds (one upsert per queue and minute, `runtime/minutes.py`); the reaper's pass
+    adds the oldest due job's age. Rows older than MINUTES_KEPT_HOURS are deleted."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
+    minute = DateTimeField(help_text=_("The minute's start (database clock)."))
     #: Pickup delays (due to started): how many, their sum, and one count per bucket
     #: of PICKUP_BUCKETS.
     pickups = models.PositiveIntegerField(default=0)
     pickup_seconds = models.FloatField(default=0.0)
     pickup_buckets = PayloadField(default=list)
-    runs = models.PositiveIntegerField(default=0)
-    run_seconds = models.FloatField(default=0.0)
     #: The largest age of the oldest due job seen in this minute (None: not sampled).
     oldest_due_seconds = models.FloatField(null=True, blank=True)
 
@@ -770,7 +780,7 @@ DURATION_BUCKETS: tuple[float, ...] = (
 LAST_ERROR_MAX_CHARS = 500
 
 
-class TaskMinute(models.Model):
+class TaskMinute(Outcomes):
     """What one task did in one minute, as the workers that ran it counted it: the task
     overview reads these rows, never the job table, so that it costs the same at 10,000
     jobs and at 10 million. Written with the QueueMinute rows, in the same transaction
@@ -779,16 +789,6 @@ class TaskMinute(models.Model):
     id = models.BigAutoField(primary_key=True)
     task = models.CharField(max_length=255)
     minute = DateTimeField(help_text=_("The minute's start (database clock)."))
-    succeeded = models.PositiveIntegerField(default=0)
-    retried = models.PositiveIntegerField(default=0)
-    released = models.PositiveIntegerField(default=0)
-    failed = models.PositiveIntegerField(default=0)
-    cancelled = models.PositiveIntegerField(default=0)
-    lost = models.PositiveIntegerField(default=0)
-    unknown = models.PositiveIntegerField(default=0)
-    #: Attempts ended, whatever their outcome, and the seconds they ran in all.
-    runs = models.PositiveIntegerField(default=0)
-    run_seconds = models.FloatField(default=0.0)
     #: One count per bucket of DURATION_BUCKETS: how long the attempts ran.
     run_buckets = PayloadField(default=list)
     #: The newest failed attempt's "type: message" (LAST_ERROR_MAX_CHARS at most), its

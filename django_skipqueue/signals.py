@@ -12,6 +12,13 @@
   database within a lease); the reaper takes the job back if the write did not happen.
 - job_reaped(requeued, failed, cancelled, expired): the reaper took back expired leases
   (and ended `expired` jobs not started by their expires_at).
+
+Sent by tasks/durable.py, for a durable job's steps (sender: the Job class as well):
+
+- step_recorded(job_id, task, name, kind): a step ran and its record was written (for
+  an atomic step: committed).
+- step_replayed(job_id, task, name, kind): a later attempt got a step's recorded result
+  instead of running it.
 """
 
 from __future__ import annotations
@@ -26,3 +33,5 @@ job_released = Signal()
 job_lost = Signal()
 job_outcome_unknown = Signal()
 job_reaped = Signal()
+step_recorded = Signal()
+step_replayed = Signal()

@@ -19,12 +19,12 @@ from django.http import (
 )
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
-from django.urls import path
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.admin import charts
 from django_skipqueue.admin.common import (
+    OnePage,
     OwnLookupsOnly,
     ReadOnly,
     _age,
@@ -221,18 +221,9 @@ def trend_charts(series: list[Bucket], window: str) -> list[SafeString]:
 
 
 @admin.register(QueueOverview)
-class QueueOverviewAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
-    """The admin index's "Queue overview" entry: it opens the overview page. Its one URL
-    is that redirect: the model is a proxy of Job, and Django's own change page for it
-    would show a job's fields unredacted."""
-
-    def get_urls(self) -> list[Any]:
-        entry = self.admin_site.admin_view(self.changelist_view)
-        info = self.opts.app_label, self.opts.model_name
-        return [path("", entry, name="%s_%s_changelist" % info)]  # noqa: UP031
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm("skipqueue.view_job")
+class QueueOverviewAdmin(OnePage, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
+    """The admin index's "Queue overview" entry: its one URL (OnePage) redirects to the
+    overview page, a view of JobAdmin."""
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -12,12 +12,12 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path
 from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.admin import charts
 from django_skipqueue.admin.common import (
     PAYLOAD_PERMISSION,
+    OnePage,
     OwnLookupsOnly,
     ReadOnly,
     _age,
@@ -74,18 +74,8 @@ def task_rows(stats: list[TaskStats], payloads: bool) -> list[dict[str, Any]]:
 
 
 @admin.register(TaskOverview)
-class TaskOverviewAdmin(ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
-    """The admin index's "Task overview" entry and its one page. Its one URL is that
-    page: the model is a proxy of Job, and Django's own change page for it would show a
-    job's fields unredacted."""
-
-    def get_urls(self) -> list[Any]:
-        page = self.admin_site.admin_view(self.changelist_view)
-        info = self.opts.app_label, self.opts.model_name
-        return [path("", page, name="%s_%s_changelist" % info)]  # noqa: UP031
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm("skipqueue.view_job")
+class TaskOverviewAdmin(OnePage, ReadOnly, OwnLookupsOnly, admin.ModelAdmin):
+    """The admin index's "Task overview" entry: its one page (OnePage)."""
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

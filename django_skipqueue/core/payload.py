@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 
 from django.db import models
 
+from django_skipqueue.conf import get_settings
 from django_skipqueue.exceptions import InvalidJobError, NotJSONError
 
 JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
@@ -178,6 +179,18 @@ def _encode_exact(value: Any) -> str:
 def encoded_size(value: JSONValue) -> int:
     """Bytes of `value` as the database stores it (jsonb's text form, in UTF-8)."""
     return stored_size(encode(value))
+
+
+def check_stored_size(value: JSONValue, what: str) -> None:
+    """InvalidJobError if `value` (a result) takes more than SKIPQUEUE['MAX_PAYLOAD_BYTES']
+    as stored; None counts as jsonb's `null`, 4 bytes, as encoded_size(None) says."""
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    size = 4 if value is None else encoded_size(value)
+    if size > limit:
+        raise InvalidJobError(
+            f"{what} takes {size} bytes as stored (jsonb text), over the limit of {limit} "
+            "(SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
+        )
 
 
 def encode_arguments(

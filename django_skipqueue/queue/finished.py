@@ -152,20 +152,8 @@ class FinishedListener:
         finishes), in a transaction of its own: True if another session can see the
         row, False if not (not committed yet, or gone), None if the mark failed (the
         waiter polls)."""
-        with self._marking:
-            if self._pid != os.getpid():
-                self._marker = None
-            try:
-                if self._marker is None:
-                    self._marker = self._connect()
-                row = self._marker.execute(sql.MARK_AWAITED, [job_id, job_id]).fetchone()
-                return bool(row and row[0])
-            except Exception as error:  # noqa: BLE001  (waiting falls back to polling)
-                logger.debug("job wait: no mark, polling: %r", error)
-                if self._marker is not None:
-                    _close(self._marker)
-                    self._marker = None
-                return None
+        row = self._on_side(sql.MARK_AWAITED, [job_id, job_id])
+        return None if row is None else bool(row and row[0][0])
 
     def _finished_among(self) -> set[int]:
         """Which watched jobs are finished, in one query (the condition not held); all
@@ -174,20 +162,25 @@ class FinishedListener:
             watched = list(self._watched)
         if not watched:
             return set()
+        rows = self._on_side(sql.FINISHED_AMONG, [watched])
+        return set(watched) if rows is None else {row[0] for row in rows}
+
+    def _on_side(self, statement: str, params: list[Any]) -> list[Any] | None:
+        """The rows of `statement` run on the side connection (opened if need be, in
+        autocommit); None if it failed (the connection is closed, to be opened again)."""
         with self._marking:
             if self._pid != os.getpid():
                 self._marker = None
             try:
                 if self._marker is None:
                     self._marker = self._connect()
-                rows = self._marker.execute(sql.FINISHED_AMONG, [watched]).fetchall()
-                return {row[0] for row in rows}
-            except Exception as error:  # noqa: BLE001  (each waiter reads its row)
-                logger.debug("job wait: no batched read: %r", error)
+                return list(self._marker.execute(statement, params).fetchall())
+            except Exception as error:  # noqa: BLE001  (the waiters poll their rows)
+                logger.debug("job wait: the side connection failed: %r", error)
                 if self._marker is not None:
                     _close(self._marker)
                     self._marker = None
-                return set(watched)
+                return None
 
     def _connect(self) -> Any:
         wrapper = connections[self.alias]

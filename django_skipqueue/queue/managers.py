@@ -191,64 +191,8 @@ def _notify_control(alias: str) -> None:
         cursor.execute("SELECT pg_notify(%s, '')", [sql.CONTROL_CHANNEL])
 
 
-#: The names of `JobManager.queue_gauges()`' numbers, per queue.
-
-#: The counts a QueueMinute row adds up (its integer and float columns).
-MINUTE_COUNTS = (
-    "succeeded",
-    "retried",
-    "released",
-    "failed",
-    "cancelled",
-    "lost",
-    "unknown",
-    "pickups",
-    "pickup_seconds",
-    "runs",
-    "run_seconds",
-)
-
-
-_Minute = TypeVar("_Minute", bound=models.Model)
-
-
-class MinuteManager(models.Manager[_Minute]):
-    """Rows of per-minute counts (QueueMinute, TaskMinute), kept MINUTES_KEPT_HOURS."""
-
-    def prune(self, older_than: timedelta) -> int:
-        """Delete the minutes older than `older_than` (the minute index serves it)."""
-        return self.filter(minute__lt=Now() - older_than).delete()[0]
-
-
-class QueueMinuteManager(MinuteManager["QueueMinute"]):
-    """The per-minute counts the admin's charts read (see models.QueueMinute)."""
-
-    def add(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Add each queue's counts to its row of the database's current minute: one
-        upsert, queues in name order (two workers never wait on each other's rows in
-        opposite orders). A count missing from a row adds 0; `pickup_buckets` adds up
-        bucket by bucket; `oldest_due_seconds` keeps the largest."""
-        if not rows:
-            return
-        records = []
-        for name in sorted(rows):
-            counts = rows[name]
-            record: dict[str, Any] = {"queue_name": name}
-            record |= {column: counts.get(column, 0) for column in MINUTE_COUNTS}
-            record["pickup_buckets"] = list(counts.get("pickup_buckets") or [])
-            record["oldest_due_seconds"] = counts.get("oldest_due_seconds")
-            records.append(record)
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.ADD_MINUTE, [json.dumps(records)])
-
-    def sampled_this_minute(self) -> bool:
-        """Whether a reaper has written the oldest due jobs' ages this minute."""
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.MINUTE_SAMPLED)
-            return bool(cursor.fetchone()[0])
-
-
-#: The counts a TaskMinute row adds up (its integer and float columns).
+#: The counts of attempts ended that QueueMinute and TaskMinute rows add up alike
+#: (models.Outcomes' columns).
 TASK_MINUTE_COUNTS = (
     "succeeded",
     "retried",
@@ -260,25 +204,69 @@ TASK_MINUTE_COUNTS = (
     "runs",
     "run_seconds",
 )
+#: The counts a QueueMinute row adds up: those, and its pickups.
+MINUTE_COUNTS = (*TASK_MINUTE_COUNTS, "pickups", "pickup_seconds")
 
 
-class TaskMinuteManager(MinuteManager["TaskMinute"]):
-    """The per-minute counts the task overview reads (see models.TaskMinute)."""
+_Minute = TypeVar("_Minute", bound=models.Model)
+
+
+class MinuteManager(models.Manager[_Minute]):
+    """Rows of per-minute counts (QueueMinute, TaskMinute), kept MINUTES_KEPT_HOURS."""
+
+    #: The row's key column, its counts added up, its histogram, its upsert statement.
+    key = ""
+    counts: tuple[str, ...] = ()
+    histogram = ""
+    upsert = ""
 
     def add(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Add each task's counts to its row of the database's current minute: one
-        upsert, tasks in name order, as QueueMinuteManager.add. `last_error`, a pair
-        (job id, text), replaces the row's last error."""
+        """Add each key's counts to its row of the database's current minute: one upsert,
+        keys in name order (two workers never wait on each other's rows in opposite
+        orders). A count missing from a row adds 0; the histogram adds up bucket by
+        bucket (`carried`: what else a row carries)."""
         if not rows:
             return
         records = []
         for name in sorted(rows):
             counts = rows[name]
-            record: dict[str, Any] = {"task": name}
-            record |= {column: counts.get(column, 0) for column in TASK_MINUTE_COUNTS}
-            record["run_buckets"] = list(counts.get("run_buckets") or [])
-            job_id, text = counts.get("last_error") or (None, "")
-            record["last_error_job"], record["last_error"] = job_id, text
-            records.append(record)
+            record: dict[str, Any] = {self.key: name}
+            record |= {column: counts.get(column, 0) for column in self.counts}
+            record[self.histogram] = list(counts.get(self.histogram) or [])
+            records.append(record | self.carried(counts))
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql.ADD_TASK_MINUTE, [json.dumps(records)])
+            cursor.execute(self.upsert, [json.dumps(records)])
+
+    def carried(self, counts: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def prune(self, older_than: timedelta) -> int:
+        """Delete the minutes older than `older_than` (the minute index serves it)."""
+        return self.filter(minute__lt=Now() - older_than).delete()[0]
+
+
+class QueueMinuteManager(MinuteManager["QueueMinute"]):
+    """The per-minute counts the admin's charts read (see models.QueueMinute)."""
+
+    key, counts, histogram, upsert = "queue_name", MINUTE_COUNTS, "pickup_buckets", sql.ADD_MINUTE
+
+    def carried(self, counts: Mapping[str, Any]) -> dict[str, Any]:
+        """`oldest_due_seconds`, which the upsert keeps the largest of."""
+        return {"oldest_due_seconds": counts.get("oldest_due_seconds")}
+
+    def sampled_this_minute(self) -> bool:
+        """Whether a reaper has written the oldest due jobs' ages this minute."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.MINUTE_SAMPLED)
+            return bool(cursor.fetchone()[0])
+
+
+class TaskMinuteManager(MinuteManager["TaskMinute"]):
+    """The per-minute counts the task overview reads (see models.TaskMinute)."""
+
+    key, counts, histogram, upsert = "task", TASK_MINUTE_COUNTS, "run_buckets", sql.ADD_TASK_MINUTE
+
+    def carried(self, counts: Mapping[str, Any]) -> dict[str, Any]:
+        """`last_error`, a pair (job id, text), which replaces the row's last error."""
+        job_id, text = counts.get("last_error") or (None, "")
+        return {"last_error_job": job_id, "last_error": text}

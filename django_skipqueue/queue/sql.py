@@ -208,7 +208,9 @@ FINISHED_AMONG = STATEMENTS["FINISHED_AMONG"].format(finished=FINISHED)
 
 STEPS_OF = STATEMENTS["STEPS_OF"]
 
-RECORD_STEP = STATEMENTS["RECORD_STEP"]
+RECORD_STEP = STATEMENTS["RECORD_STEP"].format(locking="")
+
+RECORD_ATOMIC_STEP = STATEMENTS["RECORD_STEP"].format(locking="FOR NO KEY UPDATE")
 
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.

@@ -16,18 +16,21 @@ FROM skipqueue_step WHERE job_id = %s ORDER BY position
 -- name: RECORD_STEP
 -- A step's checkpoint, written only if this attempt still owns the job: the ack's
 -- fence (the job running, this attempt's number, an unexpired lease), proved in the
--- same statement, and the job's row locked until the transaction ends. For a plain
--- step that is this statement; for an atomic step it is the step's own transaction,
--- whose writes then commit with the checkpoint, or not at all: a reaper that would
--- take the job back waits for the commit (and then finds the checkpoint), a stale
--- attempt finds no row and rolls back. A position another attempt recorded is not
--- written again (ON CONFLICT): that attempt owned the job after this one. Raw: the
--- fence and the insert must be one statement. Returns the step's id, or no row.
+-- same statement. {locking} is FOR NO KEY UPDATE for an atomic step (sql.RECORD_ATOMIC_STEP):
+-- the job's row stays locked to the end of the step's own transaction, whose writes
+-- then commit with the checkpoint or not at all; a reaper that would take the job back
+-- waits for the commit (and then the next attempt finds the checkpoint), and a stale
+-- attempt finds no row and rolls back. A plain step (sql.RECORD_STEP, in autocommit or
+-- the task's own transaction) takes no lock: it is at least once anyway, and a lock
+-- held to the end of a task's long transaction would keep the worker's lease
+-- renewals off the row. A position another attempt recorded is not written again (ON
+-- CONFLICT): that attempt owned the job after this one. Raw: the fence and the insert
+-- must be one statement. Returns the step's id, or no row.
 WITH owner AS (
     SELECT job.id, job.attempts FROM skipqueue_job AS job
     WHERE job.id = %(job)s AND (job.state || '') = 'running'
       AND job.attempts = %(attempt)s AND job.leased_until > statement_timestamp()
-    FOR NO KEY UPDATE
+    {locking}
 )
 INSERT INTO skipqueue_step (
     job_id, position, name, occurrence, kind, attempt, started_at, recorded_at, result)

@@ -72,6 +72,33 @@ def _empty_task() -> dict[str, Any]:
     return {"run_buckets": [0] * len(DURATION_BUCKETS)}
 
 
+#: What a TaskMinute row holds that a QueueMinute row does not.
+_TASK_ONLY = frozenset({"run_buckets", "last_error"})
+
+
+def _add(into: dict[str, dict[str, Any]], name: str, counts: Any, empty: Any) -> None:
+    """Add one key's `counts` to `into[name]`: numbers add up, histograms bucket by
+    bucket; a last error replaces the one there (the caller adds the newer last)."""
+    mine = into.get(name)
+    if mine is None:
+        into[name] = mine = empty()
+    for key, value in counts.items():
+        if key in ("pickup_buckets", "run_buckets"):
+            mine[key] = [a + b for a, b in zip(mine[key], value, strict=True)]
+        elif key == "last_error":
+            mine[key] = value
+        elif key != "oldest_due_seconds":
+            mine[key] = mine.get(key, 0) + value
+
+
+def _merge(older: Counts, newer: Counts) -> None:
+    """Add `newer` into `older` (in place)."""
+    for name, counts in newer.queues.items():
+        _add(older.queues, name, counts, _empty)
+    for name, counts in newer.tasks.items():
+        _add(older.tasks, name, counts, _empty_task)
+
+
 @dataclass
 class Counts:
     """What a worker counted since its last flush: per queue (the QueueMinute columns)
@@ -98,8 +125,11 @@ class Meter:
         # task, (job id, error) or None)
         self._events: deque[tuple[str, Any, float, Any, Any]] = deque()
         self._lock = threading.Lock()  # folds, take() and put_back()
-        # Counts not yet flushed: events folded early, and what a failed flush put back.
-        self._counts = Counts()
+        # Counts not yet flushed: events folded early (pickups per queue; ended attempts
+        # per queue and task), and what a failed flush put back.
+        self._pickups: dict[str, dict[str, Any]] = {}
+        self._runs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._kept = Counts()
         self.prometheus = prometheus
 
     def picked_up(self, queue: str, seconds: float) -> None:
@@ -145,33 +175,44 @@ class Meter:
         """The counts since the last take (and any put back), emptied."""
         with self._lock:
             self._fold_locked()
-            counts, self._counts = self._counts, Counts()
-        return counts
+            pickups, runs, kept = self._pickups, self._runs, self._kept
+            self._pickups, self._runs, self._kept = {}, {}, Counts()
+        fresh = Counts(queues=pickups)
+        for (queue, task), counts in runs.items():
+            mine = fresh.queues.get(queue) or fresh.queues.setdefault(queue, _empty())
+            for column, value in counts.items():
+                if column not in _TASK_ONLY:
+                    mine[column] = mine.get(column, 0) + value
+            _add(fresh.tasks, task, counts, _empty_task)
+        _merge(kept, fresh)  # what a failed flush put back is the older
+        return kept
 
     def _fold(self) -> None:
         with self._lock:
             self._fold_locked()
 
     def _fold_locked(self) -> None:
-        """Add the events queued so far to `_counts` (the lock held). Those appended
-        meanwhile stay queued for the next fold."""
-        queues, tasks = self._counts.queues, self._counts.tasks
+        """Add the events queued so far to the counts (the lock held): pickups per queue,
+        ended attempts per queue and task (what `take` adds up per queue and per task:
+        one dict a job, where one per queue and one per task took 0.7 us more a job).
+        Those appended meanwhile stay queued for the next fold."""
+        pickups, runs = self._pickups, self._runs
         events = self._events
         for _ in range(len(events)):
             queue, outcome, seconds, task, failure = events.popleft()
-            counts = queues.get(queue) or queues.setdefault(queue, _empty())
             if outcome is None:
+                counts = pickups.get(queue) or pickups.setdefault(queue, _empty())
                 seconds = max(seconds, 0.0)
                 counts["pickups"] = counts.get("pickups", 0) + 1
                 counts["pickup_seconds"] = counts.get("pickup_seconds", 0.0) + seconds
                 counts["pickup_buckets"][bisect.bisect_left(PICKUP_BUCKETS, seconds)] += 1
                 continue
             column = outcome.value  # the QueueMinute and TaskMinute column of that name
-            mine = tasks.get(task) or tasks.setdefault(task, _empty_task())
-            for counted in (counts, mine):
-                counted[column] = counted.get(column, 0) + 1
-                counted["runs"] = counted.get("runs", 0) + 1
-                counted["run_seconds"] = counted.get("run_seconds", 0.0) + seconds
+            key = (queue, task)
+            mine = runs.get(key) or runs.setdefault(key, _empty_task())
+            mine[column] = mine.get(column, 0) + 1
+            mine["runs"] = mine.get("runs", 0) + 1
+            mine["run_seconds"] = mine.get("run_seconds", 0.0) + seconds
             mine["run_buckets"][bisect.bisect_left(DURATION_BUCKETS, max(seconds, 0.0))] += 1
             if failure is not None:
                 job_id, error = failure
@@ -180,21 +221,10 @@ class Meter:
 
     def put_back(self, counts: Counts) -> None:
         """Counts a flush could not write, added back for the next one (a last error
-        folded since is newer, and stays)."""
+        folded since is newer, and wins)."""
         with self._lock:
-            for taken, kept, empty in (
-                (counts.queues, self._counts.queues, _empty),
-                (counts.tasks, self._counts.tasks, _empty_task),
-            ):
-                for name, values in taken.items():
-                    mine = kept.setdefault(name, empty())
-                    for key, value in values.items():
-                        if key in ("pickup_buckets", "run_buckets"):
-                            mine[key] = [a + b for a, b in zip(mine[key], value, strict=True)]
-                        elif key == "last_error":
-                            mine.setdefault(key, value)
-                        elif key != "oldest_due_seconds":
-                            mine[key] = mine.get(key, 0) + value
+            _merge(counts, self._kept)
+            self._kept = counts
 
     def flush(self, database: str, lock_seconds: float | None = None) -> None:
         """Add the counts since the last flush to the current minute's rows, waiting at

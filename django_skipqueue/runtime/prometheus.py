@@ -42,6 +42,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relayed_queues
@@ -96,6 +97,22 @@ class PrometheusSeries:
             ["queue"],
             registry=registry,
         )
+        self.steps = Counter(
+            "skipqueue_steps",
+            "Durable steps: recorded (run, and its record written) or replayed (a later "
+            "attempt got the recorded result), by kind: plain, atomic, sleep.",
+            ["task", "kind", "how"],
+            registry=registry,
+        )
+        # Sent from the task's thread (tasks/durable.py); a counter's inc is thread-safe.
+        signals.step_recorded.connect(self._step_recorded, weak=False)
+        signals.step_replayed.connect(self._step_replayed, weak=False)
+
+    def _step_recorded(self, sender: Any, task: str, kind: str, **_: Any) -> None:
+        self.steps.labels(task, kind, "recorded").inc()
+
+    def _step_replayed(self, sender: Any, task: str, kind: str, **_: Any) -> None:
+        self.steps.labels(task, kind, "replayed").inc()
 
     def prime(self, queues: Sequence[str], tasks: Mapping[str, str]) -> None:
         """Each label set this worker may count, at 0: a series that appears only at its

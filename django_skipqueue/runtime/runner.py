@@ -33,12 +33,11 @@ from asgiref.sync import async_to_sync
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_skipqueue import signals
-from django_skipqueue.conf import get_settings
 from django_skipqueue.core.cancel import CancelFlag
 from django_skipqueue.core.payload import (
     JSONValue,
     Undecodable,
-    encoded_size,
+    check_stored_size,
     normalize,
     storable_text,
 )
@@ -180,14 +179,7 @@ def run_and_decide(
             raise TimeLimitExceeded(past)
         result = _return_value(task, value)
         if check_size:
-            limit = get_settings().MAX_PAYLOAD_BYTES
-            # None counts as jsonb's `null`, 4 bytes, as encoded_size(None) says.
-            size = 4 if result is None else encoded_size(result)
-            if size > limit:
-                raise InvalidJobError(
-                    f"the return value takes {size} bytes as stored (jsonb text), over the "
-                    f"limit of {limit} (SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
-                )
+            check_stored_size(result, "the return value")
     except Retry as request:
         duration = time.monotonic() - started
         if past is not None:

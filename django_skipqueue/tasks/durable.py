@@ -28,10 +28,11 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
+from django.apps import apps
 from django.db import connections
 
-from django_skipqueue.conf import get_settings
-from django_skipqueue.core.payload import encode, encoded_size, normalize
+from django_skipqueue import signals
+from django_skipqueue.core.payload import check_stored_size, encode, normalize
 from django_skipqueue.exceptions import (
     InvalidJobError,
     Retry,
@@ -53,6 +54,9 @@ class Owner(Protocol):
 
     @property
     def database(self) -> str: ...
+
+    @property
+    def task_name(self) -> str: ...
 
     @property
     def idempotency_key(self) -> str: ...
@@ -143,7 +147,7 @@ class StepLog:
         context = self.context
         with connections[context.database].cursor() as cursor:
             cursor.execute(
-                sql.RECORD_STEP,
+                sql.RECORD_ATOMIC_STEP if kind == ATOMIC else sql.RECORD_STEP,
                 {
                     "job": context.job_id,
                     "attempt": context.attempt,
@@ -157,6 +161,21 @@ class StepLog:
             )
             if cursor.fetchone() is None:
                 raise StepLostError(context.job_id, context.attempt, name)
+
+    def recorded(self, name: str, kind: str) -> None:
+        """Say a step was recorded (signals.step_recorded: the metrics count it)."""
+        self._send(signals.step_recorded, name, kind)
+
+    def replayed(self, found: Recorded) -> Any:
+        """Say a step was replayed (signals.step_replayed); its recorded result."""
+        self._send(signals.step_replayed, found.name, found.kind)
+        return found.result
+
+    def _send(self, signal: Any, name: str, kind: str) -> None:
+        if signal.receivers:  # the sender is the Job class, as for the job signals
+            context = self.context
+            job = apps.get_model("skipqueue", "Job")
+            signal.send(job, job_id=context.job_id, task=context.task_name, name=name, kind=kind)
 
     def _read(self) -> list[Recorded]:
         if self._recorded is None:
@@ -179,14 +198,9 @@ def _loaded(text: Any) -> Any:
 def checked_result(value: Any, name: str) -> Any:
     """A step's return value as JSON data within SKIPQUEUE['MAX_PAYLOAD_BYTES'], or
     InvalidJobError naming the step: a result, stored by the same rules as a job's."""
-    result = normalize(value, f"step {name!r}'s return value")
-    limit = get_settings().MAX_PAYLOAD_BYTES
-    size = 4 if result is None else encoded_size(result)
-    if size > limit:
-        raise InvalidJobError(
-            f"step {name!r}'s return value takes {size} bytes as stored, over the limit of "
-            f"{limit} (SKIPQUEUE['MAX_PAYLOAD_BYTES'])"
-        )
+    what = f"step {name!r}'s return value"
+    result = normalize(value, what)
+    check_stored_size(result, what)
     return result
 
 
@@ -196,18 +210,19 @@ def run_step(
     kind = ATOMIC if atomic else PLAIN
     position, occurrence, found = steps.meet(name, kind)
     if found is not None:
-        return found.result
+        return steps.replayed(found)
     steps.context.at_step()  # a cancel request or a time limit stops the job here
     started = time.monotonic()
     with steps.running(name, occurrence):
         if not atomic:
             result = checked_result(fn(*args, **kwargs), name)
             steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
-            return result
-        with bounded(steps.context.database):
-            result = checked_result(fn(*args, **kwargs), name)
-            steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
-        return result
+        else:
+            with bounded(steps.context.database):
+                result = checked_result(fn(*args, **kwargs), name)
+                steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
+    steps.recorded(name, kind)
+    return result
 
 
 async def run_step_async(
@@ -217,7 +232,7 @@ async def run_step_async(
     record is read and written in the task's thread (sync_to_async), as the job's."""
     position, occurrence, found = await sync_to_async(steps.meet)(name, PLAIN)
     if found is not None:
-        return found.result
+        return steps.replayed(found)
     steps.context.at_step()
     started = time.monotonic()
     with steps.running(name, occurrence):
@@ -227,6 +242,7 @@ async def run_step_async(
     result = checked_result(value, name)
     seconds = time.monotonic() - started
     await sync_to_async(steps.record)(position, name, occurrence, PLAIN, result, seconds)
+    steps.recorded(name, PLAIN)
     return result
 
 
@@ -239,8 +255,10 @@ def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
     position, occurrence, found = steps.meet(name, SLEEP)
     if found is None:
         steps.record(position, name, occurrence, SLEEP, {"seconds": float(seconds)}, 0.0)
+        steps.recorded(name, SLEEP)
         left = float(seconds)
     else:
+        steps.replayed(found)
         left = steps.wake_in(found)
     if left > 0:
         raise Retry(left, f"sleeping ({name!r}) for {left:g}s", spend_attempt=False)

@@ -217,3 +217,23 @@ def test_a_durable_job_is_a_chain_member_like_any_other():
     workflow = chain(tasks.durable_onboarding.s("ada"), tasks.echo_input.s()).enqueue()
     run_jobs()
     assert workflow.wait(timeout=10) == {"account": "acct-ada", "active": True}
+
+
+def test_the_metrics_count_steps_recorded_and_replayed():
+    from prometheus_client import CollectorRegistry
+
+    from django_skipqueue.runtime.prometheus import PrometheusSeries
+
+    registry = CollectorRegistry()
+    PrometheusSeries(registry)
+    job = tasks.durable_onboarding.enqueue("ada", fail_at="welcome")
+    run_jobs()  # attempt 1: create_account recorded; attempt 2 replays it, records two
+    assert Job.objects.get(id=job.id).state == JobState.DONE
+    name = tasks.durable_onboarding.name
+
+    def count(kind: str, how: str) -> float | None:
+        labels = {"task": name, "kind": kind, "how": how}
+        return registry.get_sample_value("skipqueue_steps_total", labels)
+
+    assert (count("plain", "recorded"), count("plain", "replayed")) == (2.0, 1.0)
+    assert count("atomic", "recorded") == 1.0
