@@ -237,3 +237,26 @@ def test_the_metrics_count_steps_recorded_and_replayed():
 
     assert (count("plain", "recorded"), count("plain", "replayed")) == (2.0, 1.0)
     assert count("atomic", "recorded") == 1.0
+
+
+def test_a_sleep_outlives_its_worker_and_a_new_worker_wakes_it(start_worker):
+    """D5 with real processes: the job sleeps in one worker, that worker stops (a
+    deploy), and another, started later, runs the rest after the wake time."""
+    import signal
+
+    from tests.processes import wait_until
+
+    job = tasks.durable_nap.enqueue(2.0)
+    first = start_worker("--concurrency", "1")
+    wait_until(lambda: Step.objects.filter(job_id=job.id, kind="sleep").exists(), timeout=20)
+    first.signal(signal.SIGTERM)
+    assert first.wait(timeout=20) == 0
+    assert Job.objects.get(id=job.id).state == JobState.PENDING  # asleep, held by nobody
+    second = start_worker("--concurrency", "1")
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.DONE, timeout=30)
+    second.signal(signal.SIGTERM)
+    assert StepRun.objects.filter(job_id=job.id, step="before").count() == 1
+    assert StepRun.objects.filter(job_id=job.id, step="after").count() == 1
+    slept = Step.objects.get(job_id=job.id, kind="sleep")
+    finished = Job.objects.get(id=job.id).finished_at
+    assert (finished - slept.recorded_at).total_seconds() >= 2.0  # not woken early
