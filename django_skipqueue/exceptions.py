@@ -45,11 +45,12 @@ class NotJSONError(InvalidJobError, TypeError):
         self.kind = kind
 
 
-class StepMismatchError(InvalidJobError):
+class StepMismatchError(SkipQueueError):
     """A durable task met another step where an earlier attempt of its job recorded one
     (its code changed under a job in flight): the job fails at once, not retried, rather
     than hand one step's recorded result to another. docs/howto/durable-jobs.md says how
-    to change a durable task's code safely."""
+    to change a durable task's code safely. Not a ValueError: an `except ValueError` in
+    the task would hide it."""
 
     def __init__(
         self,

@@ -57,8 +57,13 @@ def steps_html(job: Job) -> str:
     )
 
 
+def _named(step: Step) -> str:
+    """A step's name, with its occurrence when it repeats (`page #2`)."""
+    return step.name if step.occurrence == 1 else f"{step.name} #{step.occurrence}"
+
+
 def _row(step: Step, form: str) -> str:
-    name = step.name if step.occurrence == 1 else f"{step.name} #{step.occurrence}"
+    name = _named(step)
     took = (step.recorded_at - step.started_at).total_seconds()
     button = (
         format_html(
@@ -89,7 +94,7 @@ def _row(step: Step, form: str) -> str:
 def _result(step: Step) -> str:
     if step.kind == StepKind.SLEEP:
         seconds = (step.result or {}).get("seconds", 0) if isinstance(step.result, dict) else 0
-        return _("slept %(t)s") % {"t": _age(timedelta(seconds=float(seconds)))}
+        return _("a sleep of %(t)s") % {"t": _age(timedelta(seconds=float(seconds)))}
     if step.result is None:
         return "-"
     if not shows_payloads():
@@ -109,7 +114,7 @@ def _status(job: Job, last: Step) -> str:
                 '<p class="skipqueue-sleeping">{}</p>',
                 _("Sleeping (%(name)s) until %(when)s: in %(left)s.")
                 % {
-                    "name": last.name,
+                    "name": _named(last),
                     "when": _when(wake),
                     "left": _age(wake - last.db_now),  # type: ignore[attr-defined]
                 },

@@ -25,7 +25,8 @@ FROM skipqueue_step WHERE job_id = %s ORDER BY position
 -- held to the end of a task's long transaction would keep the worker's lease
 -- renewals off the row. A position another attempt recorded is not written again (ON
 -- CONFLICT): that attempt owned the job after this one. Raw: the fence and the insert
--- must be one statement. Returns the step's id, or no row.
+-- must be one statement. Returns the step's id and its result as stored (what a replay
+-- reads), or no row.
 WITH owner AS (
     SELECT job.id, job.attempts FROM skipqueue_job AS job
     WHERE job.id = %(job)s AND (job.state || '') = 'running'
@@ -39,4 +40,4 @@ SELECT owner.id, %(position)s, %(name)s, %(occurrence)s, %(kind)s, owner.attempt
     %(result)s::jsonb
 FROM owner
 ON CONFLICT (job_id, position) DO NOTHING
-RETURNING id
+RETURNING id, result

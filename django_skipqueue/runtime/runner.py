@@ -49,6 +49,7 @@ from django_skipqueue.exceptions import (
     NotJSONError,
     Retry,
     SoftTimeLimitExceeded,
+    StepMismatchError,
     TimeLimitExceeded,
     TransactionLeftOpenError,
     UnknownTaskError,
@@ -347,9 +348,14 @@ def _call(
     if task.is_async:
         limit = task.time_limit
         if limit is not None:  # cancelled at its next await past the limit
-            return async_to_sync(_within(task.func, limit.total_seconds()))(*args, **job.kwargs)
-        return async_to_sync(task.func)(*args, **job.kwargs)
-    return task.func(*args, **job.kwargs)
+            value = async_to_sync(_within(task.func, limit.total_seconds()))(*args, **job.kwargs)
+        else:
+            value = async_to_sync(task.func)(*args, **job.kwargs)
+    else:
+        value = task.func(*args, **job.kwargs)
+    if task.takes_context:
+        args[0].owed_sleep()  # a durable sleep whose Retry the task caught
+    return value
 
 
 def _within(func: Any, seconds: float) -> Any:
@@ -609,7 +615,7 @@ def _transaction_status(raw: Any) -> int | None:
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
-    if isinstance(error, (InvalidJobError, TransactionLeftOpenError)):
+    if isinstance(error, (InvalidJobError, TransactionLeftOpenError, StepMismatchError)):
         return False  # malformed row or result: another attempt would fail the same way
     if type(error) is TypeError and isinstance(error.__cause__, NotJSONError):
         return False  # a django.tasks Task's result JSON cannot hold (_return_value)

@@ -140,6 +140,17 @@ class TaskContext:
         """`sleep()` for an async task."""
         await sync_to_async(self.sleep)(name, duration)
 
+    def owed_sleep(self) -> None:
+        """InvalidJobError if a durable sleep of this attempt raised Retry and the task
+        returned anyway (it caught the Retry): the runner's check after the task."""
+        steps = self.__dict__.get("_steps")
+        if steps is not None and steps.owed_sleep is not None:
+            raise InvalidJobError(
+                f"the task returned after sleep {steps.owed_sleep!r} raised Retry to give "
+                "the job back: it caught the Retry (an `except Exception` around "
+                "context.sleep?); let it propagate"
+            )
+
     @property
     def step_key(self) -> str:
         """While a step runs: a key stable across every run of this step of this job

@@ -34,6 +34,7 @@ from django.db import connections
 from django_skipqueue import signals
 from django_skipqueue.core.payload import check_stored_size, encode, normalize
 from django_skipqueue.exceptions import (
+    RETRY_DELAY_CEILING_SECONDS,
     InvalidJobError,
     Retry,
     StepLostError,
@@ -89,27 +90,35 @@ class StepLog:
 
     def __init__(self, context: Owner) -> None:
         self.context = context
-        self._recorded: list[Recorded] | None = None
+        self._recorded: dict[int, Recorded] | None = None  # by position
         self._read_at = 0.0  # time.monotonic() of the read, for the sleeps' wake times
         self._position = 0
         self._seen: dict[str, int] = {}
         #: The step running now: (name, occurrence); `TaskContext.step_key` reads it.
         self.current: tuple[str, int] | None = None
+        #: A sleep this attempt recorded or met and raised Retry for: owed, so that a
+        #: task that caught the Retry is stopped at its next step or its return.
+        self.owed_sleep: str | None = None
 
     def meet(self, name: str, kind: str) -> tuple[int, int, Recorded | None]:
         """The next step is `name`: its position, its occurrence, and its record if an
-        earlier attempt wrote one (StepMismatchError if that record is another step)."""
-        if not isinstance(name, str) or not name or len(name) > STEP_NAME_MAX_LENGTH:
+        earlier attempt wrote one (StepMismatchError if that record is another step).
+        A step that raised was not recorded: its position stays empty, and a later
+        attempt runs it there again."""
+        _check_name(name)
+        self._alone(name)
+        if self.owed_sleep is not None:
             raise InvalidJobError(
-                f"a step's name must be a non-empty str of at most {STEP_NAME_MAX_LENGTH} "
-                f"characters, got {name!r}"
+                f"step {name!r} was called after sleep {self.owed_sleep!r} raised Retry to "
+                "give the job back: the task caught it (an `except Exception` around "
+                "context.sleep?); let it propagate"
             )
         recorded = self._read()
         self._position += 1
         occurrence = self._seen[name] = self._seen.get(name, 0) + 1
-        if self._position > len(recorded):
+        found = recorded.get(self._position)
+        if found is None:
             return self._position, occurrence, None
-        found = recorded[self._position - 1]
         if (found.name, found.occurrence, found.kind) != (name, occurrence, kind):
             raise StepMismatchError(
                 self.context.job_id,
@@ -131,8 +140,18 @@ class StepLog:
         """Seconds left until a recorded sleep's wake time (<= 0: past)."""
         return (found.wake_in or 0.0) - (time.monotonic() - self._read_at)
 
+    def _alone(self, name: str) -> None:
+        if self.current is not None:
+            raise InvalidJobError(
+                f"step {name!r} was called while step {self.current[0]!r} runs: steps run "
+                "one after another at the task's own level (not inside another step's "
+                "function, not concurrently, as with asyncio.gather); make the inner "
+                "work part of the outer step, or a step of its own after it"
+            )
+
     @contextmanager
     def running(self, name: str, occurrence: int) -> Iterator[None]:
+        self._alone(name)  # an async step that began while another one ran
         self.current = (name, occurrence)
         try:
             yield
@@ -141,9 +160,10 @@ class StepLog:
 
     def record(
         self, position: int, name: str, occurrence: int, kind: str, result: Any, seconds: float
-    ) -> None:
-        """Write the checkpoint through the fence; StepLostError if this attempt no
-        longer owns the job (nothing written)."""
+    ) -> Any:
+        """Write the checkpoint through the fence, and return the result as stored (what
+        a replay returns: jsonb's key order, -0.0 as 0.0). StepLostError if this attempt
+        no longer owns the job (nothing written)."""
         context = self.context
         with connections[context.database].cursor() as cursor:
             cursor.execute(
@@ -159,8 +179,10 @@ class StepLog:
                     "result": encode(result),
                 },
             )
-            if cursor.fetchone() is None:
-                raise StepLostError(context.job_id, context.attempt, name)
+            row = cursor.fetchone()
+        if row is None:
+            raise StepLostError(context.job_id, context.attempt, name)
+        return _loaded(row[1])
 
     def recorded(self, name: str, kind: str) -> None:
         """Say a step was recorded (signals.step_recorded: the metrics count it)."""
@@ -177,17 +199,17 @@ class StepLog:
             job = apps.get_model("skipqueue", "Job")
             signal.send(job, job_id=context.job_id, task=context.task_name, name=name, kind=kind)
 
-    def _read(self) -> list[Recorded]:
+    def _read(self) -> dict[int, Recorded]:
         if self._recorded is None:
             with connections[self.context.database].cursor() as cursor:
                 cursor.execute(sql.STEPS_OF, [self.context.job_id])
                 rows = cursor.fetchall()
             self._read_at = time.monotonic()
             # Django's psycopg loaders hand jsonb over as its text (fields decode it).
-            self._recorded = [
-                Recorded(position, name, occurrence, kind, _loaded(result), wake_in)
+            self._recorded = {
+                position: Recorded(position, name, occurrence, kind, _loaded(result), wake_in)
                 for position, name, occurrence, kind, result, wake_in in rows
-            ]
+            }
         return self._recorded
 
 
@@ -216,11 +238,14 @@ def run_step(
     with steps.running(name, occurrence):
         if not atomic:
             result = checked_result(fn(*args, **kwargs), name)
-            steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
+            result = steps.record(
+                position, name, occurrence, kind, result, time.monotonic() - started
+            )
         else:
             with bounded(steps.context.database):
                 result = checked_result(fn(*args, **kwargs), name)
-                steps.record(position, name, occurrence, kind, result, time.monotonic() - started)
+                seconds = time.monotonic() - started
+                result = steps.record(position, name, occurrence, kind, result, seconds)
     steps.recorded(name, kind)
     return result
 
@@ -241,16 +266,28 @@ async def run_step_async(
             value = await value
     result = checked_result(value, name)
     seconds = time.monotonic() - started
-    await sync_to_async(steps.record)(position, name, occurrence, PLAIN, result, seconds)
+    record = sync_to_async(steps.record)
+    result = await record(position, name, occurrence, PLAIN, result, seconds)
     steps.recorded(name, PLAIN)
     return result
 
 
 def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
     seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 <= seconds <= RETRY_DELAY_CEILING_SECONDS
+    ):
         raise InvalidJobError(
-            f"sleep {name!r}: the duration must be a timedelta or seconds >= 0, got {duration!r}"
+            f"sleep {name!r}: the duration must be a timedelta or seconds from 0 to "
+            f"{RETRY_DELAY_CEILING_SECONDS:g} (a hundred years), got {duration!r}"
+        )
+    if connections[steps.context.database].in_atomic_block:
+        raise InvalidJobError(
+            f"sleep {name!r} inside transaction.atomic(): the Retry that gives the job back "
+            "would roll its record back, and the job would sleep again at every wake-up; "
+            "sleep outside the block"
         )
     position, occurrence, found = steps.meet(name, SLEEP)
     if found is None:
@@ -261,4 +298,23 @@ def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
         steps.replayed(found)
         left = steps.wake_in(found)
     if left > 0:
+        steps.owed_sleep = name
         raise Retry(left, f"sleeping ({name!r}) for {left:g}s", spend_attempt=False)
+
+
+def _check_name(name: object) -> None:
+    """InvalidJobError unless `name` can be a step's name, checked before its step runs
+    (a name the database refuses would fail the record after the work was done)."""
+    if not isinstance(name, str) or not name or len(name) > STEP_NAME_MAX_LENGTH:
+        raise InvalidJobError(
+            f"a step's name must be a non-empty str of at most {STEP_NAME_MAX_LENGTH} "
+            f"characters, got {name!r}"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJobError(
+            f"the step name {name!r} holds a lone surrogate, which UTF-8 cannot encode"
+        ) from None
+    if "\x00" in name:
+        raise InvalidJobError(f"the step name {name!r} holds a NUL character (\\x00)")

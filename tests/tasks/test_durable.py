@@ -260,3 +260,63 @@ def test_a_sleep_outlives_its_worker_and_a_new_worker_wakes_it(start_worker):
     slept = Step.objects.get(job_id=job.id, kind="sleep")
     finished = Job.objects.get(id=job.id).finished_at
     assert (finished - slept.recorded_at).total_seconds() >= 2.0  # not woken early
+
+
+# -- the outside trial's findings (helper-7) --------------------------------------------
+
+
+def test_a_step_that_raised_and_was_caught_runs_again_at_its_own_position():
+    """Trial finding 1: records were matched by their index in the list, so a step
+    that raised (no record) shifted every later one: StepMismatchError on a retry of
+    unchanged code."""
+    job = tasks.durable_caught.enqueue()
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.DONE, job.last_error
+    assert job.result == ["a", "b"]
+    steps = Step.objects.filter(job_id=job.id).order_by("position")
+    assert [(s.position, s.name, s.attempt) for s in steps] == [(1, "a", 2), (2, "b", 1)]
+
+
+@pytest.mark.parametrize(
+    ("how", "words"),
+    [
+        ("nested", "step 'inner' was called while step 'outer' runs"),
+        ("sleep-in-atomic", "sleep 'nap' inside transaction.atomic()"),
+        ("huge-sleep", "seconds from 0 to 3.1536e+09 (a hundred years)"),
+        ("caught-sleep", "the task returned after sleep 'nap' raised Retry"),
+        ("caught-sleep-then-step", "step 'after' was called after sleep 'nap' raised Retry"),
+        ("nul-name", "holds a NUL character"),
+    ],
+)
+def test_a_durable_task_written_wrong_fails_at_once_with_words(how, words):
+    """Trial findings 2 to 5 and 7: a nested step, a sleep inside the task's own
+    transaction (it slept for ever), a sleep past any date (the page and the replay
+    broke), a caught sleep (skipped silently), a name the database refuses (after the
+    step's work was done)."""
+    job = tasks.durable_misuse.enqueue(how)
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.attempts == 1
+    assert words in job.last_error
+    assert not StepRun.objects.filter(job_id=job.id, step__in=["after", "nul"]).exists()
+
+
+def test_steps_run_concurrently_are_refused():
+    job = tasks.durable_gathered.enqueue()
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert "not concurrently, as with asyncio.gather" in job.last_error
+
+
+def test_the_first_run_returns_what_a_replay_returns():
+    """Trial finding 8: the first run returned the function's own value (-0.0, its key
+    order), a replay the stored one."""
+    job = tasks.durable_misuse.enqueue("stored-form")
+    run_jobs()
+    job.refresh_from_db()
+    stored = Step.objects.get(job_id=job.id).result
+    assert job.result == stored
+    assert list(job.result) == list(stored) and job.result["neg"] == 0.0
+    assert str(job.result["neg"]) == "0.0"

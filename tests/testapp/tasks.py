@@ -861,3 +861,67 @@ def durable_bad_step(context: TaskContext) -> None:
 def echo_input(value: object) -> object:
     """A chain step that returns what its parent returned."""
     return value
+
+
+# -- durable steps: the outside trial's cases (helper-7) --------------------------------
+
+
+@task(takes_context=True, max_attempts=3, retry=RetryPolicy(base=0.0, cap=0.0, jitter=0.0))
+def durable_caught(context: TaskContext) -> list:
+    """A step that raises on attempt 1 and is caught; a later step recorded; then the
+    attempt fails. Attempt 2 must run the first step again at its own position."""
+
+    def flaky() -> str:
+        _step_run(context, "a")
+        if context.attempt == 1:
+            raise KeyError("x")
+        return "a"
+
+    try:
+        first = context.step("a", flaky)
+    except KeyError:
+        first = None
+    second = context.step("b", lambda: "b")
+    if context.attempt == 1:
+        raise RuntimeError("fail after b")
+    return [first, second]
+
+
+@task(takes_context=True, max_attempts=1)
+def durable_misuse(context: TaskContext, how: str) -> object:
+    """The ways a durable task can be written wrong, each refused with words."""
+    from django.db import transaction
+
+    if how == "nested":
+        return context.step("outer", lambda: context.step("inner", lambda: 1))
+    if how == "sleep-in-atomic":
+        with transaction.atomic():
+            context.sleep("nap", 0.3)
+    if how == "huge-sleep":
+        context.sleep("nap", 1e300)
+    if how == "caught-sleep":
+        try:
+            context.sleep("nap", 3600)
+        except Exception:  # noqa: BLE001, S110  (the mistake under test)
+            pass
+        return "returned"
+    if how == "caught-sleep-then-step":
+        try:
+            context.sleep("nap", 3600)
+        except Exception:  # noqa: BLE001, S110
+            pass
+        return context.step("after", lambda: _step_run(context, "after"))
+    if how == "nul-name":
+        return context.step("a\x00b", lambda: _step_run(context, "nul"))
+    if how == "stored-form":
+        return context.step("value", lambda: {"z": 1e20, "neg": -0.0, "a": [1, 2]})
+    raise ValueError(how)
+
+
+@task(takes_context=True, max_attempts=1)
+async def durable_gathered(context: TaskContext) -> list:
+    async def slow(value: int) -> int:
+        await asyncio.sleep(0.02)
+        return value
+
+    return await asyncio.gather(context.astep("s", slow, 1), context.astep("s", slow, 2))
