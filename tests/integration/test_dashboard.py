@@ -9,6 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from django_skipqueue.runtime.prometheus import PrometheusSeries, QueueSample, gauge_families
+from django_skipqueue.runtime.runner import Outcome
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "django-skipqueue.json"
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "howto" / "metrics-and-traces.md"
@@ -39,7 +40,21 @@ def test_the_guide_documents_every_series():
     for name in exposed():
         shown = (
             f"{name}_total"
-            if name in {"skipqueue_jobs_finished", "skipqueue_lease_expirations"}
+            if name in {"skipqueue_jobs_finished", "skipqueue_lease_expirations", "skipqueue_steps"}
             else name
         )
         assert f"`{shown}`" in guide, name
+
+
+def test_the_dashboard_filters_on_outcomes_that_exist():
+    """Its "refused by the fence" panel filtered on outcome="refused", which no worker
+    counts (the fence's refusals are `lost`): a panel that never showed anything."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    named = {
+        value
+        for expr in exprs
+        for values in re.findall(r'outcome=~?"([^"]+)"', expr)
+        for value in values.split("|")
+    }
+    assert named and named <= {outcome.value for outcome in Outcome}
