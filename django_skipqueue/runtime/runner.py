@@ -343,6 +343,7 @@ def _call(
             brokered=brokered,
             soft_deadline=now + soft.total_seconds() if soft is not None else None,
             hard_deadline=now + hard.total_seconds() if hard is not None else None,
+            base_atomic_depth=atomic_depth(thread_connection(database)),
         )
         args.insert(0, context)
     if task.is_async:

@@ -78,6 +78,9 @@ class TaskContext:
     #: The process clock (time.monotonic) at the task's soft and hard time limits.
     soft_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
     hard_deadline: float | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: How many atomic() blocks the job's connection was in when the task was called (a
+    #: test's own, under `run_jobs`): a durable sleep refuses blocks deeper than those.
+    base_atomic_depth: int = dataclasses.field(default=0, repr=False, compare=False)
 
     @property
     def time_left(self) -> float | None:

@@ -60,6 +60,9 @@ class Owner(Protocol):
     def task_name(self) -> str: ...
 
     @property
+    def base_atomic_depth(self) -> int: ...
+
+    @property
     def idempotency_key(self) -> str: ...
 
     def at_step(self) -> None: ...
@@ -283,7 +286,7 @@ def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
             f"sleep {name!r}: the duration must be a timedelta or seconds from 0 to "
             f"{RETRY_DELAY_CEILING_SECONDS:g} (a hundred years), got {duration!r}"
         )
-    if connections[steps.context.database].in_atomic_block:
+    if len(connections[steps.context.database].atomic_blocks) > steps.context.base_atomic_depth:
         raise InvalidJobError(
             f"sleep {name!r} inside transaction.atomic(): the Retry that gives the job back "
             "would roll its record back, and the job would sleep again at every wake-up; "

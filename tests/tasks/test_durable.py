@@ -320,3 +320,14 @@ def test_the_first_run_returns_what_a_replay_returns():
     assert job.result == stored
     assert list(job.result) == list(stored) and job.result["neg"] == 0.0
     assert str(job.result["neg"]) == "0.0"
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_sleep_in_a_test_transaction_is_not_taken_for_the_tasks_own():
+    """A test wrapped in a transaction (Django's TestCase, pytest-django's `db`) runs
+    jobs with `run_jobs` inside it: the sleep refuses only blocks the task opened."""
+    job = tasks.durable_nap.enqueue(30.0)
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING, job.last_error  # asleep, not refused
+    assert Step.objects.filter(job_id=job.id, kind="sleep").exists()
