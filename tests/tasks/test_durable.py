@@ -189,6 +189,7 @@ def test_the_jobs_page_lists_its_steps_and_restarts_from_one(admin_client, clien
     assert admin_client.post(url, {"position": "x"}).status_code == 400
 
 
+@pytest.mark.slow
 def test_a_cancel_stops_a_durable_job_at_its_next_step():
     """Each step that runs is a safe point: the worker's cancel flag (set by its lease
     renewal) ends the job before the next step, with no row read per step."""
@@ -239,6 +240,7 @@ def test_the_metrics_count_steps_recorded_and_replayed():
     assert count("atomic", "recorded") == 1.0
 
 
+@pytest.mark.slow
 def test_a_sleep_outlives_its_worker_and_a_new_worker_wakes_it(start_worker):
     """D5 with real processes: the job sleeps in one worker, that worker stops (a
     deploy), and another, started later, runs the rest after the wake time."""
