@@ -93,8 +93,7 @@ def _row(step: Step, form: str) -> str:
 
 def _result(step: Step) -> str:
     if step.kind == StepKind.SLEEP:
-        seconds = (step.result or {}).get("seconds", 0) if isinstance(step.result, dict) else 0
-        return _("a sleep of %(t)s") % {"t": _age(timedelta(seconds=float(seconds)))}
+        return _("a sleep of %(t)s") % {"t": _age(_slept(step))}
     if step.result is None:
         return "-"
     if not shows_payloads():
@@ -102,13 +101,16 @@ def _result(step: Step) -> str:
     return format_html("<code>{}</code>", json.dumps(redact(step.result))[:500])
 
 
+def _slept(step: Step) -> timedelta:
+    """A sleep step's length, as its record holds it (`{"seconds": ...}`)."""
+    seconds = step.result.get("seconds", 0) if isinstance(step.result, dict) else 0
+    return timedelta(seconds=float(seconds))
+
+
 def _status(job: Job, last: Step) -> str:
     """Whether the job sleeps, and until when, or which step it is past."""
     if last.kind == StepKind.SLEEP and job.state == JobState.PENDING:
-        seconds = (
-            float((last.result or {}).get("seconds", 0)) if isinstance(last.result, dict) else 0
-        )
-        wake = last.recorded_at + timedelta(seconds=seconds)
+        wake = last.recorded_at + _slept(last)
         if wake > last.db_now:  # type: ignore[attr-defined]
             return format_html(
                 '<p class="skipqueue-sleeping">{}</p>',

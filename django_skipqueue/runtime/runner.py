@@ -169,7 +169,9 @@ def run_and_decide(
         running = RUNNING_JOB.set(job.id)  # job.wait() in the task is refused
         try:
             with SessionWatch(connection):
-                value = _call(task, job, database, cancel, brokered=brokered)
+                value = _call(
+                    task, job, database, cancel, brokered=brokered, depth=depths.get(database, 0)
+                )
         finally:
             RUNNING_JOB.reset(running)
             # Past its hard limit (runtime/timelimits.py), the attempt ends with
@@ -311,7 +313,10 @@ def _call(
     cancel: CancelFlag | None = None,
     *,
     brokered: bool = False,
+    depth: int = 0,
 ) -> Any:
+    """Call the task with the job's arguments (and its context). `depth`: the atomic()
+    blocks the job's connection was in before the job (run_and_decide's `depths`)."""
     for name in ("args", "kwargs"):
         value = getattr(job, name)
         if isinstance(value, Undecodable):
@@ -343,7 +348,7 @@ def _call(
             brokered=brokered,
             soft_deadline=now + soft.total_seconds() if soft is not None else None,
             hard_deadline=now + hard.total_seconds() if hard is not None else None,
-            base_atomic_depth=atomic_depth(thread_connection(database)),
+            base_atomic_depth=depth,
         )
         args.insert(0, context)
     if task.is_async:

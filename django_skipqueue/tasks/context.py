@@ -227,12 +227,10 @@ class TaskContext:
         """The task's safe point: raise JobCancelled if an operator asked this job to
         stop (reads the row now), TimeLimitExceeded once the task's `time_limit` has
         passed, or SoftTimeLimitExceeded once its `soft_time_limit` has."""
-        if (self.cancel_event is not None and self.cancel_event.is_set()) or (
-            self._cancel_in_row()
-        ):
+        flagged = self.cancel_event is not None and self.cancel_event.is_set()
+        if not flagged and self._cancel_in_row():
             self._cancelled()
-        self._past_hard_limit()
-        self._past_soft_limit()
+        self.at_step()  # the flag, then the limits
 
     def at_step(self) -> None:
         """A durable step's safe point (tasks/durable.py), before a step that runs: as
