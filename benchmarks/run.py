@@ -78,8 +78,8 @@ def execute(sql: str, params: list[Any] | None = None) -> None:
 
 def reset() -> None:
     execute(
-        "TRUNCATE skipqueue_job, skipqueue_step, skipqueue_workerprocess, benchapp_barejob, "
-        "benchapp_pickup, benchapp_execution RESTART IDENTITY"
+        "TRUNCATE skipqueue_job, skipqueue_step, skipqueue_signal, skipqueue_workerprocess, "
+        "benchapp_barejob, benchapp_pickup, benchapp_execution RESTART IDENTITY"
     )
 
 

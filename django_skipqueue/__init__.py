@@ -12,6 +12,7 @@ from django_skipqueue.exceptions import DuplicateJobError, JobFailed, Retry, Wor
 from django_skipqueue.tasks.base import Signature, Task, task
 from django_skipqueue.tasks.canvas import chain, chord, group
 from django_skipqueue.tasks.context import TaskContext
+from django_skipqueue.tasks.durable import send_signal
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,6 @@ __all__ = [
     "chain",
     "chord",
     "group",
+    "send_signal",
     "task",
 ]

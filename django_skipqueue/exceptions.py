@@ -45,6 +45,27 @@ class NotJSONError(InvalidJobError, TypeError):
         self.kind = kind
 
 
+class SignalTimeoutError(SkipQueueError):
+    """A durable wait (`context.wait_for`) saw no signal before its timeout: raised inside
+    the task at the wait, which may catch it and go on (every later attempt of the job
+    meets it there again: the timeout is recorded). Uncaught, the job fails at once, not
+    retried: a retry would replay the same timeout. Not a TimeoutError: an `except
+    TimeoutError` around a network call must not swallow it."""
+
+    def __init__(self, job_id: int, name: str, timeout: float | None) -> None:
+        super().__init__(
+            f"job {job_id}: no signal {name!r} came within the wait's timeout ({timeout or 0:g}s)"
+        )
+        self.job_id = job_id
+        self.name = name
+        self.timeout = timeout
+
+
+class SignalNotSentError(SkipQueueError, LookupError):
+    """`send_signal` found no job that could take the signal (finished, relayed, or not
+    there): nothing was written, and the caller's transaction is still usable."""
+
+
 class StepMismatchError(SkipQueueError):
     """A durable task met another step where an earlier attempt of its job recorded one
     (its code changed under a job in flight): the job fails at once, not retried, rather
@@ -218,3 +239,7 @@ class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Ret
         self.delay = timedelta(seconds=min(seconds, RETRY_DELAY_CEILING_SECONDS))
         self.reason = reason
         self.spend_attempt = spend_attempt
+        #: Set by a durable sleep or wait (tasks/durable.py), never by a task: what the
+        #: released job is parked on (ParkedOn's value, the step's name) and, for a
+        #: wait, the `signals_sent` it read (a signal sent since wakes the job at once).
+        self.park: tuple[str, str, int | None] | None = None

@@ -25,7 +25,7 @@ from django.utils.translation import ngettext
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import QueueLimit, queue_limits
-from django_skipqueue.core.states import CLAIM_ORDER, JobState
+from django_skipqueue.core.states import CLAIM_ORDER, JobState, ParkedOn
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.models import Job, Queue, RateBucket, WorkerProcess, queue_names_of
 
@@ -85,7 +85,18 @@ def job_reason(job: Job) -> str:
         .first()
     )
     if until is not None and until > timedelta(0):
-        return _("scheduled: due in %(wait)s") % {"wait": _duration(until.total_seconds())}
+        wait = _duration(until.total_seconds())
+        if job.parked == ParkedOn.SLEEP:
+            return _("sleeping (%(step)s): due in %(wait)s") % {
+                "step": job.parked_step,
+                "wait": wait,
+            }
+        if job.parked == ParkedOn.SIGNAL:
+            return _("awaiting the signal %(step)s (or its timeout, in %(wait)s)") % {
+                "step": job.parked_step,
+                "wait": wait,
+            }
+        return _("scheduled: due in %(wait)s") % {"wait": wait}
     queue = job.queue_name
     paused = Queue.objects.using(alias).filter(name=queue, paused_at__isnull=False).exists()
     live = live_queue_workers(alias)[queue]

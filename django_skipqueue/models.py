@@ -27,6 +27,7 @@ from django_skipqueue.core.states import (
     UNFINISHED_STATES,
     UNIQUE_KEY_MAX_LENGTH,
     JobState,
+    ParkedOn,
     WorkflowState,
     idempotency_key_of,
 )
@@ -287,6 +288,19 @@ class Job(Waitable, models.Model):
         help_text="Somebody waits on it (Job.wait()): it notifies when it finishes.",
     )
 
+    #: Why a pending job is not due (tasks/durable.py): a durable sleep, or a wait for a
+    #: signal; set by the release that parks it, cleared by the claim. "" otherwise.
+    parked = models.CharField(
+        max_length=8, choices=ParkedOn.choices, blank=True, default="", db_default=""
+    )
+    #: The name of the step it is parked on: the sleep's, or the signal it waits for.
+    parked_step = models.CharField(max_length=200, blank=True, default="", db_default="")
+    #: Signals sent to it so far (`send_signal`): a wait that found none parks the job
+    #: only if this has not moved since it looked (queue/steps.sql, TAKE_SIGNAL).
+    #: An IntegerField: a positive one's CHECK would make adding the column scan the
+    #: whole table under its lock (migration 0026).
+    signals_sent = models.IntegerField(default=0, db_default=0)
+
     objects = JobManager()
 
     class Meta:
@@ -452,6 +466,11 @@ class Job(Waitable, models.Model):
         if isinstance(attempt, int) and attempt != self.attempts:
             text += f" (attempt {attempt})"
         return text
+
+    def send_signal(self, name: str, payload: Any = None) -> int:
+        """Send the signal `name` to this durable job, in the caller's transaction: its
+        `context.wait_for(name)` returns `payload` (`Job.objects.send_signal`)."""
+        return int(Job.objects.db_manager(self._state.db).send_signal(self.id, name, payload))
 
     def wait(self, timeout: float | None = None, *, allow_in_task: bool = False) -> Any:
         """Block until this job finishes and return its result, as Celery's
@@ -815,6 +834,7 @@ class StepKind(models.TextChoices):
     PLAIN = "plain", _("plain")  # context.step(): at least once
     ATOMIC = "atomic", _("atomic")  # context.atomic_step(): its writes commit with it
     SLEEP = "sleep", _("sleep")  # context.sleep(): the job given back until its time
+    SIGNAL = "signal", _("signal")  # context.wait_for(): the job given back until it comes
 
 
 class Step(models.Model):
@@ -857,3 +877,33 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} step {self.position} {self.name}"
+
+
+class Signal(models.Model):
+    """A signal sent to a job (`send_signal`) that no wait of it has taken yet: kept
+    until its job's next `context.wait_for()` of that name takes it (the oldest first,
+    each by one wait), which deletes it and records its payload as that step's result,
+    in one fenced statement (queue/steps.sql, TAKE_SIGNAL). Deleted with its job (a
+    foreign key ON DELETE CASCADE, migration 0026)."""
+
+    id = models.BigAutoField(primary_key=True)
+    #: The database cascades a job's deletion (migration 0026); the index below, which
+    #: starts with it, is its index.
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="signals",
+    )
+    name = models.CharField(max_length=200)
+    payload = PayloadField(null=True, blank=True)
+    sent_at = DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = _("signal")
+        verbose_name_plural = _("signals")
+        indexes = [models.Index(fields=["job", "name", "id"], name="skipqueue_signal_taken")]
+
+    def __str__(self) -> str:
+        return f"signal {self.name} to job {self.job_id}"

@@ -41,6 +41,10 @@ class QueueStats:
     scheduled: int = 0
     #: Workflow jobs waiting on a parent (not due until it is done).
     waiting: int = 0
+    #: Durable jobs parked until their time: on a sleep, or a wait for a signal (counted
+    #: apart from `scheduled`).
+    sleeping: int = 0
+    awaiting_signal: int = 0
     running: int = 0
     stuck: int = 0
     failed: int = 0
@@ -84,6 +88,8 @@ def queue_stats(
         entry.pending_due, entry.scheduled = int(gauges["pending_due"]), int(gauges["scheduled"])
         entry.running, entry.stuck = int(gauges["running"]), int(gauges["stuck"])
         entry.waiting = int(gauges["waiting"])
+        entry.sleeping = int(gauges["sleeping"])
+        entry.awaiting_signal = int(gauges["awaiting_signal"])
         entry.lag_seconds = float(gauges["oldest_due_seconds"])
     done = (
         jobs.filter(

@@ -29,7 +29,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_skipqueue.conf import get_settings
 from django_skipqueue.core.redaction import redact_call
-from django_skipqueue.core.states import EXPIRED
+from django_skipqueue.core.states import EXPIRED, ParkedOn
 from django_skipqueue.models import (
     Job,
     JobState,
@@ -68,6 +68,10 @@ class EstimatedCountPaginator(Paginator):
         return max(int(plan[0]["Plan"]["Plan Rows"]), capped)
 
 
+#: The health filter's values for durable jobs parked until their time (Job.parked).
+PARKED = {"sleeping": ParkedOn.SLEEP, "awaiting_signal": ParkedOn.SIGNAL}
+
+
 class HealthFilter(admin.SimpleListFilter):
     title = _("health")
     parameter_name = "health"
@@ -80,6 +84,8 @@ class HealthFilter(admin.SimpleListFilter):
             ("repeatedly_expired", _("repeatedly expired")),
             ("failed", _("failed")),
             ("scheduled", _("scheduled (due later)")),
+            ("sleeping", _("sleeping (a durable sleep)")),
+            ("awaiting_signal", _("awaiting a signal")),
             ("expired", _("expired before it started")),
         ]
 
@@ -94,6 +100,8 @@ class HealthFilter(admin.SimpleListFilter):
             return jobs.filter(state=JobState.FAILED)
         if value == "scheduled":
             return jobs.scheduled()
+        if value in PARKED:
+            return jobs.scheduled().filter(parked=PARKED[value])
         if value == "expired":
             return jobs.filter(state=JobState.CANCELLED, cancelled_by=EXPIRED)
         return jobs

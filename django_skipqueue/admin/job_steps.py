@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from contextvars import ContextVar
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models.functions import Now
 from django.utils.html import format_html, format_html_join
@@ -94,11 +94,69 @@ def _row(step: Step, form: str) -> str:
 def _result(step: Step) -> str:
     if step.kind == StepKind.SLEEP:
         return _("a sleep of %(t)s") % {"t": _age(_slept(step))}
+    if step.kind == StepKind.SIGNAL:
+        return _waited(step)
     if step.result is None:
         return "-"
     if not shows_payloads():
         return hidden(shape(step.result))
     return format_html("<code>{}</code>", json.dumps(redact(step.result))[:500])
+
+
+def _waited(step: Step) -> str:
+    """A wait's outcome: waiting (its timeout), received (the payload, under the
+    permission) or timed out."""
+    result = step.result if isinstance(step.result, dict) else {}
+    outcome = result.get("outcome")
+    timeout = result.get("timeout")
+    within = _("no timeout") if timeout is None else _age(timedelta(seconds=float(timeout)))
+    if outcome == "received":
+        payload = result.get("payload")
+        shown = (
+            format_html("<code>{}</code>", json.dumps(redact(payload))[:500])
+            if shows_payloads()
+            else hidden(shape(payload))
+        )
+        return format_html("{} {}", _("received:"), shown)
+    if outcome == "timed out":
+        return _("timed out (%(t)s)") % {"t": within}
+    return _("waiting (%(t)s)") % {"t": within}
+
+
+def _deadline(step: Step) -> datetime | None:
+    """A wait's timeout as a time (its record's time plus the timeout), or None."""
+    timeout = step.result.get("timeout") if isinstance(step.result, dict) else None
+    return None if timeout is None else step.recorded_at + timedelta(seconds=float(timeout))
+
+
+def kept_signals_html(job: Job) -> str:
+    """The signals sent to the job that no wait has taken yet (oldest first): name, when
+    sent, and the payload under the permission."""
+    signals = list(job.signals.using(job._state.db).order_by("id")[:STEPS_SHOWN])
+    if not signals:
+        return "-"
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                signal.name,
+                _when(signal.sent_at),
+                format_html("<code>{}</code>", json.dumps(redact(signal.payload))[:500])
+                if shows_payloads()
+                else hidden(shape(signal.payload)),
+            )
+            for signal in signals
+        ),
+    )
+    return format_html(
+        '<table class="skipqueue-steps"><thead><tr><th>{}</th><th>{}</th><th>{}</th></tr>'
+        "</thead><tbody>{}</tbody></table>",
+        _("signal"),
+        _("sent"),
+        _("payload"),
+        rows,
+    )
 
 
 def _slept(step: Step) -> timedelta:
@@ -121,6 +179,16 @@ def _status(job: Job, last: Step) -> str:
                     "left": _age(wake - last.db_now),  # type: ignore[attr-defined]
                 },
             )
+    waiting = isinstance(last.result, dict) and last.result.get("outcome") == "waiting"
+    if last.kind == StepKind.SIGNAL and waiting and job.state == JobState.PENDING:
+        deadline = _deadline(last)
+        return format_html(
+            '<p class="skipqueue-sleeping">{}</p>',
+            _("Waiting for the signal %(name)s, without a timeout.") % {"name": last.name}
+            if deadline is None
+            else _("Waiting for the signal %(name)s until %(when)s.")
+            % {"name": last.name, "when": _when(deadline)},
+        )
     if job.state == JobState.RUNNING:
         return format_html(
             "<p>{}</p>",

@@ -39,6 +39,7 @@ from django_skipqueue.lag import job_reason
 from django_skipqueue.models import (
     Job,
     JobState,
+    Signal,
     Step,
     WorkerProcess,
 )
@@ -75,7 +76,13 @@ from django_skipqueue.admin.common import (
     short_error,
     shows_payloads,
 )
-from django_skipqueue.admin.job_steps import RESTART_FORM, RESTARTABLE, restart_form, steps_html
+from django_skipqueue.admin.job_steps import (
+    RESTART_FORM,
+    RESTARTABLE,
+    kept_signals_html,
+    restart_form,
+    steps_html,
+)
 from django_skipqueue.admin.job_texts import cancelled_headline, failed_headline, progress_html
 from django_skipqueue.admin.queues import QueueOverviewViews
 from django_skipqueue.admin.workers import with_status
@@ -151,6 +158,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         "progress_shown",
         "waiting_reason",
         "steps_shown",
+        "signals_kept",
     ]
     fieldsets = [
         (
@@ -195,7 +203,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
             },
         ),
         (_("Data"), {"fields": ["pretty_args", "pretty_result"]}),
-        (_("Steps"), {"fields": ["steps_shown"]}),
+        (_("Steps"), {"fields": ["steps_shown", "signals_kept"]}),
         (_("History"), {"fields": ["timeline", "error_history"]}),
     ]
 
@@ -209,7 +217,10 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         fieldsets = super().get_fieldsets(request, obj)
         if obj is None or obj.state not in (JobState.PENDING, JobState.WAITING):
             fieldsets = _without(fieldsets, "waiting_reason")  # only while it waits
-        if obj is None or not Step.objects.filter(job_id=obj.id).exists():
+        kept = obj is not None and Signal.objects.filter(job_id=obj.id).exists()
+        if not kept:
+            fieldsets = _without(fieldsets, "signals_kept")  # only where some are kept
+        if not kept and (obj is None or not Step.objects.filter(job_id=obj.id).exists()):
             fieldsets = [(name, options) for name, options in fieldsets if name != _("Steps")]
         if obj is None or obj.state != JobState.FAILED:
             return fieldsets
@@ -405,6 +416,11 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
     def steps_shown(self, job: Job) -> str:
         """A durable job's recorded steps, and whether it sleeps (admin/job_steps.py)."""
         return steps_html(job)
+
+    @admin.display(description=_("signals not yet taken"))
+    def signals_kept(self, job: Job) -> str:
+        """Signals sent to the job that no wait has taken yet (admin/job_steps.py)."""
+        return kept_signals_html(job)
 
     @admin.display(description=_("worker"))
     def worker_status(self, job: Job) -> str:

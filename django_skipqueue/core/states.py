@@ -17,6 +17,7 @@ from django_skipqueue.conf.validators import (  # noqa: F401  (part of this modu
     QUEUE_NAME_PATTERN,
     validate_queue_name,
 )
+from django_skipqueue.exceptions import InvalidJobError
 
 DEFAULT_QUEUE_NAME = "default"
 #: The longest operator name kept where a job was cancelled or a queue or schedule paused
@@ -53,6 +54,13 @@ class JobState(models.TextChoices):
 FINISHED_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
 
 
+class ParkedOn(models.TextChoices):
+    """Why a pending job is not due (`Job.parked`): a durable step gave it back."""
+
+    SLEEP = "sleep", _("sleeping")  # context.sleep()
+    SIGNAL = "signal", _("awaiting a signal")  # context.wait_for()
+
+
 class WorkflowState(models.TextChoices):
     RUNNING = "running", _("running")
     DONE = "done", _("done")
@@ -74,23 +82,33 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("pending", "pending"): (
         "enqueue_many (unique, replace)",
         "restart_from_step (operator: a durable job made due)",
+        "send_signal (counted; a job parked on a wait for it made due)",
     ),
     ("pending", "running"): ("claim", "claim_limited"),
     ("pending", "cancelled"): ("cancel", "end_expired (reap: not started by expires_at)"),
     ("pending", "failed"): ("claim (a row that cannot be claimed or loaded)", "relay (unfit)"),
     ("pending", "relayed"): ("relay (a queue with RESULTS)",),
-    ("running", "running"): ("renew", "renew_many", "extend_lease", "cancel (the request)"),
+    ("running", "running"): (
+        "renew",
+        "renew_many",
+        "extend_lease",
+        "cancel (the request)",
+        "send_signal (counted)",
+    ),
     ("running", "done"): ("ack", "ack_many"),
     ("running", "pending"): (
         "fail (retried)",
         "release (give_back)",
-        "release_many (a Retry that spends no attempt: a durable sleep)",
+        "release_many (a Retry that spends no attempt: a durable sleep or wait)",
         "reap",
         "requeue (operator)",
     ),
     ("running", "failed"): ("fail", "reap", "claim (a row that cannot be loaded)"),
     ("running", "cancelled"): ("end_cancelled", "fail", "release", "reap"),
-    ("waiting", "waiting"): ("a parent's ack (one parent fewer to wait on)",),
+    ("waiting", "waiting"): (
+        "a parent's ack (one parent fewer to wait on)",
+        "send_signal (counted)",
+    ),
     ("waiting", "pending"): ("the ack of its last parent", "the workflow failed (on_error)"),
     ("waiting", "cancelled"): (
         "a parent failed or was cancelled",
@@ -124,3 +142,27 @@ UNIQUE_KEY_MAX_LENGTH = 255
 def idempotency_key_of(job_id: int) -> str:
     """A job's idempotency key: stable across all its attempts; hand it to external services."""
     return f"skipqueue-job-{job_id}"
+
+
+#: The longest name of a durable step or signal kept, in characters (skipqueue_step.name,
+#: skipqueue_signal.name).
+STEP_NAME_MAX_LENGTH = 200
+
+
+def check_step_name(name: object, what: str) -> None:
+    """InvalidJobError unless `name` can be the name of a step or signal (`what`), checked
+    before anything runs or is written (a name the database refuses would fail a step's
+    record after its work was done)."""
+    if not isinstance(name, str) or not name or len(name) > STEP_NAME_MAX_LENGTH:
+        raise InvalidJobError(
+            f"a {what}'s name must be a non-empty str of at most {STEP_NAME_MAX_LENGTH} "
+            f"characters, got {name!r}"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJobError(
+            f"the {what} name {name!r} holds a lone surrogate, which UTF-8 cannot encode"
+        ) from None
+    if "\x00" in name:
+        raise InvalidJobError(f"the {what} name {name!r} holds a NUL character (\\x00)")

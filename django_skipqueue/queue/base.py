@@ -512,4 +512,13 @@ def refilled(
     return tokens
 
 
-GAUGE_NAMES = ("pending_due", "scheduled", "waiting", "running", "stuck", "oldest_due_seconds")
+GAUGE_NAMES = (
+    "pending_due",
+    "scheduled",
+    "waiting",
+    "sleeping",
+    "awaiting_signal",
+    "running",
+    "stuck",
+    "oldest_due_seconds",
+)

@@ -23,7 +23,8 @@
 -- table's constraints: a job set back to pending with no attempt left gets one more
 -- (`attempts <= max_attempts`), and its lease is clamped to the bounds a task may ask
 -- for (a lease of `timedelta.max` would overflow the timestamp). It names the columns it
--- returns: a column added by a later migration must not reach an older worker.
+-- returns: a column added by a later migration must not reach an older worker. A job
+-- parked on a durable sleep or wait (`parked`) is parked no longer once claimed.
 WITH claimable AS MATERIALIZED ({locking})
 UPDATE skipqueue_job AS job
 SET state = 'running',
@@ -33,7 +34,8 @@ SET state = 'running',
     worker_ids = COALESCE(job.worker_ids, '[]'::jsonb) || to_jsonb(%s::text),
     first_started_at = COALESCE(job.first_started_at, statement_timestamp()),
     started_at = statement_timestamp(),
-    leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s)
+    leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s),
+    parked = ''
 FROM claimable
 WHERE job.id = claimable.id
 RETURNING {columns}

@@ -43,15 +43,15 @@ if TYPE_CHECKING:
         WorkerProcess,
     )
 
-from django_skipqueue.queue.awaiting import AwaitVerbs
+from django_skipqueue.queue.signals import SignalVerbs
 
 
-class JobManager(AwaitVerbs):
+class JobManager(SignalVerbs):
     """The protocol verbs. Each owns its transaction and says what its return means.
 
     Its verbs live in one module each, a class each, one on top of the other:
     `claim`, `limited`, `enqueue`, `relaying`, `outcomes`, `reap`, `operator`,
-    `awaiting`."""
+    `awaiting`, `signals`."""
 
 
 class WorkerProcessQuerySet(models.QuerySet["WorkerProcess"]):

@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models import (
+    Case,
     Expression,
     F,
     Value,
+    When,
 )
 from django.db.models.functions import Greatest, JSONObject, Least, Now
 
@@ -211,20 +213,24 @@ class OutcomeVerbs(RelayVerbs):
         return Renewal.LOST
 
     def queue_gauges(self) -> dict[str, dict[str, float]]:
-        """Per queue: jobs pending and due, scheduled, waiting, running and stuck, and
-        the age in seconds of the oldest due job (database clock). Read only from the
+        """Per queue: jobs pending and due, scheduled, waiting (on a workflow parent),
+        sleeping and awaiting a signal (durable jobs parked until their time), running
+        and stuck, and the age in seconds of the oldest due job (database clock). Read only from the
         partial indexes of unfinished jobs, never the finished ones: the cost follows
         the backlog, not the table."""
         gauges: dict[str, dict[str, float]] = {}
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql.QUEUE_GAUGES)
-            for name, due, scheduled, running, stuck, oldest in cursor.fetchall():
+            for row in cursor.fetchall():
+                name, due, scheduled, running, stuck, oldest, sleeping, awaiting = row
                 gauges[name] = {
                     "pending_due": due,
                     "scheduled": scheduled,
                     "running": running,
                     "stuck": stuck,
                     "waiting": 0,
+                    "sleeping": sleeping,
+                    "awaiting_signal": awaiting,
                     "oldest_due_seconds": float(oldest or 0.0),
                 }
             cursor.execute(sql.WAITING_BY_QUEUE)
@@ -298,26 +304,57 @@ class OutcomeVerbs(RelayVerbs):
         cancelled = fenced.update(state=JobState.CANCELLED, finished_at=Now(), **written)
         return JobState.CANCELLED if cancelled else None
 
-    def release(self, job_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> bool:
+    def release(
+        self,
+        job_id: int,
+        attempt: int,
+        *,
+        delay: timedelta = timedelta(0),
+        park: tuple[str, str, int | None] | None = None,
+    ) -> bool:
         """Give the attempt back: pending again after `delay`, without spending an attempt.
 
         `attempts` is the fence and never goes down, so the attempt is given back by
         raising `max_attempts` by one; `releases` counts it. One fenced UPDATE; a job
-        whose cancel was requested ends cancelled instead (a second one).
+        whose cancel was requested ends cancelled instead (a second one). `park`: see
+        `give_back`.
         """
-        return self.give_back(job_id, attempt, delay=delay) or self.end_cancelled(job_id, attempt)
+        return self.give_back(job_id, attempt, delay=delay, park=park) or self.end_cancelled(
+            job_id, attempt
+        )
 
-    def give_back(self, job_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> bool:
+    def give_back(
+        self,
+        job_id: int,
+        attempt: int,
+        *,
+        delay: timedelta = timedelta(0),
+        park: tuple[str, str, int | None] | None = None,
+    ) -> bool:
         """`release` without its second step: False where the job was asked to stop (it
-        stays running for `end_cancelled`) or the attempt had lost it."""
+        stays running for `end_cancelled`) or the attempt had lost it.
+
+        `park` (a durable sleep's or wait's Retry.park): what the job is parked on,
+        written in `parked` and `parked_step`; for a wait, the `signals_sent` its look
+        for a signal read: if the row holds more (a signal sent since, whose sender
+        committed before this UPDATE, or held the row until after it: PostgreSQL then
+        evaluates the SET again on the row the sender left), the job is due now."""
         fenced = self.holding(job_id, attempt)
+        run_at: Any = Now() + Value(clamped_delay(delay))
+        parked: dict[str, Any] = {}
+        if park is not None:
+            kind, step, seen = park
+            parked = {"parked": kind, "parked_step": step}
+            if seen is not None:
+                run_at = Case(When(signals_sent__gt=seen, then=Now()), default=run_at)
         return (
             fenced.filter(cancel_requested_at__isnull=True).update(
                 state=JobState.PENDING,
-                run_at=Now() + Value(clamped_delay(delay)),
+                run_at=run_at,
                 leased_until=None,
                 max_attempts=F("max_attempts") + 1,
                 releases=F("releases") + 1,
+                **parked,
             )
             == 1
         )

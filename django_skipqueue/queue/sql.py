@@ -212,6 +212,10 @@ RECORD_STEP = STATEMENTS["RECORD_STEP"].format(locking="")
 
 RECORD_ATOMIC_STEP = STATEMENTS["RECORD_STEP"].format(locking="FOR NO KEY UPDATE")
 
+TAKE_SIGNAL = STATEMENTS["TAKE_SIGNAL"]
+
+SEND_SIGNAL = STATEMENTS["SEND_SIGNAL"]
+
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.
 ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")

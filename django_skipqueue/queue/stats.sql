@@ -10,19 +10,26 @@
 -- (benchmarks/observability.py). The age is clamped as the models' timestamps are
 -- ('-infinity' written by another client would fail the subtraction); 0 when no job is
 -- due (GREATEST ignores a NULL: the clamp alone would give 2,000 years). The statement's
--- time, as the ORM's Now(): inside a transaction, now() is its start.
+-- time, as the ORM's Now(): inside a transaction, now() is its start. A job parked on a
+-- durable sleep or a wait for a signal (`parked`) is counted apart from the scheduled
+-- ones until its time comes; then it is due as any other.
 SELECT queue_name, sum(due)::int, sum(later)::int, sum(running)::int, sum(stuck)::int,
     CASE WHEN min(oldest) IS NULL THEN 0 ELSE EXTRACT(EPOCH FROM statement_timestamp()
-        - GREATEST(min(oldest), '0001-01-02 00:00:00+00'::timestamptz)) END
+        - GREATEST(min(oldest), '0001-01-02 00:00:00+00'::timestamptz)) END,
+    sum(sleeping)::int, sum(awaiting)::int
 FROM (
     SELECT queue_name, count(*) FILTER (WHERE run_at <= statement_timestamp()) AS due,
-        count(*) FILTER (WHERE run_at > statement_timestamp()) AS later,
+        count(*) FILTER (WHERE run_at > statement_timestamp() AND parked = '') AS later,
         0 AS running, 0 AS stuck,
-        min(run_at) FILTER (WHERE run_at <= statement_timestamp()) AS oldest
+        min(run_at) FILTER (WHERE run_at <= statement_timestamp()) AS oldest,
+        count(*) FILTER (WHERE run_at > statement_timestamp() AND parked = 'sleep')
+            AS sleeping,
+        count(*) FILTER (WHERE run_at > statement_timestamp() AND parked = 'signal')
+            AS awaiting
     FROM skipqueue_job WHERE state = 'pending' GROUP BY queue_name
     UNION ALL
     SELECT queue_name, 0, 0, count(*),
-        count(*) FILTER (WHERE leased_until < statement_timestamp()), NULL
+        count(*) FILTER (WHERE leased_until < statement_timestamp()), NULL, 0, 0
     FROM skipqueue_job WHERE state = 'running' GROUP BY queue_name
 ) AS unfinished
 GROUP BY queue_name

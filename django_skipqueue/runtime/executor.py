@@ -134,7 +134,10 @@ def execute(
     duration = decision.duration
     if decision.outcome is Outcome.RELEASED:
         delay = decision.retry_in or timedelta(0)
-        released = _persist(lambda: jobs.release(job.id, attempt, delay=delay), job, database)
+        park = getattr(decision.raised, "park", None)  # a durable sleep's or wait's
+        released = _persist(
+            lambda: jobs.release(job.id, attempt, delay=delay, park=park), job, database
+        )
         if released.unknown:
             return _unknown(job, attempt, duration)
         if not released.value:

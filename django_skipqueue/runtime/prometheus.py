@@ -62,7 +62,15 @@ DURATION_BUCKETS = (
 #: The `outcome` label's values: the names the logs, the counts and `run_jobs` use too.
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 #: The `state` label of skipqueue_queue_jobs, and the gauge each comes from.
-JOB_STATES = ("pending_due", "scheduled", "waiting", "running", "stuck")
+JOB_STATES = (
+    "pending_due",
+    "scheduled",
+    "waiting",
+    "sleeping",
+    "awaiting_signal",
+    "running",
+    "stuck",
+)
 
 
 class PrometheusSeries:
@@ -182,7 +190,8 @@ def gauge_families(sample: QueueSample) -> Iterator[Metric]:
     jobs = GaugeMetricFamily(
         "skipqueue_queue_jobs",
         "Unfinished jobs per queue: pending_due (due, waiting for a worker), scheduled "
-        "(due later), waiting (on a workflow parent), running, stuck (lease expired).",
+        "(due later), waiting (on a workflow parent), sleeping and awaiting_signal (a "
+        "durable job parked until its time or its signal), running, stuck (lease expired).",
         labels=["queue", "state"],
     )
     oldest = GaugeMetricFamily(

@@ -48,6 +48,7 @@ from django_skipqueue.exceptions import (
     JobCancelled,
     NotJSONError,
     Retry,
+    SignalTimeoutError,
     SoftTimeLimitExceeded,
     StepMismatchError,
     TimeLimitExceeded,
@@ -621,7 +622,10 @@ def _transaction_status(raw: Any) -> int | None:
 
 
 def _is_retryable(task: Task[Any, Any] | None, error: BaseException) -> bool:
-    if isinstance(error, (InvalidJobError, TransactionLeftOpenError, StepMismatchError)):
+    if isinstance(
+        error,
+        (InvalidJobError, TransactionLeftOpenError, StepMismatchError, SignalTimeoutError),
+    ):
         return False  # malformed row or result: another attempt would fail the same way
     if type(error) is TypeError and isinstance(error.__cause__, NotJSONError):
         return False  # a django.tasks Task's result JSON cannot hold (_return_value)

@@ -128,6 +128,16 @@ class TaskContext:
         or lose it. The attempt that wakes goes on after this call."""
         durable.sleep(self._steps, name, duration)
 
+    def wait_for(self, name: str, timeout: timedelta | float | None = None) -> Any:
+        """A durable wait for the signal `name`: the payload of the oldest signal of that
+        name sent to this job (`send_signal`, kept if it came before the wait), each
+        signal taken by one wait. Until one is there, the job is given back, pending and
+        parked, without spending an attempt (Retry, raised here: do not catch it); the
+        sender's commit makes it due at once. Past `timeout` (None: none), counted from
+        the first time an attempt met the wait, raises SignalTimeoutError here, which the
+        task may catch. The outcome is recorded: every later attempt gets it back."""
+        return durable.wait_for(self._steps, name, timeout)
+
     async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """`step()` for an async task: `fn` may be a coroutine function."""
         return await durable.run_step_async(self._steps, name, fn, args, kwargs)
@@ -143,15 +153,19 @@ class TaskContext:
         """`sleep()` for an async task."""
         await sync_to_async(self.sleep)(name, duration)
 
+    async def await_for(self, name: str, timeout: timedelta | float | None = None) -> Any:
+        """`wait_for()` for an async task."""
+        return await sync_to_async(self.wait_for)(name, timeout)
+
     def owed_sleep(self) -> None:
-        """InvalidJobError if a durable sleep of this attempt raised Retry and the task
+        """InvalidJobError if a durable sleep or wait of this attempt raised Retry and the task
         returned anyway (it caught the Retry): the runner's check after the task."""
         steps = self.__dict__.get("_steps")
         if steps is not None and steps.owed_sleep is not None:
             raise InvalidJobError(
-                f"the task returned after sleep {steps.owed_sleep!r} raised Retry to give "
-                "the job back: it caught the Retry (an `except Exception` around "
-                "context.sleep?); let it propagate"
+                f"the task returned after {steps.owed_sleep} raised Retry to give the job "
+                "back: it caught the Retry (an `except Exception` around context.sleep or "
+                "context.wait_for?); let it propagate"
             )
 
     @property

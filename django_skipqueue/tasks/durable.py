@@ -6,7 +6,9 @@ of skipqueue_step); every later attempt of the job gets the recorded result back
 without running `fn`. `context.atomic_step(...)` runs `fn` inside a transaction that
 commits the step's writes and its checkpoint together, only while this attempt owns the
 job. `context.sleep(...)` records a wake time and gives the job back, pending until
-then, without spending an attempt.
+then, without spending an attempt. `context.wait_for(name)` does the same until a
+signal of that name, sent in its sender's transaction by `send_signal` (queue/signals.py),
+is there to take, or until its timeout.
 
 Steps are keyed by their order in the task: the n-th step an attempt meets must be the
 n-th one recorded, with the same name, occurrence (the how-many-th call of that name)
@@ -32,11 +34,14 @@ from django.apps import apps
 from django.db import connections
 
 from django_skipqueue import signals
+from django_skipqueue.conf import get_settings
 from django_skipqueue.core.payload import check_stored_size, encode, normalize
+from django_skipqueue.core.states import check_step_name
 from django_skipqueue.exceptions import (
     RETRY_DELAY_CEILING_SECONDS,
     InvalidJobError,
     Retry,
+    SignalTimeoutError,
     StepLostError,
     StepMismatchError,
 )
@@ -68,11 +73,10 @@ class Owner(Protocol):
     def at_step(self) -> None: ...
 
 
-#: The longest step name kept, in characters (skipqueue_step.name).
-STEP_NAME_MAX_LENGTH = 200
-
 #: The kinds of step, as recorded (models.StepKind's values).
-PLAIN, ATOMIC, SLEEP = "plain", "atomic", "sleep"
+PLAIN, ATOMIC, SLEEP, SIGNAL = "plain", "atomic", "sleep", "signal"
+#: A wait's outcomes, as its step's result says (queue/steps.sql, TAKE_SIGNAL).
+WAITING, RECEIVED, TIMED_OUT = "waiting", "received", "timed out"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +103,8 @@ class StepLog:
         self._seen: dict[str, int] = {}
         #: The step running now: (name, occurrence); `TaskContext.step_key` reads it.
         self.current: tuple[str, int] | None = None
-        #: A sleep this attempt recorded or met and raised Retry for: owed, so that a
-        #: task that caught the Retry is stopped at its next step or its return.
+        #: A sleep or wait this attempt met and raised Retry for ("sleep 'nap'"): owed,
+        #: so that a task that caught the Retry is stopped at its next step or its return.
         self.owed_sleep: str | None = None
 
     def meet(self, name: str, kind: str) -> tuple[int, int, Recorded | None]:
@@ -108,13 +112,13 @@ class StepLog:
         earlier attempt wrote one (StepMismatchError if that record is another step).
         A step that raised was not recorded: its position stays empty, and a later
         attempt runs it there again."""
-        _check_name(name)
+        check_step_name(name, "step")
         self._alone(name)
         if self.owed_sleep is not None:
             raise InvalidJobError(
-                f"step {name!r} was called after sleep {self.owed_sleep!r} raised Retry to "
-                "give the job back: the task caught it (an `except Exception` around "
-                "context.sleep?); let it propagate"
+                f"step {name!r} was called after {self.owed_sleep} raised Retry to give the "
+                "job back: the task caught it (an `except Exception` around context.sleep "
+                "or context.wait_for?); let it propagate"
             )
         recorded = self._read()
         self._position += 1
@@ -186,6 +190,28 @@ class StepLog:
         if row is None:
             raise StepLostError(context.job_id, context.attempt, name)
         return _loaded(row[1])
+
+    def take_signal(self, position: int, name: str) -> tuple[int, Any, float | None]:
+        """Look for the signal the wait at `position` waits on (TAKE_SIGNAL): the job's
+        `signals_sent` as read, the wait's outcome if this look decided it (its step's
+        result: received or timed out; None: still waiting), and the seconds left to
+        its timeout (None: none). StepLostError if this attempt no longer owns the job."""
+        context = self.context
+        with connections[context.database].cursor() as cursor:
+            cursor.execute(
+                sql.TAKE_SIGNAL,
+                {
+                    "job": context.job_id,
+                    "attempt": context.attempt,
+                    "position": position,
+                    "name": name,
+                },
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise StepLostError(context.job_id, context.attempt, name)
+        seen, outcome, left = row
+        return seen, _loaded(outcome), left
 
     def recorded(self, name: str, kind: str) -> None:
         """Say a step was recorded (signals.step_recorded: the metrics count it)."""
@@ -276,48 +302,83 @@ async def run_step_async(
 
 
 def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
-    seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+    seconds = _seconds(duration, f"sleep {name!r}: the duration")
+    _outside_transaction(steps, f"sleep {name!r}")
+    position, occurrence, found = steps.meet(name, SLEEP)
+    if found is None:
+        steps.record(position, name, occurrence, SLEEP, {"seconds": seconds}, 0.0)
+        steps.recorded(name, SLEEP)
+        left = seconds
+    else:
+        steps.replayed(found)
+        left = steps.wake_in(found)
+    if left > 0:
+        _park(steps, f"sleep {name!r}", SLEEP, name, left, None)
+
+
+def wait_for(steps: StepLog, name: str, timeout: timedelta | float | None) -> Any:
+    """A wait for the signal `name` (`send_signal`): its payload, once one is there to
+    take; until then, the job is given back (parked) without spending an attempt, and
+    woken by the signal's commit or at the timeout. SignalTimeoutError past the timeout.
+    The outcome is recorded with the step: every later attempt replays it."""
+    seconds = None if timeout is None else _seconds(timeout, f"wait_for {name!r}: the timeout")
+    _outside_transaction(steps, f"wait_for {name!r}")
+    position, occurrence, found = steps.meet(name, SIGNAL)
+    outcome = None
+    if found is None:
+        waiting = {"outcome": WAITING, "timeout": seconds}
+        steps.record(position, name, occurrence, SIGNAL, waiting, 0.0)
+        steps.recorded(name, SIGNAL)
+    elif found.result.get("outcome") != WAITING:
+        outcome = steps.replayed(found)
+    if outcome is None:
+        seen, outcome, left = steps.take_signal(position, name)
+        if outcome is None:
+            delay = RETRY_DELAY_CEILING_SECONDS if left is None else max(left, 0.0)
+            _park(steps, f"wait_for {name!r}", SIGNAL, name, delay, seen)
+    if outcome["outcome"] == TIMED_OUT:
+        raise SignalTimeoutError(steps.context.job_id, name, outcome.get("timeout"))
+    return outcome.get("payload")
+
+
+def _park(
+    steps: StepLog, what: str, kind: str, name: str, seconds: float, seen: int | None
+) -> None:
+    """Give the job back until `seconds` from now, parked on the step `name`."""
+    steps.owed_sleep = what
+    reason = f"{what}: parked for {seconds:g}s" if kind == SLEEP else f"{what}: parked"
+    retry = Retry(seconds, reason, spend_attempt=False)
+    retry.park = (kind, name, seen)
+    raise retry
+
+
+def _seconds(value: object, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, (int, float))
         or not 0 <= seconds <= RETRY_DELAY_CEILING_SECONDS
     ):
         raise InvalidJobError(
-            f"sleep {name!r}: the duration must be a timedelta or seconds from 0 to "
-            f"{RETRY_DELAY_CEILING_SECONDS:g} (a hundred years), got {duration!r}"
+            f"{what} must be a timedelta or seconds from 0 to "
+            f"{RETRY_DELAY_CEILING_SECONDS:g} (a hundred years), got {value!r}"
         )
+    return float(seconds)
+
+
+def _outside_transaction(steps: StepLog, what: str) -> None:
     if len(connections[steps.context.database].atomic_blocks) > steps.context.base_atomic_depth:
         raise InvalidJobError(
-            f"sleep {name!r} inside transaction.atomic(): the Retry that gives the job back "
-            "would roll its record back, and the job would sleep again at every wake-up; "
-            "sleep outside the block"
+            f"{what} inside transaction.atomic(): the Retry that gives the job back would "
+            "roll its record back, and the job would park again at every wake-up; call it "
+            "outside the block"
         )
-    position, occurrence, found = steps.meet(name, SLEEP)
-    if found is None:
-        steps.record(position, name, occurrence, SLEEP, {"seconds": float(seconds)}, 0.0)
-        steps.recorded(name, SLEEP)
-        left = float(seconds)
-    else:
-        steps.replayed(found)
-        left = steps.wake_in(found)
-    if left > 0:
-        steps.owed_sleep = name
-        raise Retry(left, f"sleeping ({name!r}) for {left:g}s", spend_attempt=False)
 
 
-def _check_name(name: object) -> None:
-    """InvalidJobError unless `name` can be a step's name, checked before its step runs
-    (a name the database refuses would fail the record after the work was done)."""
-    if not isinstance(name, str) or not name or len(name) > STEP_NAME_MAX_LENGTH:
-        raise InvalidJobError(
-            f"a step's name must be a non-empty str of at most {STEP_NAME_MAX_LENGTH} "
-            f"characters, got {name!r}"
-        )
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidJobError(
-            f"the step name {name!r} holds a lone surrogate, which UTF-8 cannot encode"
-        ) from None
-    if "\x00" in name:
-        raise InvalidJobError(f"the step name {name!r} holds a NUL character (\\x00)")
+def send_signal(job_id: int, name: str, payload: Any = None, *, using: str | None = None) -> int:
+    """Send the signal `name`, with `payload`, to the durable job `job_id`, in the
+    caller's transaction: its `context.wait_for(name)` returns the payload once this
+    commits (`Job.objects.send_signal`, queue/signals.py, says the rest)."""
+    job = apps.get_model("skipqueue", "Job")
+    alias = using or get_settings().DATABASE_ALIAS
+    return int(job.objects.db_manager(alias).send_signal(job_id, name, payload))

@@ -103,7 +103,15 @@ def test_queue_gauges_are_read_from_the_database_not_per_scrape():
         for sample in families["skipqueue_queue_jobs"].samples
         if sample.labels["queue"] == "default"
     }
-    assert jobs == {"pending_due": 3, "scheduled": 1, "waiting": 0, "running": 0, "stuck": 0}
+    assert jobs == {
+        "pending_due": 3,
+        "scheduled": 1,
+        "waiting": 0,
+        "sleeping": 0,
+        "awaiting_signal": 0,
+        "running": 0,
+        "stuck": 0,
+    }
     tasks.add.enqueue(1, 2)
     gauges.refresh_if_stale()  # within its interval: the sample stays as it was
     families = {family.name: family for family in gauges.collect()}

@@ -925,3 +925,44 @@ async def durable_gathered(context: TaskContext) -> list:
         return value
 
     return await asyncio.gather(context.astep("s", slow, 1), context.astep("s", slow, 2))
+
+
+# -- durable signals -----------------------------------------------------------------
+
+
+@task(takes_context=True, max_attempts=3, retry=RetryPolicy(base=0.0, cap=0.0, jitter=0.0))
+def durable_kyc(context: TaskContext, timeout: float | None = None, waits: int = 1) -> dict:
+    """A step, then `waits` waits for the signal "kyc" (a timeout caught and said in the
+    result), then a step."""
+    from django_skipqueue.exceptions import SignalTimeoutError
+
+    context.step("before", lambda: _step_run(context, "before"))
+    decisions: list = []
+    for _ in range(waits):
+        try:
+            decisions.append(context.wait_for("kyc", timeout=timeout))
+        except SignalTimeoutError:
+            decisions.append("timed out")
+    context.step("after", lambda: _step_run(context, "after"))
+    return {"decisions": decisions}
+
+
+@task(takes_context=True, max_attempts=1)
+def durable_kyc_uncaught(context: TaskContext, timeout: float) -> object:
+    return context.wait_for("kyc", timeout=timeout)
+
+
+@task(takes_context=True)
+async def durable_kyc_async(context: TaskContext) -> object:
+    await context.astep("before", lambda: 1)
+    return await context.await_for("kyc")
+
+
+#: Holds durable_kyc_gated's first step until a test sets it (the signal race test).
+SIGNAL_GATE = threading.Event()
+
+
+@task(takes_context=True)
+def durable_kyc_gated(context: TaskContext) -> object:
+    context.step("gate", lambda: SIGNAL_GATE.wait(10))
+    return context.wait_for("kyc")

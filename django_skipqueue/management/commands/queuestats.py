@@ -16,6 +16,8 @@ COLUMNS = [
     "pending_due",
     "scheduled",
     "waiting",
+    "sleeping",
+    "awaiting_signal",
     "running",
     "stuck",
     "failed",
@@ -38,6 +40,7 @@ NAME_WIDTH = 40
 class Command(BaseCommand):
     help = (
         "Print, per queue: due and scheduled jobs, workflow jobs waiting on a parent, "
+        "durable jobs sleeping or awaiting a signal, "
         "running, stuck (lease expired), failed, the age of the oldest due job (lag), jobs "
         "done in 5 minutes and 1 hour, live workers, whether it is paused and its limits; "
         "for a queue relayed to RabbitMQ, the messages ready in the broker and its dead "
