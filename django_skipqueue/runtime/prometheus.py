@@ -108,7 +108,7 @@ class PrometheusSeries:
         self.steps = Counter(
             "skipqueue_steps",
             "Durable steps: recorded (run, and its record written) or replayed (a later "
-            "attempt got the recorded result), by kind: plain, atomic, sleep.",
+            "attempt got the recorded result), by kind: plain, atomic, sleep, signal (a wait).",
             ["task", "kind", "how"],
             registry=registry,
         )
