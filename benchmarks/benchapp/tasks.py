@@ -42,3 +42,13 @@ def stepped(context, steps: int, atomic: bool = False, fail_at: int = 0) -> int:
     for index in range(1, steps + 1):
         run("s", body, index)
     return steps
+
+
+@task(takes_context=True)
+def parked(context, kind: str) -> object:  # noqa: ANN001
+    """A job that parks at once (benchmarks/steps.py --parked): a sleep of an hour, or a
+    wait for the signal "go" (whose payload it returns)."""
+    if kind == "sleep":
+        context.sleep("nap", 3600)
+        return None
+    return context.wait_for("go")

@@ -285,3 +285,43 @@ def test_a_cancel_ends_a_job_parked_on_a_wait_and_its_signals_are_then_refused()
     assert Job.objects.get(id=job.id).state == JobState.CANCELLED
     with pytest.raises(SignalNotSentError, match=r"finished \(cancelled\)"):
         send_signal(job.id, "kyc")
+
+
+@pytest.mark.slow
+def test_parked_jobs_hold_no_thread_and_no_connection():
+    """A parked job is a pending row: 400 of them (sleeps and waits) leave a worker's
+    threads where a few left them, and its connections within its budget."""
+    from django_skipqueue.runtime.worker import Worker, connection_budget
+
+    def sessions() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            )
+            return cursor.fetchone()[0]
+
+    def all_parked(count: int) -> bool:
+        return Job.objects.filter(state=JobState.PENDING).exclude(parked="").count() == count
+
+    before = sessions()
+    worker = Worker(concurrency=2, poll_interval=0.05, reap_interval=0)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        for _ in range(2):  # each worker thread has run a job and holds its connection
+            tasks.durable_nap.enqueue(3600.0)
+            tasks.durable_kyc.enqueue()
+        wait_until(lambda: all_parked(4), timeout=20)
+        time.sleep(0.5)
+        threads = threading.active_count()
+        tasks.durable_nap.enqueue_many([((3600.0,), {})] * 200)
+        tasks.durable_kyc.enqueue_many([((), {})] * 200)
+        wait_until(lambda: all_parked(404), timeout=120)
+        time.sleep(0.5)
+        assert threading.active_count() == threads
+        assert sessions() - before <= connection_budget(2, listen=True, schedules=False)
+        (row,) = [row for row in queue_stats() if row.queue == "default"]
+        assert (row.sleeping, row.awaiting_signal, row.pending_due) == (202, 202, 0)
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
