@@ -240,6 +240,5 @@ class Retry(Exception):  # noqa: N818  (a control-flow signal, like Celery's Ret
         self.reason = reason
         self.spend_attempt = spend_attempt
         #: Set by a durable sleep or wait (tasks/durable.py), never by a task: what the
-        #: released job is parked on (ParkedOn's value, the step's name) and, for a
-        #: wait, the `signals_sent` it read (a signal sent since wakes the job at once).
-        self.park: tuple[str, str, int | None] | None = None
+        #: released job is parked on (ParkedOn's value, the step's name).
+        self.park: tuple[str, str] | None = None

@@ -27,7 +27,15 @@ from django_skipqueue.conf import get_settings
 from django_skipqueue.conf.limits import QueueLimit, queue_limits
 from django_skipqueue.core.states import CLAIM_ORDER, JobState, ParkedOn
 from django_skipqueue.exceptions import ConfigurationError
-from django_skipqueue.models import Job, Queue, RateBucket, WorkerProcess, queue_names_of
+from django_skipqueue.models import (
+    Job,
+    Queue,
+    RateBucket,
+    Step,
+    StepKind,
+    WorkerProcess,
+    queue_names_of,
+)
 
 if TYPE_CHECKING:
     from django_skipqueue.stats import QueueStats
@@ -65,6 +73,19 @@ def queue_reasons(rows: list[QueueStats], database: str | None = None) -> dict[s
     return found
 
 
+def _wait_timeout(job: Job, alias: str) -> float | None:
+    """The timeout of the wait a job is parked on (its last step's record), or None."""
+    result = (
+        Step.objects.using(alias)
+        .filter(job_id=job.id, kind=StepKind.SIGNAL)
+        .order_by("-position")
+        .values_list("result", flat=True)
+        .first()
+    )
+    timeout = result.get("timeout") if isinstance(result, dict) else None
+    return float(timeout) if isinstance(timeout, (int, float)) else None
+
+
 def job_reason(job: Job) -> str:
     """Why this pending or waiting job has not started ("" for any other state)."""
     alias = job._state.db or get_settings().DATABASE_ALIAS
@@ -92,6 +113,8 @@ def job_reason(job: Job) -> str:
                 "wait": wait,
             }
         if job.parked == ParkedOn.SIGNAL:
+            if _wait_timeout(job, alias) is None:  # woken each MAX_DELAY_SECONDS only
+                return _("awaiting the signal %(step)s (no timeout)") % {"step": job.parked_step}
             return _("awaiting the signal %(step)s (or its timeout, in %(wait)s)") % {
                 "step": job.parked_step,
                 "wait": wait,

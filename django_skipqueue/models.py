@@ -295,11 +295,6 @@ class Job(Waitable, models.Model):
     )
     #: The name of the step it is parked on: the sleep's, or the signal it waits for.
     parked_step = models.CharField(max_length=200, blank=True, default="", db_default="")
-    #: Signals sent to it so far (`send_signal`): a wait that found none parks the job
-    #: only if this has not moved since it looked (queue/steps.sql, TAKE_SIGNAL).
-    #: An IntegerField: a positive one's CHECK would make adding the column scan the
-    #: whole table under its lock (migration 0026).
-    signals_sent = models.IntegerField(default=0, db_default=0)
 
     objects = JobManager()
 

@@ -82,19 +82,13 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("pending", "pending"): (
         "enqueue_many (unique, replace)",
         "restart_from_step (operator: a durable job made due)",
-        "send_signal (counted; a job parked on a wait for it made due)",
+        "wake_signalled (a job parked on a wait made due by its signal's commit)",
     ),
     ("pending", "running"): ("claim", "claim_limited"),
     ("pending", "cancelled"): ("cancel", "end_expired (reap: not started by expires_at)"),
     ("pending", "failed"): ("claim (a row that cannot be claimed or loaded)", "relay (unfit)"),
     ("pending", "relayed"): ("relay (a queue with RESULTS)",),
-    ("running", "running"): (
-        "renew",
-        "renew_many",
-        "extend_lease",
-        "cancel (the request)",
-        "send_signal (counted)",
-    ),
+    ("running", "running"): ("renew", "renew_many", "extend_lease", "cancel (the request)"),
     ("running", "done"): ("ack", "ack_many"),
     ("running", "pending"): (
         "fail (retried)",
@@ -105,10 +99,7 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("running", "failed"): ("fail", "reap", "claim (a row that cannot be loaded)"),
     ("running", "cancelled"): ("end_cancelled", "fail", "release", "reap"),
-    ("waiting", "waiting"): (
-        "a parent's ack (one parent fewer to wait on)",
-        "send_signal (counted)",
-    ),
+    ("waiting", "waiting"): ("a parent's ack (one parent fewer to wait on)",),
     ("waiting", "pending"): ("the ack of its last parent", "the workflow failed (on_error)"),
     ("waiting", "cancelled"): (
         "a parent failed or was cancelled",

@@ -91,6 +91,11 @@ class Reaper:
                 return HousekeepingResult(locked_out=True)
             result: ReapResult = jobs.reap()
             self._sample_oldest_due(jobs)
+        # The jobs parked on a signal whose sender died before its wake-up (autocommit:
+        # after the reap's transaction, as the sender's own wake-up is).
+        woken = jobs.wake_signalled()
+        if woken:
+            logger.info("jobs woken by a signal their sender did not wake them for count=%d", woken)
         if result.total:
             signals.job_reaped.send(
                 sender=Job,

@@ -1,12 +1,10 @@
 # Durable signals (issue 55): `send_signal(job_id, name, payload)` keeps a signal in
 # skipqueue_signal until the job's `context.wait_for(name)` takes it; a job parked on a
 # durable sleep or a wait says so in `parked` and `parked_step` (the counts of the
-# overview and queuestats, the sender's wake-up), and `signals_sent` counts the signals
-# sent to it (the race between a wait that found none and a signal sent meanwhile:
-# queue/steps.sql, TAKE_SIGNAL).
+# overview and queuestats, the sender's wake-up: queue/signals.py).
 #
-# The new columns have a constant default, and no CHECK: adding them
-# rewrites and scans nothing, but takes a lock on the job table that conflicts with every
+# The new columns have a constant default, and no CHECK: adding them rewrites and scans
+# nothing, but takes a lock on the job table that conflicts with every
 # write; it waits at most LOCK_TIMEOUT, and past that the migration fails, changing
 # nothing, and can be run again.
 
@@ -47,11 +45,6 @@ class Migration(migrations.Migration):
             model_name="job",
             name="parked_step",
             field=models.CharField(blank=True, db_default="", default="", max_length=200),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="signals_sent",
-            field=models.IntegerField(db_default=0, default=0),
         ),
         migrations.AlterField(
             model_name="step",

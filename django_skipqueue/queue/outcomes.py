@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 from django.db.models import (
     Case,
+    Exists,
     Expression,
     F,
+    OuterRef,
     Value,
     When,
 )
@@ -25,6 +27,7 @@ from django_skipqueue.core.payload import (
 )
 from django_skipqueue.core.states import (
     JobState,
+    ParkedOn,
 )
 from django_skipqueue.db.hooks import (
     fetch_all,
@@ -310,7 +313,7 @@ class OutcomeVerbs(RelayVerbs):
         attempt: int,
         *,
         delay: timedelta = timedelta(0),
-        park: tuple[str, str, int | None] | None = None,
+        park: tuple[str, str] | None = None,
     ) -> bool:
         """Give the attempt back: pending again after `delay`, without spending an attempt.
 
@@ -329,24 +332,26 @@ class OutcomeVerbs(RelayVerbs):
         attempt: int,
         *,
         delay: timedelta = timedelta(0),
-        park: tuple[str, str, int | None] | None = None,
+        park: tuple[str, str] | None = None,
     ) -> bool:
         """`release` without its second step: False where the job was asked to stop (it
         stays running for `end_cancelled`) or the attempt had lost it.
 
         `park` (a durable sleep's or wait's Retry.park): what the job is parked on,
-        written in `parked` and `parked_step`; for a wait, the `signals_sent` its look
-        for a signal read: if the row holds more (a signal sent since, whose sender
-        committed before this UPDATE, or held the row until after it: PostgreSQL then
-        evaluates the SET again on the row the sender left), the job is due now."""
+        written in `parked` and `parked_step`. Its `expires_at` is cleared: the job
+        started in time, and finishes. For a wait, a signal of its name that is there
+        now (its sender committed after the wait's look: queue/signals.py) makes the
+        job due at once."""
         fenced = self.holding(job_id, attempt)
         run_at: Any = Now() + Value(clamped_delay(delay))
         parked: dict[str, Any] = {}
         if park is not None:
-            kind, step, seen = park
-            parked = {"parked": kind, "parked_step": step}
-            if seen is not None:
-                run_at = Case(When(signals_sent__gt=seen, then=Now()), default=run_at)
+            kind, step = park
+            parked = {"parked": kind, "parked_step": step, "expires_at": None}
+            if kind == ParkedOn.SIGNAL:
+                kept = self.model._meta.get_field("signals").related_model._default_manager
+                there = kept.filter(job_id=OuterRef("id"), name=step)
+                run_at = Case(When(Exists(there), then=Now()), default=run_at)
         return (
             fenced.filter(cancel_requested_at__isnull=True).update(
                 state=JobState.PENDING,

@@ -2,17 +2,26 @@
 
 A signal is a row of skipqueue_signal, written in the sender's transaction (rolled
 back, it was never sent), kept until the job's `context.wait_for()` of its name takes
-it (tasks/durable.py; queue/steps.sql, TAKE_SIGNAL). The same statement counts it on
-the job's row (`signals_sent`) and makes a job parked on a wait for that name due now;
-that write also keeps the row locked until the sender commits, which is how a wait
-that looked a moment before the commit does not park the job until its timeout.
+it (tasks/durable.py; queue/steps.sql, TAKE_SIGNAL). The sender writes nothing of the
+job's row, so a long transaction of the sender holds up no lease renewal or ack of it.
+
+No wake-up is lost between a wait's look for the signal and its park (the job given
+back until the signal or its timeout):
+- the sender committed before the look: the look takes the signal;
+- between the look and the park: the park's UPDATE sees the signal (its own snapshot)
+  and makes the job due at once (queue/outcomes.py, `give_back`);
+- after the park: the sender, once committed, makes the parked job due
+  (WAKE_SIGNALLED, a `transaction.on_commit` hook; an UPDATE of a park not yet
+  committed waits for it, then sees it parked).
+A sender that dies between its commit and its hook leaves the job to the reaper, whose
+every pass wakes the jobs parked on a signal that is there (`wake_signalled`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from django_skipqueue.core.payload import check_stored_size, encode, normalize
 from django_skipqueue.core.states import FINISHED_STATES, JobState, check_step_name
@@ -43,6 +52,11 @@ class SignalVerbs(AwaitVerbs):
             cursor.execute(sql.SEND_SIGNAL, {"job": job_id, "name": name, "payload": encode(data)})
             row = cursor.fetchone()
         if row is not None:
+            # robust: the signal is sent once committed; a failed wake-up is the
+            # reaper's to make, not an error the caller would take for a failed send.
+            transaction.on_commit(
+                lambda: self.wake_signalled(job_id, name), using=self.db, robust=True
+            )
             return int(row[0])
         state = self.filter(id=job_id).values_list("state", flat=True).first()
         if state is None:
@@ -54,3 +68,10 @@ class SignalVerbs(AwaitVerbs):
         else:
             why = f"its state is {state}"
         raise SignalNotSentError(f"signal {name!r} was not sent to job {job_id}: {why}")
+
+    def wake_signalled(self, job_id: int | None = None, name: str | None = None) -> int:
+        """Make due the jobs parked on a wait for a signal that is there to take (of
+        `job_id` and `name`, or every one); how many. In autocommit, one statement."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.WAKE_SIGNALLED, {"job": job_id, "name": name})
+            return len(cursor.fetchall())

@@ -216,6 +216,8 @@ TAKE_SIGNAL = STATEMENTS["TAKE_SIGNAL"]
 
 SEND_SIGNAL = STATEMENTS["SEND_SIGNAL"]
 
+WAKE_SIGNALLED = STATEMENTS["WAKE_SIGNALLED"]
+
 #: The columns ENQUEUE_MANY fills with the model fields' defaults: written into the
 #: statement as literals, once (`enqueue_many_statement`), not sent with every call.
 ENQUEUE_DEFAULTS = ("state", "attempts", "expirations", "releases", "last_error", "errors")

@@ -46,26 +46,19 @@ RETURNING id, result
 -- A wait for a signal (`context.wait_for`), once its step is recorded "waiting": take
 -- the oldest signal of that name sent to the job and record it as the wait's outcome,
 -- or record that the wait timed out, or neither (the job then parks until the signal
--- or its timeout). One statement, fenced as an atomic step's record: the job's row is
--- locked to the end of it, so a reaper that would take the job back waits, and the
--- next attempt finds the outcome; a stale attempt finds no owner, and takes nothing.
--- The outcome, once written, is what every later attempt replays: a signal that comes
--- after the timeout was recorded is left for a later wait of that name.
--- Also returns `signals_sent` as this statement's snapshot holds it (`seen`: not the
--- locked row's, which a sender's commit this statement waited for has moved past the
--- signals the snapshot shows): the wait parks the job only where it has not moved since
--- (queue/outcomes.py, `give_back`), so a signal whose sender committed after the
--- snapshot, or holds the job's row (SEND_SIGNAL) until after the park, wakes the job at
--- once instead of leaving it to its timeout. And the seconds left to the timeout (NULL:
--- none), on the database's clock. Raw: the take, the outcome and the fence must be one
--- statement.
+-- or its timeout: queue/outcomes.py, `give_back`). One statement, fenced as an atomic
+-- step's record: the job's row is locked to the end of it, so a reaper that would take
+-- the job back waits, and the next attempt finds the outcome; a stale attempt finds no
+-- owner, and takes nothing. The outcome, once written, is what every later attempt
+-- replays: a signal that comes after a timeout was recorded is left for a later wait
+-- of that name. Returns the outcome if this statement wrote one, and the seconds left
+-- to the timeout (NULL: none), on the database's clock. Raw: the take, the outcome and
+-- the fence must be one statement.
 WITH owner AS (
     SELECT job.id FROM skipqueue_job AS job
     WHERE job.id = %(job)s AND (job.state || '') = 'running'
       AND job.attempts = %(attempt)s AND job.leased_until > statement_timestamp()
     FOR NO KEY UPDATE
-), seen AS (
-    SELECT job.signals_sent FROM skipqueue_job AS job WHERE job.id = %(job)s
 ), wait AS (
     SELECT step.id, step.recorded_at
         + make_interval(secs => (step.result ->> 'timeout')::float8) AS deadline
@@ -91,28 +84,36 @@ WITH owner AS (
       AND (taken.sent_at IS NOT NULL OR wait.deadline <= statement_timestamp())
     RETURNING step.result
 )
-SELECT (SELECT signals_sent FROM seen), (SELECT result FROM outcome),
+SELECT (SELECT result FROM outcome),
     (SELECT EXTRACT(EPOCH FROM deadline - statement_timestamp())::float8 FROM wait)
 FROM owner
 
 -- name: SEND_SIGNAL
 -- `send_signal`: the signal kept for the job's wait, in the sender's transaction (rolled
--- back, never sent). The job's row is updated first, whatever its state but finished
--- ones: `signals_sent` counted (the race TAKE_SIGNAL describes: the row stays locked
--- to the sender's commit, and a wait's park that met it re-reads it), and a job parked
--- on a wait for this very name made due now (the update of a pending row also wakes a
--- waiting worker of its queue: migration 0018's trigger). No row: the job is finished,
--- relayed or gone, and nothing is written. Raw: the count and the insert must be one
--- statement, of the job only where it can still take the signal.
-WITH target AS (
-    UPDATE skipqueue_job AS job
-    SET signals_sent = job.signals_sent + 1,
-        run_at = CASE WHEN job.state = 'pending' AND job.parked = 'signal'
-            AND job.parked_step = %(name)s
-            THEN LEAST(job.run_at, statement_timestamp()) ELSE job.run_at END
-    WHERE job.id = %(job)s AND job.state IN ('pending', 'running', 'waiting')
-    RETURNING job.id
-)
+-- back, never sent), where the job can still take it (not finished, not relayed). No
+-- row: nothing is written. It reads the job's row and writes none of it: the sender's
+-- transaction may last, and a running job's lease renewals and ack must not wait for
+-- it (the foreign key's check takes a KEY SHARE lock, which no write of ours but a
+-- delete conflicts with). The wake-up of a job parked on the wait is WAKE_SIGNALLED,
+-- after the commit. Raw: the check and the insert must be one statement.
 INSERT INTO skipqueue_signal (job_id, name, payload, sent_at)
-SELECT target.id, %(name)s, %(payload)s::jsonb, statement_timestamp() FROM target
+SELECT job.id, %(name)s, %(payload)s::jsonb, statement_timestamp()
+FROM skipqueue_job AS job
+WHERE job.id = %(job)s AND job.state IN ('pending', 'running', 'waiting')
 RETURNING id
+
+-- name: WAKE_SIGNALLED
+-- A job parked on a wait for a signal that is there to take: due now. Run by the
+-- sender once its transaction committed (`send_signal`, for its job and name), and by
+-- the reaper for every kept signal (`SignalVerbs.wake_signalled`: a sender that died
+-- between its commit and its wake-up). A wait that parks the job after the commit sees
+-- the signal itself (`give_back`). Driven by the kept signals (the taken ones are
+-- deleted: usually none), each job found by its primary key. Parameters: a job id and
+-- a name, or NULL and NULL for all.
+UPDATE skipqueue_job AS job SET run_at = statement_timestamp()
+FROM (SELECT DISTINCT job_id, name FROM skipqueue_signal
+      WHERE (%(job)s::bigint IS NULL OR job_id = %(job)s::bigint)
+        AND (%(name)s::text IS NULL OR name = %(name)s::text)) AS kept
+WHERE job.id = kept.job_id AND job.parked_step = kept.name
+  AND job.state = 'pending' AND job.parked = 'signal' AND job.run_at > statement_timestamp()
+RETURNING job.id

@@ -191,11 +191,11 @@ class StepLog:
             raise StepLostError(context.job_id, context.attempt, name)
         return _loaded(row[1])
 
-    def take_signal(self, position: int, name: str) -> tuple[int, Any, float | None]:
-        """Look for the signal the wait at `position` waits on (TAKE_SIGNAL): the job's
-        `signals_sent` as read, the wait's outcome if this look decided it (its step's
-        result: received or timed out; None: still waiting), and the seconds left to
-        its timeout (None: none). StepLostError if this attempt no longer owns the job."""
+    def take_signal(self, position: int, name: str) -> tuple[Any, float | None]:
+        """Look for the signal the wait at `position` waits on (TAKE_SIGNAL): the wait's
+        outcome if this look decided it (its step's result: received or timed out;
+        None: still waiting), and the seconds left to its timeout (None: none).
+        StepLostError if this attempt no longer owns the job."""
         context = self.context
         with connections[context.database].cursor() as cursor:
             cursor.execute(
@@ -210,8 +210,8 @@ class StepLog:
             row = cursor.fetchone()
         if row is None:
             raise StepLostError(context.job_id, context.attempt, name)
-        seen, outcome, left = row
-        return seen, _loaded(outcome), left
+        outcome, left = row
+        return _loaded(outcome), left
 
     def recorded(self, name: str, kind: str) -> None:
         """Say a step was recorded (signals.step_recorded: the metrics count it)."""
@@ -313,7 +313,7 @@ def sleep(steps: StepLog, name: str, duration: timedelta | float) -> None:
         steps.replayed(found)
         left = steps.wake_in(found)
     if left > 0:
-        _park(steps, f"sleep {name!r}", SLEEP, name, left, None)
+        _park(steps, f"sleep {name!r}", SLEEP, name, left)
 
 
 def wait_for(steps: StepLog, name: str, timeout: timedelta | float | None) -> Any:
@@ -332,23 +332,21 @@ def wait_for(steps: StepLog, name: str, timeout: timedelta | float | None) -> An
     elif found.result.get("outcome") != WAITING:
         outcome = steps.replayed(found)
     if outcome is None:
-        seen, outcome, left = steps.take_signal(position, name)
+        outcome, left = steps.take_signal(position, name)
         if outcome is None:
             delay = RETRY_DELAY_CEILING_SECONDS if left is None else max(left, 0.0)
-            _park(steps, f"wait_for {name!r}", SIGNAL, name, delay, seen)
+            _park(steps, f"wait_for {name!r}", SIGNAL, name, delay)
     if outcome["outcome"] == TIMED_OUT:
         raise SignalTimeoutError(steps.context.job_id, name, outcome.get("timeout"))
     return outcome.get("payload")
 
 
-def _park(
-    steps: StepLog, what: str, kind: str, name: str, seconds: float, seen: int | None
-) -> None:
+def _park(steps: StepLog, what: str, kind: str, name: str, seconds: float) -> None:
     """Give the job back until `seconds` from now, parked on the step `name`."""
     steps.owed_sleep = what
     reason = f"{what}: parked for {seconds:g}s" if kind == SLEEP else f"{what}: parked"
     retry = Retry(seconds, reason, spend_attempt=False)
-    retry.park = (kind, name, seen)
+    retry.park = (kind, name)
     raise retry
 
 

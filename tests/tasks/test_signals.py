@@ -46,7 +46,7 @@ def test_a_wait_parks_the_job_and_the_signal_sent_after_it_wakes_it_with_its_pay
 
     send_signal(job.id, "kyc", {"approved": True})
     woken = Job.objects.get(id=job.id)
-    assert woken.state == JobState.PENDING and woken.signals_sent == 1
+    assert woken.state == JobState.PENDING
     assert Job.objects.filter(id=job.id, run_at__lte=time_now()).exists()  # due at once
     run_jobs()
     job.refresh_from_db()
@@ -77,7 +77,7 @@ def test_a_signal_rolled_back_with_its_senders_transaction_is_never_delivered():
         send_signal(job.id, "kyc", "rolled back")
         raise RuntimeError("the sender's view failed")
     job.refresh_from_db()
-    assert job.signals_sent == 0 and job.run_at.year > 2026  # still parked
+    assert job.run_at.year > 2026  # still parked
     assert not Signal.objects.filter(job_id=job.id).exists()
     run_jobs()
     assert Job.objects.get(id=job.id).state == JobState.PENDING
@@ -145,7 +145,7 @@ def test_send_signal_refuses_with_words_and_leaves_the_callers_transaction_usabl
         with pytest.raises(TypeError, match="job_id must be an int"):
             send_signal(str(done.id), "kyc")  # type: ignore[arg-type]
         assert Job.objects.filter(id=done.id).exists()  # the transaction still works
-    assert Job.objects.get(id=done.id).signals_sent == 1  # nothing more was written
+    assert not Signal.objects.filter(job_id=done.id).exists()  # nothing was written
 
 
 def test_an_async_task_waits_with_await_for():
@@ -158,45 +158,148 @@ def test_an_async_task_waits_with_await_for():
     assert job.state == JobState.DONE and job.result == [1, 2]
 
 
-def test_a_signal_whose_sender_commits_while_the_wait_looks_wakes_the_job_at_once():
-    """The race: the sender's UPDATE holds the job's row while the running attempt's
-    wait looks for the signal (its statement waits for the row, and its snapshot cannot
-    see the signal), then commits. The park must see that a signal came: the job is
-    due at once, not parked until a timeout that here never comes."""
-    tasks.SIGNAL_GATE.clear()
-    job = tasks.durable_kyc_gated.enqueue()
-    looker = threading.Thread(target=lambda: (run_jobs(), connections.close_all()))
-    looker.start()  # claims the job; its first step waits at the gate
-    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.RUNNING)
-    sent, go = threading.Event(), threading.Event()
+def run_jobs_in_a_thread(hook=None) -> threading.Thread:
+    """`run_jobs()` in a thread of its own, its statements through `hook` if given."""
 
-    def sender() -> None:
+    def run() -> None:
+        try:
+            if hook is None:
+                run_jobs()
+            else:
+                with connections["default"].execute_wrapper(hook):
+                    run_jobs()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def send_in_a_thread(job_id: int, payload: object, hold: threading.Event | None = None):
+    """send_signal in a transaction of another thread, committed once `hold` is set
+    (at once without); the thread, and an event set once the signal is written."""
+    sent = threading.Event()
+
+    def send() -> None:
         try:
             with transaction.atomic():
-                send_signal(job.id, "kyc", "raced")
+                send_signal(job_id, "kyc", payload)
                 sent.set()
-                go.wait(10)
+                if hold is not None:
+                    hold.wait(10)
         finally:
             connection.close()
 
-    thread = threading.Thread(target=sender)
+    thread = threading.Thread(target=send)
     thread.start()
+    return thread, sent
+
+
+def test_a_signal_committed_between_the_waits_look_and_its_park_wakes_the_job_at_once():
+    """The race: the wait looked and found nothing; the sender commits (its own wake-up
+    finds the job still running); then the wait parks the job. The park must see the
+    signal: the job is due at once, not parked until a timeout that here never comes."""
+    job = tasks.durable_kyc.enqueue()
+    committed: list[int] = []
+
+    def hook(execute, sql, params, many, context):
+        if sql.startswith('UPDATE "skipqueue_job" SET "state"') and '"parked"' in sql:
+            if not committed:  # the first park only: the sender commits, then it runs
+                sender, _ = send_in_a_thread(job.id, "raced")
+                sender.join(10)
+                committed.append(job.id)
+        return execute(sql, params, many, context)
+
+    run_jobs_in_a_thread(hook).join(20)
+    job.refresh_from_db()
+    # The park made the job due at once, and run_jobs took it again: its second attempt
+    # took the signal. Parked until a timeout, it would be pending still.
+    assert committed and job.state == JobState.DONE, (job.state, job.run_at)
+    assert job.result == {"decisions": ["raced"]} and (job.attempts, job.releases) == (2, 1)
+
+
+def test_a_signal_committed_after_the_park_wakes_the_job_through_its_senders_hook():
+    """The sender's transaction is open while the wait looks and parks (it locks no row
+    of the job, so neither waits); its commit's hook makes the parked job due."""
+    tasks.SIGNAL_GATE.clear()
+    job = tasks.durable_kyc_gated.enqueue()
+    looker = run_jobs_in_a_thread()  # claims the job; its first step waits at the gate
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.RUNNING)
+    hold = threading.Event()
+    sender, sent = send_in_a_thread(job.id, "after the park", hold)
     try:
         assert sent.wait(10)
-        tasks.SIGNAL_GATE.set()  # the step ends; the wait's look blocks on the row
-        wait_until_blocked_on_a_lock()
+        tasks.SIGNAL_GATE.set()  # the step ends; the wait looks, finds nothing, parks
+        looker.join(20)
+        assert Job.objects.get(id=job.id).run_at.year > 2026  # parked: no signal yet
     finally:
-        go.set()
+        hold.set()
         tasks.SIGNAL_GATE.set()
-        thread.join(10)
-        looker.join(10)
+        sender.join(10)
+    assert Job.objects.filter(id=job.id, run_at__lte=time_now()).exists()  # due at once
     run_jobs()
     job.refresh_from_db()
-    # The wait parked the job, due at once (run_jobs took it again, as the next claim
-    # would): its second attempt took the signal. Parked until a timeout, it would be
-    # pending still.
-    assert job.state == JobState.DONE and job.result == "raced", (job.state, job.run_at)
-    assert (job.attempts, job.releases) == (2, 1)
+    assert job.state == JobState.DONE and job.result == "after the park"
+
+
+def test_a_sender_that_holds_its_transaction_holds_up_no_lease_renewal_of_the_job():
+    """Outside trial (helper-8): a sender that kept its transaction open after
+    send_signal held the job's row, the lease renewals skipped it, the lease ran out and
+    a plain step ran twice. The sender now writes nothing of the job's row."""
+    tasks.SIGNAL_GATE.clear()
+    job = tasks.durable_kyc_gated.enqueue()
+    looker = run_jobs_in_a_thread()
+    wait_until(lambda: Job.objects.get(id=job.id).state == JobState.RUNNING)
+    hold = threading.Event()
+    sender, sent = send_in_a_thread(job.id, "held", hold)
+    try:
+        assert sent.wait(10)
+        attempt = Job.objects.get(id=job.id).attempts
+        with transaction.atomic():  # as a renewal or an ack would: no wait for a lock
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '200ms'")
+            renewed = Job.objects.renewal(job.id, attempt, timedelta(seconds=30))
+            assert renewed.name == "RENEWED"
+    finally:
+        hold.set()
+        tasks.SIGNAL_GATE.set()
+        sender.join(10)
+        looker.join(20)
+    assert Job.objects.get(id=job.id).state == JobState.DONE  # run_jobs took it again
+
+
+def test_the_reaper_wakes_a_parked_job_whose_senders_wake_up_never_ran():
+    """A sender that died between its commit and its hook: the signal is kept, the job
+    parked; the reaper's pass makes it due."""
+    from django_skipqueue.maintenance.reaper import Reaper
+
+    job = tasks.durable_kyc.enqueue()
+    run_jobs()
+    parked(job)
+    Signal.objects.create(job_id=job.id, name="kyc", payload="kept")  # no hook ran
+    assert Job.objects.get(id=job.id).run_at.year > 2026
+    Reaper().reap()
+    assert Job.objects.filter(id=job.id, run_at__lte=time_now()).exists()
+    run_jobs()
+    assert Job.objects.get(id=job.id).result == {"decisions": ["kept"]}
+
+
+def test_a_job_parked_past_its_expiry_started_in_time_and_finishes():
+    """Outside trial (helper-8): `expires` ended a started durable job that slept or
+    waited past it, and a signal sent to it was accepted, then lost with it."""
+    from django_skipqueue.maintenance.reaper import Reaper
+
+    job = tasks.durable_kyc.using(expires=timedelta(seconds=1)).enqueue()
+    run_jobs()
+    parked(job)
+    assert job.expires_at is None  # the park cleared it: the job started in time
+    time.sleep(1.1)
+    send_signal(job.id, "kyc", "late but kept")
+    Reaper().reap()
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == JobState.DONE and job.result == {"decisions": ["late but kept"]}
 
 
 @pytest.mark.slow
@@ -269,9 +372,15 @@ def test_parked_jobs_are_counted_apart_and_shown_on_their_page(admin_client, cli
     page = admin_client.get(url).content.decode()
     assert "Waiting for the signal kyc until" in page
     assert "signals not yet taken" in page.lower() and "by-ann" in page
-    assert "awaiting the signal kyc" in page  # why it waits
+    assert "awaiting the signal kyc (or its timeout, in 60 min" in page  # why it waits
     viewer = staff(client).get(url).content.decode()
     assert "Waiting for the signal kyc" in viewer and "by-ann" not in viewer
+    page = admin_client.get(reverse("admin:skipqueue_job_change", args=[later.id]))
+    assert "scheduled: due in" in page.content.decode()
+    forever = tasks.durable_kyc.enqueue()
+    run_jobs()
+    page = admin_client.get(reverse("admin:skipqueue_job_change", args=[forever.id]))
+    assert "awaiting the signal kyc (no timeout)" in page.content.decode()  # helper-8
     listed = admin_client.get(reverse("admin:skipqueue_job_changelist") + "?health=sleeping")
     assert f">{napping.id}<" in listed.content.decode()
     assert f">{waiting.id}<" not in listed.content.decode()
@@ -325,3 +434,26 @@ def test_parked_jobs_hold_no_thread_and_no_connection():
     finally:
         worker.stop()
         thread.join(timeout=20)
+
+
+def test_a_sender_in_a_repeatable_read_transaction_sends_while_the_jobs_row_changes():
+    """Outside trial (helper-8): the send's UPDATE of the job's row, which a running
+    job's renewals rewrite all the time, failed a REPEATABLE READ sender's transaction
+    (could not serialize access). The send writes nothing of the row now."""
+    job = tasks.durable_kyc.enqueue()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("SELECT 1")  # the transaction's snapshot
+
+        def renew_elsewhere() -> None:
+            Job.objects.filter(id=job.id).update(priority=5)
+            connection.close()
+
+        other = threading.Thread(target=renew_elsewhere)
+        other.start()
+        other.join(10)
+        send_signal(job.id, "kyc", "repeatable")
+        assert Job.objects.filter(id=job.id).exists()  # the transaction still works
+    run_jobs()
+    assert Job.objects.get(id=job.id).result == {"decisions": ["repeatable"]}
