@@ -60,7 +60,9 @@ def run_jobs(
     Jobs whose retry is scheduled later are not waited for: call again after the
     delay, or give such tasks a zero-delay RetryPolicy in tests. Flow control applies
     as in a worker: paused queues are left alone, and jobs with a concurrency key and
-    those of limited queues are claimed under their limits.
+    those of limited queues are claimed under their limits. Jobs parked on a wait for a
+    signal that is there are made due first, as a worker's reaper does: inside a
+    TestCase's transaction, a sender's on_commit wake-up never runs.
     """
     from django_skipqueue.conf import get_settings
     from django_skipqueue.conf.limits import queue_limits
@@ -72,6 +74,7 @@ def run_jobs(
     jobs = Job.objects.db_manager(alias)
     limits = queue_limits()
     executions: list[Execution] = []
+    jobs.wake_signalled()
     while limit is None or len(executions) < limit:
         paused = Queue.objects.db_manager(alias).paused_names(names)
         active = [name for name in names if name not in paused]

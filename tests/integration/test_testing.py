@@ -38,3 +38,16 @@ def test_run_jobs_honours_its_limit_and_queues():
     assert [e.outcome.value for e in run_jobs(["other"])] == ["succeeded"]
     assert enqueued(tasks.add).count() == 1
     assert run_jobs(limit=0) == []
+
+
+def test_run_jobs_in_a_tests_transaction_wakes_a_job_whose_signal_was_sent():
+    """Inside a TestCase's transaction, the sender's on_commit wake-up never runs:
+    run_jobs makes the jobs parked on a signal that is there due, as the reaper does."""
+    from django_skipqueue import send_signal
+
+    job = tasks.durable_kyc.enqueue()
+    run_jobs()  # parked on its wait
+    send_signal(job.id, "kyc", "in a test")
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == "done" and job.result == {"decisions": ["in a test"]}
