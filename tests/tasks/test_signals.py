@@ -427,7 +427,9 @@ def test_parked_jobs_hold_no_thread_and_no_connection():
         tasks.durable_kyc.enqueue_many([((), {})] * 200)
         wait_until(lambda: all_parked(404), timeout=120)
         time.sleep(0.5)
-        assert threading.active_count() == threads
+        # No more threads than with 4 parked (fewer, if one another test left behind
+        # has ended meanwhile: the suite's process is shared).
+        assert threading.active_count() <= threads
         assert sessions() - before <= connection_budget(2, listen=True, schedules=False)
         (row,) = [row for row in queue_stats() if row.queue == "default"]
         assert (row.sleeping, row.awaiting_signal, row.pending_due) == (202, 202, 0)
