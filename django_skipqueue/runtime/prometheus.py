@@ -48,6 +48,7 @@ from django_skipqueue.conf.limits import queue_limits
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.models import PICKUP_BUCKETS, Job, Queue, WorkerProcess, queue_names_of
+from django_skipqueue.queue.base import GAUGE_NAMES
 from django_skipqueue.queue.connections import discard_connection
 from django_skipqueue.runtime.runner import Outcome
 
@@ -62,15 +63,7 @@ DURATION_BUCKETS = (
 #: The `outcome` label's values: the names the logs, the counts and `run_jobs` use too.
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 #: The `state` label of skipqueue_queue_jobs, and the gauge each comes from.
-JOB_STATES = (
-    "pending_due",
-    "scheduled",
-    "waiting",
-    "sleeping",
-    "awaiting_signal",
-    "running",
-    "stuck",
-)
+JOB_STATES = tuple(name for name in GAUGE_NAMES if name != "oldest_due_seconds")
 
 
 class PrometheusSeries:
