@@ -261,22 +261,27 @@ def test_every_series_a_worker_may_count_is_there_at_zero_before_its_first_job(
     is there too, and a single process's `process_*` ones."""
     port = free_port()
     start_worker("--processes", processes, "--metrics-port", str(port))
+    expected = [("skipqueue_lease_expirations_total", (("queue", "default"),))] + [
+        (
+            "skipqueue_jobs_finished_total",
+            (("outcome", outcome), ("queue", "default"), ("task", tasks.always_fails.name)),
+        )
+        for outcome in ("succeeded", "retried", "failed", "lost")
+    ]
 
     def primed() -> bool:
+        # A pool's child writes its series one by one into its metrics file: a scrape
+        # between two of them saw the first (the CI once failed there), so wait for all.
         try:
             samples = scrape(port)
         except OSError:
             return False
-        return ("skipqueue_lease_expirations_total", (("queue", "default"),)) in samples
+        return all(key in samples for key in expected)
 
-    wait_until(primed, timeout=30, message="no lease-expirations series before any expiry")
+    wait_until(primed, timeout=30, message="a series was missing before any job")
     samples = scrape(port)
-    for outcome in ("succeeded", "retried", "failed", "lost"):
-        key = (
-            "skipqueue_jobs_finished_total",
-            (("outcome", outcome), ("queue", "default"), ("task", tasks.always_fails.name)),
-        )
-        assert samples.get(key) == 0.0, outcome
+    for key in expected:
+        assert samples[key] == 0.0, key
     assert not any(
         labels and dict(labels).get("outcome") in ("retrying", "refused") for _, labels in samples
     )
