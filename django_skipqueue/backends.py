@@ -105,6 +105,8 @@ class Task(DjangoTask):
     expires: float | None = None
     #: At most this many starts per period across every worker: "10/s", "100/m".
     rate_limit: str | None = None
+    #: The rate limit per value of this key (as `concurrency_key`): per tenant, say.
+    rate_key: Any = None
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this call, a step of a workflow (chain, group, chord): it
@@ -246,6 +248,7 @@ class SkipQueueBackend(BaseTaskBackend):
                 soft_time_limit=getattr(task, "soft_time_limit", None),
                 expires=getattr(task, "expires", None),
                 rate_limit=getattr(task, "rate_limit", None),
+                rate_key=getattr(task, "rate_key", None),
                 django_task=task,
                 unique_key=getattr(task, "unique_key", None),
                 on_conflict=getattr(task, "on_conflict", "existing"),

@@ -190,6 +190,16 @@ def rate_concurrency_key(task_name: str) -> str:
     return key
 
 
+def keyed_rate_key(task_name: str, value: str) -> str:
+    """The token bucket's key of one value of a task's rate key: `task[value]`, hashed if
+    the column could not hold it (two keys that collide would share one bucket)."""
+    key = f"{task_name}[{value}]"
+    if len(key) > UNIQUE_KEY_MAX_LENGTH:
+        digest = hashlib.sha256(value.encode()).hexdigest()
+        key = f"{task_name[: UNIQUE_KEY_MAX_LENGTH - len(digest) - 2]}[{digest}]"
+    return key
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode()
@@ -266,10 +276,18 @@ class JobSpec:
     #: Rate limits per task: at most this many starts of the task's jobs per period
     #: ("10/s", "100/m", "5000/h"), across every worker (`rate_key` is the task's name).
     rate_limit: str | None = None
+    #: A rate limit per key (`@task(rate_limit=..., rate_key=...)`): one token bucket per
+    #: value of this key (a tenant, a partner's API account), made as `concurrency_key`
+    #: is. None: one bucket for the task.
+    rate_key_rule: KeyRule | None = None
 
     @property
     def rate_key(self) -> str | None:
-        return self.name if self.rate_limit is not None else None
+        """The rate key every job of this spec shares: the task's name, for a rate limit
+        per task; None without a rate limit, or with one per key (`key_columns`)."""
+        if self.rate_limit is None or self.rate_key_rule is not None:
+            return None
+        return self.name
 
     @property
     def keyed(self) -> bool:
@@ -357,6 +375,8 @@ class JobSpec:
         elif self.rate_limit is not None:
             columns["concurrency_key"] = rate_concurrency_key(self.name)
             columns["concurrency_limit"] = MAX_CONCURRENCY
+        if self.rate_key_rule is not None and self.rate_limit is not None:
+            columns["rate_key"] = keyed_rate_key(self.name, self.rate_key_rule.of(args, kwargs))
         return columns
 
     def columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

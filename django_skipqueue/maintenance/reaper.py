@@ -21,7 +21,15 @@ from django.db.models.functions import Now
 from django_skipqueue import signals
 from django_skipqueue.conf import get_settings
 from django_skipqueue.faults import is_transient, sqlstate
-from django_skipqueue.models import Job, JobState, QueueMinute, TaskMinute, WorkerProcess, Workflow
+from django_skipqueue.models import (
+    Job,
+    JobState,
+    QueueMinute,
+    RateBucket,
+    TaskMinute,
+    WorkerProcess,
+    Workflow,
+)
 from django_skipqueue.queue.base import ReapResult
 from django_skipqueue.queue.connections import (
     LOCK_NOT_AVAILABLE,
@@ -55,6 +63,7 @@ class HousekeepingResult:
     pruned_workers: int = 0
     pruned_workflows: int = 0
     pruned_minutes: int = 0
+    pruned_buckets: int = 0  # rate buckets full again (queue/base.py BUCKET_FULL_AFTER)
     locked_out: bool = False
     #: Expired leases taken back, per queue (the metrics).
     lease_expirations: Mapping[str, int] = field(default_factory=dict)
@@ -146,7 +155,9 @@ class Reaper:
         minutes_older_than: timedelta | None = None,
         dry_run: bool = False,
     ) -> HousekeepingResult:
-        """Delete finished jobs and dead worker rows older than the given ages.
+        """Delete finished jobs and dead worker rows older than the given ages; with
+        `minutes_older_than`, the per-minute counts older than that and the rate buckets
+        full again (a rate limit per key leaves a bucket per key).
 
         Jobs go in batches of `batch_size` ids, each DELETE its own short transaction,
         so a large backlog never becomes one huge statement or one long lock. With
@@ -165,16 +176,18 @@ class Reaper:
             workflows = Workflow.objects.db_manager(self.database).prune(
                 finished_before=done_older_than, dry_run=dry_run
             )
-        minutes = 0
+        minutes = buckets = 0
         if minutes_older_than is not None and not dry_run:
             minutes = QueueMinute.objects.db_manager(self.database).prune(minutes_older_than)
             minutes += TaskMinute.objects.db_manager(self.database).prune(minutes_older_than)
+            buckets = RateBucket.objects.db_manager(self.database).prune_full()
         return HousekeepingResult(
             pruned_done=done,
             pruned_failed=failed,
             pruned_workers=workers,
             pruned_workflows=workflows,
             pruned_minutes=minutes,
+            pruned_buckets=buckets,
         )
 
     def _prune_jobs(self, states: list[str], older_than: timedelta | None, dry_run: bool) -> int:

@@ -495,6 +495,14 @@ def locked_row(manager: models.Manager[Any], pk: str) -> tuple[Any, datetime] | 
     return None
 
 
+#: A token bucket no claim has touched for this long is full again: a rate's period is
+#: an hour at most (conf/limits.py PERIODS) and a bucket owes at most one fill
+#: (`refilled`). A missing bucket is made full at its next claim, so such a bucket is
+#: deleted (`RateBucketManager.prune_full`): a rate limit per key leaves no row per key
+#: behind for anyone to clean up.
+BUCKET_FULL_AFTER = timedelta(hours=2)
+
+
 def refilled(
     rate: int, period: float, stored: float, refilled_at: datetime | None, now: datetime
 ) -> float:

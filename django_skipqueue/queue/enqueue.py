@@ -476,6 +476,8 @@ class EnqueueVerbs(LimitedClaimVerbs):
             columns = [spec.key_columns(args, kwargs) for args, kwargs, _, _ in batch]
             params["concurrency_keys"] = encode([one["concurrency_key"] for one in columns])
             params["concurrency_limit"] = columns[0]["concurrency_limit"] if columns else 1
+            if spec.rate_key_rule is not None:
+                params["rate_keys"] = encode([one["rate_key"] for one in columns])
         statement = sql.enqueue_many_statement(
             insert_defaults(self.model),
             keys is not None,
@@ -483,6 +485,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
             spec.expires is not None,
             spec.rate_limit is not None,
             trace is not None,
+            spec.rate_key_rule is not None,
         )
         with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)

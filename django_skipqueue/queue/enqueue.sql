@@ -25,8 +25,8 @@ WITH inserted AS (
         {last_error}, {errors}::jsonb,
         statement_timestamp(){key_value}{ck_value}{exp_value}{rate_value}{trace_value}
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
-        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows})
-        WITH ORDINALITY AS v(a, k, {key_name}{ck_name}n)
+        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows}{rate_rows})
+        WITH ORDINALITY AS v(a, k, {key_name}{ck_name}{rate_name}n)
     ORDER BY n{on_conflict}
     RETURNING id{key_out}
 )

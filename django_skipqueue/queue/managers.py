@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections, models
 from django.db.models import (
     F,
+    Q,
     Value,
 )
 from django.db.models.functions import Coalesce, Greatest, Now
@@ -27,7 +28,7 @@ from django_skipqueue.core.states import (
     validate_queue_name,
 )
 from django_skipqueue.queue import sql
-from django_skipqueue.queue.base import dead_after, locked_row
+from django_skipqueue.queue.base import BUCKET_FULL_AFTER, dead_after, locked_row
 from django_skipqueue.queue.connections import bounded
 
 if TYPE_CHECKING:
@@ -176,6 +177,13 @@ class RateBucketManager(models.Manager["RateBucket"]):
     def locked(self, key: str) -> tuple[RateBucket, datetime] | None:
         """The bucket's row, created if missing and locked (see `locked_row`)."""
         return locked_row(self, key)
+
+    def prune_full(self) -> int:
+        """Delete the buckets no claim has touched for BUCKET_FULL_AFTER: each is full,
+        as a missing one is. A claim that holds one meanwhile makes the DELETE wait (the
+        caller bounds the wait), and the row it leaves, touched now, is kept."""
+        idle = Q(refilled_at__lt=Now() - BUCKET_FULL_AFTER) | Q(refilled_at__isnull=True)
+        return self.filter(idle).delete()[0]
 
 
 def _names(names: Iterable[str] | str) -> list[str]:

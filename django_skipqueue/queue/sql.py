@@ -258,6 +258,15 @@ _LASTING_PARTS = dict.fromkeys(_EXPIRING_PARTS, "")
 _RATED_PARTS = {
     "rate_column": ", rate_key, rate_limit",
     "rate_value": ", %(rate_key)s, %(rate_limit)s",
+    "rate_rows": "",
+    "rate_name": "",
+}
+# Rate limits per key (`rate_key=`): each row's own rate key, one JSON array of them.
+_KEYED_RATE_PARTS = {
+    "rate_column": ", rate_key, rate_limit",
+    "rate_value": ", r, %(rate_limit)s",
+    "rate_rows": ", jsonb_array_elements_text(%(rate_keys)s::jsonb)",
+    "rate_name": "r, ",
 }
 _UNRATED_PARTS = dict.fromkeys(_RATED_PARTS, "")
 # Traced enqueues (OpenTelemetry): the W3C trace context of the enqueuing span.
@@ -273,7 +282,7 @@ def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
     }
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=32)
 def enqueue_many_statement(
     defaults: tuple[tuple[str, object], ...],
     unique: bool = False,
@@ -281,17 +290,20 @@ def enqueue_many_statement(
     expiring: bool = False,
     rated: bool = False,
     traced: bool = False,
+    rate_keyed: bool = False,
 ) -> str:
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
     with `keyed`, the concurrency key and limit columns; with `expiring`, `expires_at`;
-    with `rated`, the rate key and limit; with `traced`, the trace context."""
+    with `rated`, the rate key and limit (with `rate_keyed`, a rate key per row: a
+    `rate_keys` parameter); with `traced`, the trace context."""
+    rate_parts = _KEYED_RATE_PARTS if rate_keyed else _RATED_PARTS
     return ENQUEUE_MANY.format(
         **_literals(defaults),
         **(_UNIQUE_PARTS if unique else _PLAIN_PARTS),
         **(_KEYED_PARTS if keyed else _UNKEYED_PARTS),
         **(_EXPIRING_PARTS if expiring else _LASTING_PARTS),
-        **(_RATED_PARTS if rated else _UNRATED_PARTS),
+        **(rate_parts if rated else _UNRATED_PARTS),
         **(_TRACED_PARTS if traced else _UNTRACED_PARTS),
     )
 

@@ -516,9 +516,10 @@ def _shared_json(spec: JobSpec) -> str:
         "max_attempts": columns["max_attempts"],
         "expires_at": spec.expires.isoformat() if isinstance(spec.expires, datetime) else None,
         "expires_in": spec.expires.total_seconds() if isinstance(spec.expires, timedelta) else None,
-        "rate_key": spec.rate_key,
         "rate_limit": spec.rate_limit,
     }
+    if spec.rate_key_rule is None:  # per key: each job's own (`key_columns`), not shared
+        shared["rate_key"] = spec.rate_key
     return json.dumps(shared, separators=(",", ":"))[1:-1]
 
 

@@ -119,6 +119,10 @@ class Task(Generic[P, R]):
     #: At most this many starts of this task's jobs per period, across every worker:
     #: "10/s", "100/m" or "5000/h" (Celery's `rate_limit`). None: no limit.
     rate_limit: str | None = None
+    #: A rate limit per key: `rate_limit` applies to each value of this key (a string,
+    #: parameter names, or a function of the call's arguments, as `unique_key`), e.g.
+    #: per tenant or per partner account. None: one limit for the whole task.
+    rate_key: UniqueKey | None = None
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -153,6 +157,12 @@ class Task(Generic[P, R]):
         object.__setattr__(
             self, "concurrency_key", self._checked_key(self.concurrency_key, "concurrency_key")
         )
+        object.__setattr__(self, "rate_key", self._checked_key(self.rate_key, "rate_key"))
+        if self.rate_key is not None and self.rate_limit is None:
+            raise ConfigurationError(
+                f"rate_key of {self.name} names what a rate limit is counted per, but "
+                f"{self.name} has no rate_limit: give it one, such as rate_limit='100/m'"
+            )
         limit = self.concurrency_limit
         if (
             isinstance(limit, bool)
@@ -246,6 +256,7 @@ class Task(Generic[P, R]):
             concurrency_limit=self.concurrency_limit,
             expires=self.expires,
             rate_limit=self.rate_limit,
+            rate_key_rule=self._key_rule(self.rate_key, "rate_key"),
         )
 
     @functools.cached_property
@@ -277,6 +288,7 @@ class Task(Generic[P, R]):
         concurrency_key: UniqueKey | None = None,
         concurrency_limit: int | None = None,
         expires: datetime | timedelta | float | None = None,
+        rate_key: UniqueKey | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept.
 
@@ -299,6 +311,7 @@ class Task(Generic[P, R]):
                 "concurrency_key": concurrency_key,
                 "concurrency_limit": concurrency_limit,
                 "expires": validate_expires(expires),
+                "rate_key": rate_key,
             }.items()
             if value is not None
         }
@@ -467,6 +480,7 @@ def task(
     concurrency_limit: int = ...,
     expires: timedelta | float | None = ...,
     rate_limit: str | None = ...,
+    rate_key: UniqueKey | None = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -493,6 +507,7 @@ def task(
     concurrency_limit: int = 1,
     expires: timedelta | float | None = None,
     rate_limit: str | None = None,
+    rate_key: UniqueKey | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -538,6 +553,7 @@ def task(
             concurrency_limit=concurrency_limit,
             expires=validate_expires(expires, when="the enqueue"),
             rate_limit=rate_limit,
+            rate_key=rate_key,
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))

@@ -135,3 +135,123 @@ def test_a_bucket_that_refilled_since_the_claim_still_counts_for_a_burst():
     assert not runs.is_alive()  # one more claim, then the exit: no loop
     assert worker.stop_reason == "burst: no due job left"
     assert Job.objects.filter(state=JobState.PENDING).count() == 1
+
+
+# -- rate limits per key (`rate_key=`, issue 56) ----------------------------------------
+
+
+def per_tenant(*tenants: str) -> list[Job]:
+    return tasks.two_a_minute_per_tenant.enqueue_many([((t,), {}) for t in tenants])
+
+
+def test_a_rate_limit_per_key_keeps_one_bucket_per_value_of_the_key():
+    per_tenant(*"aaaaabbbbbc")
+    by_tenant = sorted(job.args[0] for job in claim()[0])
+    assert by_tenant == ["a", "a", "b", "b"]  # two a minute each, not two in all
+    # c's job was past the ten candidates; a's and b's are left out of them now.
+    assert [job.args[0] for job in claim()[0]] == ["c"]
+    keys = set(RateBucket.objects.values_list("key", flat=True))
+    name = tasks.two_a_minute_per_tenant.name
+    assert keys == {f'{name}[tenant="{t}"]' for t in "abc"}
+    assert claim()[0] == []  # a and b wait for their buckets
+    assert Job.objects.claim(queues=["default"], limit=10) == []  # never the plain claim
+    # Thirty seconds of the database's clock later, one more start for a and for b.
+    RateBucket.objects.update(
+        refilled_at=F("refilled_at") - timedelta(seconds=30),
+        empty_until=F("empty_until") - timedelta(seconds=30),
+    )
+    assert sorted(job.args[0] for job in claim()[0]) == ["a", "b"]
+
+
+def test_every_way_of_enqueueing_writes_the_calls_own_rate_key():
+    """A single enqueue, a bulk one, a workflow's steps (whose shared columns once held
+    the task's name, written after each job's own key) and a per-call `using()`."""
+    name = tasks.two_a_minute_per_tenant.name
+    one = tasks.two_a_minute_per_tenant.enqueue("x")
+    [many] = per_tenant("y")
+    group(*(tasks.two_a_minute_per_tenant.s(t) for t in ("z", "w"))).enqueue()
+    by_account = tasks.two_a_minute_per_tenant.using(rate_key=lambda tenant, n=0: tenant.upper())
+    other = by_account.enqueue("v")
+    got = {args[0]: key for args, key in Job.objects.values_list("args", "rate_key")}
+    assert got == {
+        "x": f'{name}[tenant="x"]',
+        "y": f'{name}[tenant="y"]',
+        "z": f'{name}[tenant="z"]',
+        "w": f'{name}[tenant="w"]',
+        "v": f"{name}[V]",
+    }
+    assert {one.id, many.id, other.id} <= set(
+        Job.objects.filter(rate_limit="2/m").values_list("id", flat=True)
+    )
+
+
+def test_a_rate_key_without_a_rate_limit_is_refused_naming_what_is_missing():
+    with pytest.raises(
+        ConfigurationError, match=r"rate_key of .*_rated_per_key .* has no rate_limit"
+    ):
+        task(rate_key=("n",))(_rated_per_key)
+    nameless = tasks.two_a_minute_per_tenant.using(rate_key=lambda tenant, n=0: "")
+    with pytest.raises(InvalidJobError, match="rate key of .* must be a non-empty string"):
+        nameless.enqueue("a")
+
+
+def _rated_per_key(n: int) -> None: ...
+
+
+def test_threads_claiming_at_once_never_start_a_key_past_its_rate():
+    """Four threads claim at the same instant, again and again: each tenant's two starts
+    a minute hold across them (the bucket is locked by the claim that spends it)."""
+    per_tenant(*("a" * 20 + "b" * 20 + "c" * 3))
+    barrier = threading.Barrier(4)
+    claimed: list[Job] = []
+    errors: list[BaseException] = []
+
+    def claims() -> None:
+        from django.db import connection
+
+        try:
+            barrier.wait()
+            for _ in range(5):
+                got, _ = claim(limit=3)
+                claimed.extend(got)
+        except BaseException as error:  # noqa: BLE001  (reported below)
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claims) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    started = sorted(job.args[0] for job in claimed)
+    assert started == ["a", "a", "b", "b", "c", "c"]
+    assert len({job.id for job in claimed}) == len(claimed)
+
+
+def test_full_buckets_are_deleted_by_the_housekeeping_and_a_key_starts_full_again():
+    """A rate per key makes a bucket per key: a bucket no claim touched for two hours is
+    full (an hour is the longest period, and a bucket owes at most one fill), as a
+    missing one is, so the prune deletes it. A bucket touched since is kept."""
+    from django_skipqueue.maintenance.reaper import MINUTES_KEPT, Reaper
+
+    per_tenant(*"aaabbb")
+    assert len(claim()[0]) == 4
+    RateBucket.objects.filter(key__contains='"a"').update(
+        refilled_at=F("refilled_at") - timedelta(hours=2, seconds=1)
+    )
+    result = Reaper().prune(minutes_older_than=MINUTES_KEPT)
+    assert result.pruned_buckets == 1
+    assert list(RateBucket.objects.values_list("key", flat=True)) == [
+        f'{tasks.two_a_minute_per_tenant.name}[tenant="b"]'
+    ]
+    assert [job.args[0] for job in claim()[0]] == ["a"]  # a's bucket starts full again
+
+
+def test_a_key_too_long_for_the_bucket_column_is_hashed_and_two_values_stay_apart():
+    from django_skipqueue.core.spec import UNIQUE_KEY_MAX_LENGTH, keyed_rate_key
+
+    first, second = keyed_rate_key("t", "x" * 300), keyed_rate_key("t", "x" * 299 + "y")
+    assert len(first) <= UNIQUE_KEY_MAX_LENGTH and first.startswith("t[")
+    assert first != second

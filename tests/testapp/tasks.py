@@ -647,6 +647,11 @@ def rated_and_keyed(account: str) -> str:
     return account
 
 
+@task(rate_limit="2/m", rate_key=("tenant",))
+def two_a_minute_per_tenant(tenant: str, n: int = 0) -> int:
+    return n
+
+
 # -- the outside trial of issue 27 (tests/integration/test_celery_port_trial.py) -----
 
 
