@@ -12,4 +12,5 @@ PARTS = [
     "duplicates",
     "relay",
     "workflows",
+    "fairness",
 ]

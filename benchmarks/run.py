@@ -904,6 +904,99 @@ def part_workflows(opts: argparse.Namespace) -> dict[str, float]:
     return results
 
 
+def fill_fair(counts: dict[str, int], task: str = NOOP) -> None:
+    """Insert due jobs of the fair queue "fair": `counts[key]` jobs of each fair key, the
+    keys one after another (the first key's jobs are the oldest)."""
+    for key, count in counts.items():
+        execute(
+            """
+            INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state,
+                run_at, lease, attempts, max_attempts, expirations, releases, last_error,
+                errors, created_at, fair_key, fair_weight)
+            SELECT %s, '[]', '{}', 'fair', 0, 'pending', now(), interval '30 seconds', 0, 5,
+                0, 0, '', '[]', now(), %s, 1
+            FROM generate_series(1, %s)
+            """,
+            [task, key, count],
+        )
+    execute("ANALYZE skipqueue_job")
+
+
+def small_keys_waits(small: dict[str, int], noisy: int, concurrency: int) -> dict[str, float]:
+    """The small keys' jobs, from due to start (database clock), with `noisy` jobs of one
+    key enqueued before them, under one `runworker --concurrency` on the fair queue,
+    stopped once every small key's job ran: their p50 and p95 waits, and the noisy
+    key's jobs started meanwhile (the noisy key still uses what the small ones leave)."""
+    reset()
+    fill_fair({"noisy": noisy} if noisy else {})
+    fill_fair(small)
+    total_small = sum(small.values())
+    proc = worker("--queue", "fair", "--concurrency", str(concurrency))
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM skipqueue_job WHERE fair_key <> 'noisy' "
+                    "AND state = 'done'"
+                )
+                if cursor.fetchone()[0] == total_small:
+                    break
+            time.sleep(0.05)
+        else:
+            raise SystemExit("the small keys' jobs did not all run within 600 s")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM started_at - run_at) FROM skipqueue_job "
+            "WHERE fair_key <> 'noisy' AND started_at IS NOT NULL"
+        )
+        waits = [float(row[0]) for row in cursor.fetchall()]
+        cursor.execute(
+            "SELECT count(*) FROM skipqueue_job WHERE fair_key = 'noisy' "
+            "AND started_at <= (SELECT max(started_at) FROM skipqueue_job "
+            "WHERE fair_key <> 'noisy')"
+        )
+        noisy_started = cursor.fetchone()[0]
+    return {
+        "p50_s": percentile(waits, 0.50),
+        "p95_s": percentile(waits, 0.95),
+        "noisy_started": float(noisy_started),
+    }
+
+
+def part_fairness(opts: argparse.Namespace) -> dict[str, Any]:
+    """Fair share (issue 56): (1) the small keys' p95 wait with a noisy key's backlog in
+    front of them and without it; (2) a fair queue's drain against a plain queue's,
+    the same no-op jobs, `runworker --burst --concurrency 4` as users run it, in this run.
+    Sizes: `--fair-noisy` jobs of the noisy key, `--fair-keys` small keys of
+    `--fair-per-key` jobs each; the drains use `--jobs`."""
+    small = {f"small-{i:03d}": opts.fair_per_key for i in range(opts.fair_keys)}
+    results: dict[str, Any] = {}
+    alone = small_keys_waits(small, 0, 4)
+    crowded = small_keys_waits(small, opts.fair_noisy, 4)
+    results["small_p95_wait_alone_s"] = alone["p95_s"]
+    results["small_p95_wait_beside_noisy_s"] = crowded["p95_s"]
+    results["small_p95_wait_ratio"] = crowded["p95_s"] / max(alone["p95_s"], 1e-6)
+    results["noisy_started_meanwhile"] = crowded["noisy_started"]
+    reset()
+    fill(opts.jobs)
+    plain, _ = run_worker_as_users_do(opts.jobs, "--concurrency", "4", filled=True)
+    reset()
+    per_key = max(opts.jobs // (opts.fair_keys + 1), 1)
+    fill_fair({"noisy": opts.jobs - per_key * opts.fair_keys} | dict.fromkeys(small, per_key))
+    fair, _ = run_worker_as_users_do(
+        opts.jobs, "--queue", "fair", "--concurrency", "4", filled=True
+    )
+    results["plain_jobs_per_s"] = plain
+    results["fair_jobs_per_s"] = fair
+    results["fair_vs_plain"] = fair / plain
+    reset()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
@@ -917,6 +1010,9 @@ def main() -> None:
     parser.add_argument("--storm-jobs", type=int, default=5000)
     parser.add_argument("--storm-seconds", type=float, default=12.0)
     parser.add_argument("--workflow-members", type=int, default=10_000)
+    parser.add_argument("--fair-noisy", type=int, default=100_000)
+    parser.add_argument("--fair-keys", type=int, default=50)
+    parser.add_argument("--fair-per-key", type=int, default=20)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/latest.json")
     opts = parser.parse_args()
 

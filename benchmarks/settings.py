@@ -24,6 +24,8 @@ INSTALLED_APPS = ["django_skipqueue", "benchmarks.benchapp"]
 SKIPQUEUE = {
     "LEASE_SECONDS": 30,
     "REAP_INTERVAL_SECONDS": 5,
+    # The fairness part (issue 56): a fair queue.
+    "FAIR_QUEUES": ["fair"],
     # The relay part (issue 18): one queue through RabbitMQ.
     "RELAY": {
         "QUEUES": [os.environ.get("SKIPQUEUE_BENCH_RELAY_QUEUE", "relayed")],

@@ -107,6 +107,9 @@ class Task(DjangoTask):
     rate_limit: str | None = None
     #: The rate limit per value of this key (as `concurrency_key`): per tenant, say.
     rate_key: Any = None
+    #: Fair share in a fair queue: the key its jobs share the workers by, and their weight.
+    fair_key: Any = None
+    fair_weight: int = 1
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this call, a step of a workflow (chain, group, chord): it
@@ -249,6 +252,8 @@ class SkipQueueBackend(BaseTaskBackend):
                 expires=getattr(task, "expires", None),
                 rate_limit=getattr(task, "rate_limit", None),
                 rate_key=getattr(task, "rate_key", None),
+                fair_key=getattr(task, "fair_key", None),
+                fair_weight=getattr(task, "fair_weight", 1),
                 django_task=task,
                 unique_key=getattr(task, "unique_key", None),
                 on_conflict=getattr(task, "on_conflict", "existing"),

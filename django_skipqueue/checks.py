@@ -28,7 +28,7 @@ from django_skipqueue.conf import (
     task_backends_of_ours,
     tasks_api_installed,
 )
-from django_skipqueue.conf.limits import queue_limits
+from django_skipqueue.conf.limits import fair_queue_problems, queue_limits
 from django_skipqueue.conf.relay import relay_config
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.maintenance.scheduler import default_zone, read_schedules
@@ -160,6 +160,30 @@ def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     except ConfigurationError as error:
         return [Error("A queue limit cannot be read.", hint=f"{error}.", id="skipqueue.E011")]
     return []
+
+
+@register()
+def check_fair_queues(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """skipqueue.E014: every fair queue can be claimed by fair share, and every task with
+    a fair key or weight is on a fair queue."""
+    conf = get_settings()
+    if conf.problems():
+        return []  # E002 says what is wrong with the settings first
+    problems = fair_queue_problems()
+    for name in registry.names():
+        declared = registry.get(name)
+        fair_key = getattr(declared, "fair_key", None)
+        weight = getattr(declared, "fair_weight", 1)
+        queue = getattr(declared, "queue_name", None)
+        if (fair_key is not None or weight != 1) and queue not in conf.FAIR_QUEUES:
+            problems.append(
+                f"task {name} has a fair key or weight, but its queue {queue!r} is not in "
+                f"SKIPQUEUE['FAIR_QUEUES']"
+            )
+    return [
+        Error("A fair queue cannot be claimed by share.", hint=f"{problem}.", id="skipqueue.E014")
+        for problem in problems
+    ]
 
 
 @register()

@@ -18,7 +18,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Value
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
@@ -67,10 +67,47 @@ def queue_reasons(rows: list[QueueStats], database: str | None = None) -> dict[s
                 .values(*_DUE_FIELDS)[:SAMPLE]
             )
             reasons += _held(due, alias)
+            if row.queue in get_settings().FAIR_QUEUES:
+                reasons += _fair_backlog(row.queue, alias)
         if not reasons:
             reasons.append(_busy(row.running))
         found[row.queue] = reasons
     return found
+
+
+def _fair_backlog(queue: str, alias: str) -> list[str]:
+    """A fair queue's due jobs by key: how many keys share it, and the share of the
+    largest backlog (the keys are the jobs' data: counted, never named)."""
+    backlog = list(
+        Job.objects.using(alias)
+        .filter(state=JobState.PENDING, queue_name=queue, run_at__lte=Now())
+        .exclude(fair_key=None)
+        .values("fair_key")
+        .annotate(n=Count("id"))
+        .order_by("-n")
+        .values_list("n", flat=True)[:FAIR_KEYS_SHOWN]
+    )
+    if not backlog:
+        return []
+    total = (
+        Job.objects.using(alias)
+        .filter(state=JobState.PENDING, queue_name=queue, run_at__lte=Now())
+        .exclude(fair_key=None)
+        .count()
+    )
+    keys = len(backlog)
+    shown = f"{keys}+" if keys == FAIR_KEYS_SHOWN else str(keys)
+    return [
+        _(
+            "fair share between %(keys)s keys with due jobs; the largest backlog holds "
+            "%(largest)d of %(total)d (it gets its share, no more, while others wait)"
+        )
+        % {"keys": shown, "largest": backlog[0], "total": total}
+    ]
+
+
+#: The most keys a fair queue's line on the overview counts.
+FAIR_KEYS_SHOWN = 1000
 
 
 def _wait_timeout(job: Job, alias: str) -> float | None:
@@ -138,7 +175,35 @@ def job_reason(job: Job) -> str:
                 _("its concurrency key is at its limit (%(running)d running)")
                 % {"running": full[job.concurrency_key]}
             )
+        if not reasons and job.fair_key is not None and job.concurrency_key is None:
+            reasons.append(_fair_share(job, alias))
     return "; ".join(reasons) or _("due: the next free worker thread takes it")
+
+
+#: The most jobs of its key before a job that its page counts (an index range each).
+FAIR_AHEAD_COUNTED = 1000
+
+
+def _fair_share(job: Job, alias: str) -> str:
+    """A fair queue's due job: its key's running jobs and its due jobs before it (the
+    claim gives each key its share in that order; the key itself is not shown)."""
+    key_jobs = Job.objects.using(alias).filter(queue_name=job.queue_name, fair_key=job.fair_key)
+    running = key_jobs.filter(state=JobState.RUNNING, leased_until__gt=Now()).count()
+    before = (
+        Q(priority__gt=job.priority)
+        | Q(priority=job.priority, run_at__lt=job.run_at)
+        | Q(priority=job.priority, run_at=job.run_at, id__lt=job.id)
+    )
+    ahead = key_jobs.filter(before, state=JobState.PENDING, run_at__lte=Now())
+    counted = ahead.values("id")[:FAIR_AHEAD_COUNTED].count()
+    return _(
+        "fair share: its key runs %(running)d jobs (weight %(weight)d), "
+        "%(ahead)s of its due jobs come before it"
+    ) % {
+        "running": running,
+        "weight": job.fair_weight,
+        "ahead": f"{counted}+" if counted == FAIR_AHEAD_COUNTED else str(counted),
+    }
 
 
 def live_queue_workers(database: str | None = None) -> Counter[str]:
@@ -214,11 +279,19 @@ def _held(due: list[dict[str, Any]], alias: str) -> list[str]:
     spent = _rates_spent(set(rate_keys), alias)
     limits = {job["rate_key"]: job["rate_limit"] for job in due if job["rate_key"]}
     for key, wait in sorted(spent.items()):
+        # A rate per key's bucket is `task[value]`, the value made of the jobs' arguments:
+        # the task's name only, never the value (a view-only user sees no payload).
+        task, per_key = key.split("[", 1)[0], "[" in key
+        words = (
+            _("%(held)s: task %(task)s's rate limit per key (%(rate)s), the next start in %(wait)s")
+            if per_key
+            else _("%(held)s: task %(task)s's rate limit (%(rate)s), the next start in %(wait)s")
+        )
         reasons.append(
-            _("%(held)s: task %(task)s's rate limit (%(rate)s), the next start in %(wait)s")
+            words
             % {
                 "held": _of_the_oldest(rate_keys[key], len(due)),
-                "task": key.rsplit(".", 1)[-1],
+                "task": task.rsplit(".", 1)[-1],
                 "rate": limits.get(key) or "?",
                 "wait": _duration(wait),
             }

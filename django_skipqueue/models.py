@@ -228,6 +228,17 @@ class Job(Waitable, models.Model):
         help_text=_("Jobs sharing a rate key start at most rate_limit times per period."),
     )
     rate_limit = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001
+    # Fair share (SKIPQUEUE['FAIR_QUEUES'], queue/fair.py): in a fair queue every job has a
+    # key ("" for none), and while several keys have due jobs each gets claims in
+    # proportion to its jobs' `fair_weight`. NULL: a job of a queue that is not fair.
+    fair_key = models.CharField(  # noqa: DJ001  (NULL for "not fair", as concurrency_key)
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Jobs of a fair queue share the workers by this key, by weight."),
+    )
+    # No CHECK (adding one scans the table): the enqueue refuses a weight out of bounds.
+    fair_weight = models.SmallIntegerField(default=1, db_default=1)
     cancel_requested_at = DateTimeField(
         null=True, blank=True, help_text=_("An operator asked a running job to stop.")
     )
@@ -350,6 +361,14 @@ class Job(Waitable, models.Model):
                 fields=["queue_name", *CLAIM_ORDER],
                 name="skipqueue_job_keyed_claim_idx",
                 condition=Q(state="pending", concurrency_key__isnull=False),
+            ),
+            # Fair share, the claim of a fair queue (queue/fair.py): its keys one by one
+            # (a loose index scan), then each key's first due jobs in claim order. Only
+            # the pending jobs of fair queues are in it (empty unless used).
+            models.Index(
+                fields=["queue_name", "fair_key", *CLAIM_ORDER],
+                name="skipqueue_job_fair_claim_idx",
+                condition=Q(state="pending", fair_key__isnull=False),
             ),
             # Flow control, the running jobs of a key (counted under the key's lock).
             models.Index(

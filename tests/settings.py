@@ -74,6 +74,8 @@ SKIPQUEUE = {
     "LEASE_SECONDS": 30,
     "RETRY_BASE_SECONDS": 0.05,
     "RETRY_CAP_SECONDS": 1.0,
+    # Fair share (tests/queue/test_fair_share.py): the tenants' queue.
+    "FAIR_QUEUES": ["tenants"],
     # Tests hand worker subprocesses their own values (a short heartbeat, say).
     **json.loads(os.environ.get("SKIPQUEUE_TEST_SETTINGS", "{}")),
 }

@@ -148,6 +148,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         "finished_at",
         "worker_status",
         "shown_unique_key",
+        "shown_fair_key",
         "schedule_link",
         "shown_scheduled_for",
         "workflow_link",
@@ -195,6 +196,7 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
             {
                 "fields": [
                     "shown_unique_key",
+                    "shown_fair_key",
                     "schedule_link",
                     "shown_scheduled_for",
                     "workflow_link",
@@ -403,6 +405,19 @@ class JobAdmin(PayloadGate, QueueOverviewViews, ReadOnly, OwnLookupsOnly, admin.
         if job.unique_key and not shows_payloads():
             return hidden(_("set (hidden)"))
         return redact_key(job.unique_key) if job.unique_key else "-"
+
+    @admin.display(description=_("fair key"))
+    def shown_fair_key(self, job: Job) -> str:
+        """A fair queue's job: its key (made of its arguments: hidden as they are) and
+        weight; "-" outside a fair queue."""
+        if job.fair_key is None:
+            return "-"
+        weight = _("weight %(weight)d") % {"weight": job.fair_weight}
+        if job.fair_key == "":
+            return format_html("{} ({})", _("none: the queue's keyless jobs"), weight)
+        if not shows_payloads():
+            return format_html("{} ({})", hidden(_("set (hidden)")), weight)
+        return format_html("{} ({})", redact_key(job.fair_key), weight)
 
     @admin.display(description=_("return value"))
     def pretty_result(self, job: Job) -> str:

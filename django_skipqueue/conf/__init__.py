@@ -180,6 +180,10 @@ class SkipQueueSettings:
     #: "webhooks": {"rate": "10/s"}}: at most that many running jobs, at most that
     #: many job starts per second, minute or hour. Checked by skipqueue.E011.
     QUEUE_LIMITS: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Fair queues (docs/howto/flow-control.md): in each, jobs share the workers by their
+    #: fair key (`@task(fair_key=...)`), in proportion to their weight, while several
+    #: keys have due jobs. Checked by skipqueue.E014.
+    FAIR_QUEUES: tuple[str, ...] = ()
     #: Queues relayed to RabbitMQ (the job table as a transactional outbox):
     #: {"QUEUES": ["webhooks"], "URL": "amqp://..."} and optionally "BATCH_SIZE",
     #: "PREFETCH", "RESULTS" and "DELIVERY_LIMIT" (see broker.RelayConfig). Empty: off.
@@ -251,6 +255,7 @@ class SkipQueueSettings:
             "REPEATED_EXPIRY_THRESHOLD": (_positive_int, "a positive integer"),
             "SCHEDULES": (_named_entries, "a dict of schedule names to dicts"),
             "QUEUE_LIMITS": (_named_entries, "a dict of queue names to dicts"),
+            "FAIR_QUEUES": (_names, "a list of queue names"),
             "RELAY": (_dict, "a dict (QUEUES, URL, ...) or empty"),
         }
         found = []
@@ -322,7 +327,7 @@ def get_settings() -> SkipQueueSettings:
     if cached is not None and cached[0] is raw:
         return cached[1]
     known = {key: value for key, value in user_settings().items() if key in KNOWN_KEYS}
-    for key in ("TASK_MODULES", "REDACT_KEYS", "METRICS_ALLOWED_NETWORKS"):
+    for key in ("TASK_MODULES", "REDACT_KEYS", "METRICS_ALLOWED_NETWORKS", "FAIR_QUEUES"):
         if isinstance(known.get(key), list):
             known[key] = tuple(known[key])
     built = SkipQueueSettings(**known)

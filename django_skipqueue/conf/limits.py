@@ -19,6 +19,22 @@ PERIODS |= {"h": 3600.0, "hour": 3600.0}
 LIMIT_KEYS = frozenset({"concurrency", "rate"})
 #: The most jobs that share a concurrency key may run at once, and a queue's too.
 MAX_CONCURRENCY = 32767
+#: The largest fair-share weight of a job (a smallint column, no CHECK: checked here).
+MAX_FAIR_WEIGHT = 1000
+
+
+def check_fair_weight(weight: object, task_name: str) -> int:
+    """`weight` if it is a fair-share weight, 1 to MAX_FAIR_WEIGHT; ConfigurationError."""
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int)
+        or not 1 <= weight <= MAX_FAIR_WEIGHT
+    ):
+        raise ConfigurationError(
+            f"fair_weight of {task_name} must be an integer from 1 to {MAX_FAIR_WEIGHT}, "
+            f"got {weight!r}"
+        )
+    return weight
 
 
 @dataclass(frozen=True)
@@ -83,3 +99,27 @@ def queue_limits() -> dict[str, QueueLimit]:
             f"{{'reports': {{'concurrency': 3}}}}; got {entries!r}"
         )
     return {queue: limit_from_setting(queue, entry) for queue, entry in entries.items()}
+
+
+def fair_queue_problems() -> list[str]:
+    """What keeps SKIPQUEUE['FAIR_QUEUES'] from working, each in words (the system check
+    skipqueue.E014; a worker refuses to start on them): a fair queue with a queue-wide
+    limit (its limited claim takes jobs in claim order, not by share: not built), or
+    relayed to RabbitMQ (the broker keeps no key)."""
+    conf = get_settings()
+    problems = []
+    limited = conf.QUEUE_LIMITS if isinstance(conf.QUEUE_LIMITS, dict) else {}
+    relay = conf.RELAY.get("QUEUES", ()) if isinstance(conf.RELAY, dict) else ()
+    for queue in conf.FAIR_QUEUES:
+        if queue in limited:
+            problems.append(
+                f"queue {queue!r} is in SKIPQUEUE['FAIR_QUEUES'] and in "
+                f"SKIPQUEUE['QUEUE_LIMITS']: a fair queue with a queue-wide limit is not "
+                f"supported; limit its keys instead (concurrency_key, rate_key)"
+            )
+        if queue in relay:
+            problems.append(
+                f"queue {queue!r} is in SKIPQUEUE['FAIR_QUEUES'] and relayed to RabbitMQ, "
+                f"which keeps no fair key"
+            )
+    return problems

@@ -280,6 +280,12 @@ class JobSpec:
     #: value of this key (a tenant, a partner's API account), made as `concurrency_key`
     #: is. None: one bucket for the task.
     rate_key_rule: KeyRule | None = None
+    #: Fair share: whether the queue is fair (SKIPQUEUE['FAIR_QUEUES'], read when the
+    #: spec is made); then each job has a fair key (this rule's, or "" without one) and
+    #: `fair_weight` (1 to MAX_FAIR_WEIGHT).
+    fair: bool = False
+    fair_key: KeyRule | None = None
+    fair_weight: int = 1
 
     @property
     def rate_key(self) -> str | None:
@@ -295,6 +301,13 @@ class JobSpec:
         their own (`concurrency_key`), or, for a rate-limited task without one, a key of
         its own with no concurrency limit (`rate_concurrency_key`)."""
         return self.concurrency_key is not None or self.rate_limit is not None
+
+    @property
+    def plain(self) -> bool:
+        """Whether its jobs hold no column of their own but the arguments: no unique or
+        concurrency key, no rate limit, not in a fair queue (the enqueue's and the
+        workflows' shortest statements)."""
+        return self.unique_key is None and not self.keyed and not self.fair
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse (InvalidJobError) a call that does not bind to the task's signature."""
@@ -377,6 +390,10 @@ class JobSpec:
             columns["concurrency_limit"] = MAX_CONCURRENCY
         if self.rate_key_rule is not None and self.rate_limit is not None:
             columns["rate_key"] = keyed_rate_key(self.name, self.rate_key_rule.of(args, kwargs))
+        if self.fair:
+            key = self.fair_key.of(args, kwargs) if self.fair_key is not None else ""
+            columns["fair_key"] = key
+            columns["fair_weight"] = self.fair_weight
         return columns
 
     def columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

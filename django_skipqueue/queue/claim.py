@@ -180,6 +180,7 @@ class ClaimVerbs(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         only: int | None = None,
         ids: Sequence[int] | None = None,
         ids_only: bool = False,
+        locking: tuple[str, Sequence[Any]] | None = None,
     ) -> tuple[str, list[Any]]:
         """The claiming statement and its parameters, for claim() and for EXPLAIN.
 
@@ -187,7 +188,9 @@ class ClaimVerbs(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         `transaction.atomic()`, where Django compiles it), and reused: a worker claims
         from the same queues again and again.
         """
-        if ids is not None:  # rows this transaction already locked (claim_limited)
+        if locking is not None:  # a locking query of its own (a fair queue's: queue/fair.py)
+            locking_sql, locking_params = locking[0], tuple(locking[1])
+        elif ids is not None:  # rows this transaction already locked (claim_limited)
             locking_sql, locking_params = sql.CLAIM_THESE, (list(ids),)
         elif only is None:
             locking_sql, locking_params = _locking_query(self, tuple(queues), limit)

@@ -118,7 +118,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
         receivers = has_receivers(signals.pre_save, self.model) or has_receivers(
             signals.post_save, self.model
         )
-        plain = spec.unique_key is None and not spec.keyed
+        plain = spec.plain
         if receivers and plain:
             job = self.build(spec, args, kwargs)
             job.trace_context = tracing.enqueue_context(spec.name, spec.queue_name)
@@ -438,7 +438,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
         `first`: the index of the first of `calls` among the caller's, for errors."""
         settings = get_settings()
         limit = settings.MAX_PAYLOAD_BYTES
-        keyed = spec.unique_key is not None or spec.keyed
+        keyed = not spec.plain
         if keyed and settings.RELAY and spec.queue_name in relayed_queues():
             raise InvalidJobError(
                 f"queue {spec.queue_name!r} is relayed to RabbitMQ, which keeps no unique or "
@@ -472,12 +472,16 @@ class EnqueueVerbs(LimitedClaimVerbs):
         if trace is not None:
             params["trace"] = json.dumps(trace)
         keyed = spec.keyed
-        if keyed:
+        if keyed or spec.fair:
             columns = [spec.key_columns(args, kwargs) for args, kwargs, _, _ in batch]
+        if keyed:
             params["concurrency_keys"] = encode([one["concurrency_key"] for one in columns])
             params["concurrency_limit"] = columns[0]["concurrency_limit"] if columns else 1
             if spec.rate_key_rule is not None:
                 params["rate_keys"] = encode([one["rate_key"] for one in columns])
+        if spec.fair:
+            params["fair_keys"] = encode([one["fair_key"] for one in columns])
+            params["fair_weight"] = spec.fair_weight
         statement = sql.enqueue_many_statement(
             insert_defaults(self.model),
             keys is not None,
@@ -486,6 +490,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
             spec.rate_limit is not None,
             trace is not None,
             spec.rate_key_rule is not None,
+            spec.fair,
         )
         with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)

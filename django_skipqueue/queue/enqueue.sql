@@ -18,15 +18,15 @@
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors,
-        created_at{key_column}{ck_column}{exp_column}{rate_column}{trace_column})
+        created_at{key_column}{ck_column}{exp_column}{rate_column}{trace_column}{fair_column})
     SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
         {last_error}, {errors}::jsonb,
-        statement_timestamp(){key_value}{ck_value}{exp_value}{rate_value}{trace_value}
+        statement_timestamp(){key_value}{ck_value}{exp_value}{rate_value}{trace_value}{fair_value}
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
-        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows}{rate_rows})
-        WITH ORDINALITY AS v(a, k, {key_name}{ck_name}{rate_name}n)
+        jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows}{rate_rows}{fair_rows})
+        WITH ORDINALITY AS v(a, k, {key_name}{ck_name}{rate_name}{fair_name}n)
     ORDER BY n{on_conflict}
     RETURNING id{key_out}
 )

@@ -43,12 +43,12 @@ if TYPE_CHECKING:
         WorkerProcess,
     )
 
-from django_skipqueue.queue.claim import ClaimVerbs
+from django_skipqueue.queue.fair import FairClaimVerbs
 
 logger = logging.getLogger(__name__)
 
 
-class LimitedClaimVerbs(ClaimVerbs):
+class LimitedClaimVerbs(FairClaimVerbs):
     """The limited claim verbs of the job manager."""
 
     def keyed_due(self, queues: Sequence[str]) -> bool:

@@ -191,6 +191,18 @@ CLAIM_THESE = "SELECT id FROM skipqueue_job WHERE id = ANY(%s)"
 TRY_KEY_LOCKS = STATEMENTS["TRY_KEY_LOCKS"]
 
 
+def positional(statement: str) -> tuple[str, tuple[str, ...]]:
+    """A statement written with named parameters (`%(queue)s`) in the positional form
+    (`%s`) and the names in their order: to sit inside CLAIM, whose own are positional."""
+    names = tuple(re.findall(r"%\((\w+)\)s", statement))
+    return re.sub(r"%\(\w+\)s", "%s", statement), names
+
+
+# The locking query of a fair queue's claim (queue/fair.py), positional, and the names
+# of its parameters in order.
+FAIR_LOCKING, FAIR_LOCKING_PARAMS = positional(STATEMENTS["FAIR_LOCKING"])
+
+
 LOCK_WORKFLOWS_OF = STATEMENTS["LOCK_WORKFLOWS_OF"]
 
 ACK_MANY = STATEMENTS["ACK_MANY"]
@@ -269,6 +281,14 @@ _KEYED_RATE_PARTS = {
     "rate_name": "r, ",
 }
 _UNRATED_PARTS = dict.fromkeys(_RATED_PARTS, "")
+# Fair queues (SKIPQUEUE['FAIR_QUEUES']): each row's fair key, and the spec's weight.
+_FAIR_PARTS = {
+    "fair_column": ", fair_key, fair_weight",
+    "fair_value": ", f, %(fair_weight)s",
+    "fair_rows": ", jsonb_array_elements_text(%(fair_keys)s::jsonb)",
+    "fair_name": "f, ",
+}
+_UNFAIR_PARTS = dict.fromkeys(_FAIR_PARTS, "")
 # Traced enqueues (OpenTelemetry): the W3C trace context of the enqueuing span.
 _TRACED_PARTS = {"trace_column": ", trace_context", "trace_value": ", %(trace)s::jsonb"}
 _UNTRACED_PARTS = dict.fromkeys(_TRACED_PARTS, "")
@@ -282,7 +302,7 @@ def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
     }
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def enqueue_many_statement(
     defaults: tuple[tuple[str, object], ...],
     unique: bool = False,
@@ -291,12 +311,14 @@ def enqueue_many_statement(
     rated: bool = False,
     traced: bool = False,
     rate_keyed: bool = False,
+    fair: bool = False,
 ) -> str:
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
     with `keyed`, the concurrency key and limit columns; with `expiring`, `expires_at`;
     with `rated`, the rate key and limit (with `rate_keyed`, a rate key per row: a
-    `rate_keys` parameter); with `traced`, the trace context."""
+    `rate_keys` parameter); with `traced`, the trace context; with `fair`, the fair key
+    (a `fair_keys` parameter) and weight."""
     rate_parts = _KEYED_RATE_PARTS if rate_keyed else _RATED_PARTS
     return ENQUEUE_MANY.format(
         **_literals(defaults),
@@ -305,6 +327,7 @@ def enqueue_many_statement(
         **(_EXPIRING_PARTS if expiring else _LASTING_PARTS),
         **(rate_parts if rated else _UNRATED_PARTS),
         **(_TRACED_PARTS if traced else _UNTRACED_PARTS),
+        **(_FAIR_PARTS if fair else _UNFAIR_PARTS),
     )
 
 

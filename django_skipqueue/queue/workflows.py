@@ -495,7 +495,7 @@ def _row(
         own["inputs"] = inputs
     if planned.output:
         own["ends_workflow"] = True
-    if spec.unique_key is not None or spec.keyed:
+    if not spec.plain:
         own |= spec.key_columns(planned.args, planned.kwargs)
     text = json.dumps(own, separators=(",", ":"))
     return f'{text[:-1]},{_shared_json(spec)},"args":{args_json},"kwargs":{kwargs_json}}}'
@@ -571,11 +571,8 @@ def _one_plain_spec(batch: list[PlannedJob]) -> bool:
     """Whether a batch of members shares one spec without keys (written by columns)."""
     spec = batch[0].spec
     output = batch[0].output
-    return (
-        spec.unique_key is None
-        and spec.concurrency_key is None
-        and spec.rate_limit is None
-        and all(planned.spec is spec and planned.output == output for planned in batch)
+    return spec.plain and all(
+        planned.spec is spec and planned.output == output for planned in batch
     )
 
 

@@ -17,20 +17,21 @@ SELECT nextval(pg_get_serial_sequence('skipqueue_job', 'id')) FROM generate_seri
 INSERT INTO skipqueue_job (id, task, args, kwargs, queue_name, priority, state, run_at,
     lease, attempts, max_attempts, expirations, releases, last_error, errors, created_at,
     unique_key, concurrency_key, concurrency_limit, workflow_id, waiting_on, dependents,
-    inputs, ends_workflow, expires_at, rate_key, rate_limit)
+    inputs, ends_workflow, expires_at, rate_key, rate_limit, fair_key, fair_weight)
 SELECT r.id, r.task, r.args, r.kwargs, r.queue_name, r.priority, r.state,
     COALESCE(r.run_at, statement_timestamp() + make_interval(secs => r.delay)),
     make_interval(secs => r.lease), {attempts}, r.max_attempts, {expirations}, {releases},
     {last_error}, {errors}::jsonb, statement_timestamp(), r.unique_key, r.concurrency_key,
     r.concurrency_limit, %(workflow)s, r.waiting_on, r.dependents, r.inputs, r.ends_workflow,
     COALESCE(r.expires_at, statement_timestamp() + make_interval(secs => r.expires_in)),
-    r.rate_key, r.rate_limit
+    r.rate_key, r.rate_limit, r.fair_key, COALESCE(r.fair_weight, 1)
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(id bigint, task text, args jsonb,
     kwargs jsonb, queue_name text, priority smallint, state text, run_at timestamptz,
     delay double precision, lease double precision, max_attempts integer,
     unique_key text, concurrency_key text, concurrency_limit smallint, waiting_on integer,
     dependents jsonb, inputs jsonb, ends_workflow boolean, expires_at timestamptz,
-    expires_in double precision, rate_key text, rate_limit text)
+    expires_in double precision, rate_key text, rate_limit text, fair_key text,
+    fair_weight smallint)
 ORDER BY r.id
 ON CONFLICT (task, unique_key) WHERE unique_key IS NOT NULL AND state IN ({unfinished})
 DO NOTHING

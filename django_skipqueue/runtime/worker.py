@@ -38,7 +38,7 @@ from datetime import timedelta
 from django.db import DatabaseError, connections
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.conf.limits import queue_limits
+from django_skipqueue.conf.limits import fair_queue_problems, queue_limits
 from django_skipqueue.conf.relay import relayed_queues
 from django_skipqueue.core.states import DEFAULT_QUEUE_NAME, validate_queue_name
 from django_skipqueue.exceptions import ConfigurationError
@@ -128,6 +128,9 @@ class Worker(WorkerLifecycle):
                 f"its jobs are published by 'manage.py relayjobs' and run by "
                 f"'manage.py runworker --broker', not claimed from the table"
             )
+        unfair = fair_queue_problems()
+        if unfair:
+            raise ConfigurationError("; ".join(unfair))
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.concurrency = concurrency
@@ -159,6 +162,11 @@ class Worker(WorkerLifecycle):
             limits=queue_limits(),
             read_paused=Queue.objects.db_manager(self.database).paused_names,
         )
+        #: This worker's fair queues (claimed by share: queue/fair.py), and where each
+        #: one's next claim starts looking at its keys (the last claim's largest key).
+        self.fair = frozenset(conf.FAIR_QUEUES).intersection(self.queues)
+        self._fair_start: dict[str, str] = {}
+        self._fair_first = False  # which of the plain and the fair claims goes first
         self._held_back: float | None = None  # seconds until a limit may let more through
         self._burst_looked = False  # a burst with nothing to claim looked further once
         self._burst_refilled = False  # ... and found a bucket refilled since (once)
@@ -442,12 +450,45 @@ class Worker(WorkerLifecycle):
         if first:
             claimed += self._claim_limited(jobs, fast + limited, limit)
         if fast and len(claimed) < limit:
-            plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
-            claimed += self._hand_over(plain)
+            if self.fair:
+                claimed += self._claim_fast_and_fair(jobs, fast, limit - len(claimed))
+            else:
+                plain = jobs.claim(queues=fast, limit=limit - len(claimed), worker=self.process)
+                claimed += self._hand_over(plain)
             self.flow.refresh_soon()  # the jobs are running: now is a good time to read
             if keyed and not first and len(claimed) < limit:
                 claimed += self._claim_limited(jobs, fast, limit - len(claimed))
         self._last_full = len(claimed) >= limit
+        return claimed
+
+    def _claim_fast_and_fair(self, jobs: JobManager, fast: list[str], limit: int) -> list[Job]:
+        """The fast path of a worker with fair queues: the plain claim of its other
+        queues and the fair claim of each fair one (`claim_fair`), taking turns at going
+        first, so that neither kind keeps the other's jobs waiting while both have
+        some."""
+        plain = [name for name in fast if name not in self.fair]
+        fair = [name for name in fast if name in self.fair]
+        self._fair_first = not self._fair_first
+        turns: list[str | None] = [*fair, None] if self._fair_first else [None, *fair]
+        claimed: list[Job] = []
+        for queue in turns:
+            if len(claimed) >= limit:
+                break
+            if queue is None:
+                if plain:
+                    got = jobs.claim(queues=plain, limit=limit - len(claimed), worker=self.process)
+                    claimed += self._hand_over(got)
+                continue
+            got = jobs.claim_fair(
+                queue=queue,
+                limit=limit - len(claimed),
+                worker=self.process,
+                start=self._fair_start.get(queue, ""),
+            )
+            keys = [job.fair_key for job in got if job.fair_key is not None]
+            if keys:
+                self._fair_start[queue] = max(keys)
+            claimed += self._hand_over(got)
         return claimed
 
     def _claim_limited(self, jobs: JobManager, queues: list[str], limit: int) -> list[Job]:

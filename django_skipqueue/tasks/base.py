@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, overload
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.conf.limits import MAX_CONCURRENCY, canonical_rate
+from django_skipqueue.conf.limits import MAX_CONCURRENCY, canonical_rate, check_fair_weight
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
@@ -123,6 +123,12 @@ class Task(Generic[P, R]):
     #: parameter names, or a function of the call's arguments, as `unique_key`), e.g.
     #: per tenant or per partner account. None: one limit for the whole task.
     rate_key: UniqueKey | None = None
+    #: Fair share in a fair queue (SKIPQUEUE['FAIR_QUEUES']): the key its jobs share the
+    #: workers by (a tenant; made as `unique_key` is), and their weight (1 to 1000): while
+    #: several keys have due jobs, each gets claims in proportion to its weight. None:
+    #: the queue's jobs without a key share one key, "".
+    fair_key: UniqueKey | None = None
+    fair_weight: int = 1
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -158,6 +164,8 @@ class Task(Generic[P, R]):
             self, "concurrency_key", self._checked_key(self.concurrency_key, "concurrency_key")
         )
         object.__setattr__(self, "rate_key", self._checked_key(self.rate_key, "rate_key"))
+        object.__setattr__(self, "fair_key", self._checked_key(self.fair_key, "fair_key"))
+        check_fair_weight(self.fair_weight, self.name)
         if self.rate_key is not None and self.rate_limit is None:
             raise ConfigurationError(
                 f"rate_key of {self.name} names what a rate limit is counted per, but "
@@ -257,7 +265,22 @@ class Task(Generic[P, R]):
             expires=self.expires,
             rate_limit=self.rate_limit,
             rate_key_rule=self._key_rule(self.rate_key, "rate_key"),
+            fair=self._fair_queue(),
+            fair_key=self._key_rule(self.fair_key, "fair_key"),
+            fair_weight=self.fair_weight,
         )
+
+    def _fair_queue(self) -> bool:
+        """Whether this task's queue is fair now; ConfigurationError for a fair key or
+        weight on a queue that is not (it would be ignored without a word)."""
+        if self.queue_name in get_settings().FAIR_QUEUES:
+            return True
+        if self.fair_key is not None or self.fair_weight != 1:
+            raise ConfigurationError(
+                f"{self.name} has a fair key or weight, but its queue {self.queue_name!r} "
+                f"is not fair: add it to SKIPQUEUE['FAIR_QUEUES']"
+            )
+        return False
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -289,6 +312,8 @@ class Task(Generic[P, R]):
         concurrency_limit: int | None = None,
         expires: datetime | timedelta | float | None = None,
         rate_key: UniqueKey | None = None,
+        fair_key: UniqueKey | None = None,
+        fair_weight: int | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept.
 
@@ -312,6 +337,8 @@ class Task(Generic[P, R]):
                 "concurrency_limit": concurrency_limit,
                 "expires": validate_expires(expires),
                 "rate_key": rate_key,
+                "fair_key": fair_key,
+                "fair_weight": fair_weight,
             }.items()
             if value is not None
         }
@@ -481,6 +508,8 @@ def task(
     expires: timedelta | float | None = ...,
     rate_limit: str | None = ...,
     rate_key: UniqueKey | None = ...,
+    fair_key: UniqueKey | None = ...,
+    fair_weight: int = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -508,6 +537,8 @@ def task(
     expires: timedelta | float | None = None,
     rate_limit: str | None = None,
     rate_key: UniqueKey | None = None,
+    fair_key: UniqueKey | None = None,
+    fair_weight: int = 1,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -554,6 +585,8 @@ def task(
             expires=validate_expires(expires, when="the enqueue"),
             rate_limit=rate_limit,
             rate_key=rate_key,
+            fair_key=fair_key,
+            fair_weight=fair_weight,
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))

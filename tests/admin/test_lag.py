@@ -19,7 +19,7 @@ from django_skipqueue.models import Job, JobState, Queue, WorkerProcess
 from django_skipqueue.stats import queue_stats
 from django_skipqueue.testing import run_jobs
 from tests.conftest import set_lease
-from tests.testapp.tasks import add, per_account, three_a_minute
+from tests.testapp.tasks import add, per_account, three_a_minute, two_a_minute_per_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -59,6 +59,22 @@ def test_jobs_held_by_their_tasks_spent_rate_limit_say_which_task_and_when():
     assert "the next start in" in reason
     held = Job.objects.filter(state=JobState.PENDING).first()
     assert job_reason(held).startswith("its task's rate limit (3/m) is spent")
+
+
+def test_a_rate_limit_per_key_says_which_task_without_showing_the_key():
+    """A per-key bucket is named `task[value]`, the value made of the arguments (a
+    tenant, an account): the reasons name the task only."""
+    live_worker()
+    for n in range(3):
+        two_a_minute_per_tenant.enqueue("tenant-secret-7", n)
+    run_jobs()  # the bucket's two starts are taken; one job stays due
+    [reason] = reasons()
+    assert reason.startswith(
+        "all of the oldest 1 held: task two_a_minute_per_tenant's rate limit per key (2/m)"
+    )
+    held = Job.objects.get(state=JobState.PENDING)
+    assert job_reason(held).startswith("its task's rate limit (2/m) is spent")
+    assert "tenant-secret-7" not in reason + job_reason(held)
 
 
 def test_a_job_behind_its_concurrency_key_says_so_without_showing_the_key():

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SMOKE_SIZES = [
     "--jobs", "300", "--concurrency", "2", "--enqueue-jobs", "30", "--trials", "3",
     "--history-rows", "3000", "--memory-jobs", "400", "--storm-jobs", "300",
-    "--storm-seconds", "2.5", "--workflow-members", "200",
+    "--storm-seconds", "2.5", "--workflow-members", "200", "--fair-noisy", "300",
+    "--fair-keys", "5", "--fair-per-key", "3",
 ]  # fmt: skip
 
 
@@ -69,6 +70,8 @@ def test_every_benchmark_part_but_the_relay_runs_at_smoke_size(tmp_path):
     assert report["throughput"]["c2_cpu_ms_per_job"] > 0
     assert report["duplicates"]["lost"] == 0
     assert report["workflows"]["chord_jobs_per_s"] > 0
+    assert report["fairness"]["fair_jobs_per_s"] > 0
+    assert report["fairness"]["small_p95_wait_beside_noisy_s"] >= 0
 
 
 @pytest.mark.timeout(300)

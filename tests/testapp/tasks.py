@@ -971,3 +971,20 @@ SIGNAL_GATE = threading.Event()
 def durable_kyc_gated(context: TaskContext) -> object:
     context.step("gate", lambda: SIGNAL_GATE.wait(10))
     return context.wait_for("kyc")
+
+
+# -- fair share (tests/queue/test_fair_share.py) -----------------------------------------
+
+
+@task(queue_name="tenants", fair_key=lambda tenant, n=0, seconds=0.0: tenant, takes_context=True)
+def tenant_job(context: TaskContext, tenant: str, n: int = 0, seconds: float = 0.0) -> int:
+    """A tenant's job: records when it started (Span), then sleeps `seconds`."""
+    Span.objects.create(job_id=context.job_id, key=tenant, ended_at=Now())
+    if seconds:
+        time.sleep(seconds)
+    return n
+
+
+@task(queue_name="tenants")
+def keyless_tenant_job(n: int = 0) -> int:
+    return n

@@ -1,0 +1,96 @@
+"""Fair share within a queue (SKIPQUEUE['FAIR_QUEUES'], docs/howto/flow-control.md).
+
+In a fair queue every job has a fair key (a tenant, say; "" for a job without one) and
+a weight. While several keys have due jobs, each gets claims in proportion to its
+weight; a key alone gets every worker (nothing is held back for keys that have no
+work). Priorities order the jobs within a key.
+
+How, without a process of its own on the claim path and across every worker: a claim
+of a fair queue is CLAIM with another locking query, `sql.FAIR_LOCKING`. It places
+each due job at its key's running jobs plus its rank in its key, divided by the weight
+(a water-filling of the workers: the key furthest under its share goes first), and
+takes the lowest, SKIP LOCKED. The state is the job table's own: the running jobs
+count for their key until they end, on every worker alike. Two claims at the same
+instant see the same running jobs and may both favour one key for that moment; the
+next claims see it running and even it out.
+
+What it costs (benchmarks/RESULTS.md): one index probe per key with pending jobs (at
+most MAX_FAIR_KEYS a claim, taken round from where the worker's last claim ended, so
+every key comes round), one index range per key for its first jobs, and the running
+jobs of the queue. The plain claim of other queues is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError
+
+from django_skipqueue.core.redaction import redact_text
+from django_skipqueue.core.states import sort_in_claim_order
+from django_skipqueue.faults import is_transient
+from django_skipqueue.queue import sql
+from django_skipqueue.queue.base import _savepoint_if_in_transaction
+from django_skipqueue.queue.claim import ClaimVerbs
+from django_skipqueue.queue.loading import fetch_jobs, job_cursor
+
+if TYPE_CHECKING:
+    from django_skipqueue.models import Job, WorkerProcess
+
+logger = logging.getLogger(__name__)
+
+#: The most keys one claim of a fair queue looks at: a claim's cost stays bounded with
+#: many thousands of tenants, and the next claim starts where this one's jobs ended.
+MAX_FAIR_KEYS = 1000
+
+
+class FairClaimVerbs(ClaimVerbs):
+    """The fair claim verb of the job manager."""
+
+    def claim_fair(
+        self,
+        *,
+        queue: str,
+        limit: int = 1,
+        worker: WorkerProcess | None = None,
+        lease: timedelta | None = None,
+        start: str = "",
+    ) -> list[Job]:
+        """Claim up to `limit` due jobs of the fair queue `queue` by share (the module
+        doc), committed before this returns, as `claim` does. `start`: the largest
+        fair key of this worker's last claim of the queue (its keys are looked at from
+        there on, round to it). Jobs with a concurrency key are left to `claim_limited`.
+
+        A fair queue's jobs written without a fair key (before the queue was made fair,
+        or by an older release) are taken by the plain claim when no keyed job is due;
+        if the fair statement fails other than by the connection, the plain claim, with
+        its row-by-row fallback, takes this claim's place."""
+        if limit < 1:
+            return []
+        values: dict[str, Any] = {
+            "queue": queue,
+            "start": start,
+            "max_keys": MAX_FAIR_KEYS,
+            "limit": limit,
+        }
+        locking = (sql.FAIR_LOCKING, [values[name] for name in sql.FAIR_LOCKING_PARAMS])
+        statement, params = self.claim_statement(
+            [queue], limit=limit, worker=worker, lease=lease, locking=locking
+        )
+        try:
+            unloadable: list[tuple[int, str]] = []
+            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
+                cursor.execute(statement, params)
+                claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+            self._fail_unloadable(unloadable)
+        except DatabaseError as error:
+            if is_transient(error):
+                raise
+            logger.error("fair claim failed, claiming in claim order: %s", redact_text(str(error)))
+            return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
+        if not claimed:  # no keyed job due: those without a key, if any
+            return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
+        sort_in_claim_order(claimed)
+        return claimed
