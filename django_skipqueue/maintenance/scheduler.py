@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Greatest, Now
 
@@ -389,6 +389,66 @@ def _tick_one(defined: Cron, database: str, zone_default: str) -> tuple[int, int
     if inserted:
         logger.debug("schedule ticked name=%s occurrences=%d", cron.name, inserted)
     return inserted, int(missed)
+
+
+#: The most occurrences one backfill enqueues (a range over it is refused: split it).
+MAX_BACKFILL_OCCURRENCES = 10_000
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """What `backfill` found in its range and how many of them it enqueued (the others
+    were enqueued already: a tick's, or an earlier backfill's)."""
+
+    occurrences: list[datetime]
+    enqueued: int
+
+
+def backfill(
+    name: str,
+    start: datetime,
+    end: datetime,
+    *,
+    database: str,
+    dry_run: bool = False,
+    schedules: Mapping[str, Cron] | None = None,
+) -> Backfill:
+    """Enqueue the schedule `name`'s occurrences in (start, end], each once: an
+    occurrence enqueued before (by a tick or an earlier backfill) is skipped by the
+    occurrence constraint, as a tick's own is. Each job runs as the schedule's would,
+    its `scheduled_for` the occurrence. `end` may not pass the database's now (the
+    ticks own what is to come), and at most MAX_BACKFILL_OCCURRENCES at once. The
+    schedule's own progress (`last_occurrence_at`) is left as it is. ValueError, in
+    words, for an unknown schedule or a range refused. `schedules`: the code's
+    (`defined_schedules()`) unless given."""
+    defined = defined_schedules() if schedules is None else schedules
+    cron = defined.get(name)
+    if cron is None:
+        known = ", ".join(sorted(defined)) or "none"
+        raise ValueError(f"no schedule named {name!r} in the code (schedules: {known})")
+    if end <= start:
+        raise ValueError(f"the range is empty: {end.isoformat()} is not after {start.isoformat()}")
+    now = _database_now(database)
+    if end > now:
+        raise ValueError(
+            f"the range ends at {end.isoformat()}, after the database's now "
+            f"({now.isoformat()}): a backfill runs past occurrences only"
+        )
+    zone = cron.zone(default_zone())
+    found = cron.occurrences(start, end, zone, limit=MAX_BACKFILL_OCCURRENCES + 1)
+    if len(found) > MAX_BACKFILL_OCCURRENCES:
+        raise ValueError(
+            f"the range holds more than {MAX_BACKFILL_OCCURRENCES} occurrences of "
+            f"{name!r}: backfill it in parts"
+        )
+    if dry_run or not found:
+        return Backfill(found, 0)
+    with transaction.atomic(using=database):
+        enqueued = _enqueue(cron, found, database)
+    logger.info(
+        "schedule backfilled name=%s occurrences=%d enqueued=%d", name, len(found), enqueued
+    )
+    return Backfill(found, enqueued)
 
 
 def _enqueue(cron: Cron, instants: list[datetime], database: str) -> int:

@@ -336,3 +336,44 @@ def test_a_worker_runs_an_interval_schedule(start_worker) -> None:
     )
     times = sorted(Job.objects.filter(schedule="often").values_list("scheduled_for", flat=True))
     assert all(moment.microsecond == 0 for moment in times)
+
+
+def test_a_backfill_enqueues_a_past_range_each_occurrence_once_beside_the_ticks() -> None:
+    """`schedules --backfill`: an outage's hours run after the fact. The occurrences a
+    tick enqueued already are skipped (the occurrence constraint), a second backfill of
+    the same range adds nothing, and the schedule's own progress does not move."""
+    from django_skipqueue.maintenance.scheduler import backfill
+
+    defined = schedules(Cron(expression="*/10 * * * *", name="ten", args=[1, 2]))
+    sync(defined, database="default")
+    now = database_now()
+    end = now.replace(minute=0, second=0, microsecond=0)
+    start = end - timedelta(hours=2)
+    before = Schedule.objects.get().last_occurrence_at
+    first = backfill("ten", start, end, database="default", schedules=defined)
+    assert len(first.occurrences) == 12 and first.enqueued == 12
+    again = backfill("ten", start - timedelta(hours=1), end, database="default", schedules=defined)
+    assert (len(again.occurrences), again.enqueued) == (18, 6)
+    times = sorted(Job.objects.filter(schedule="ten").values_list("scheduled_for", flat=True))
+    assert len(times) == 18 == len(set(times)) and times[-1] == end
+    assert Schedule.objects.get().last_occurrence_at == before
+    with pytest.raises(ValueError, match="after the database's now"):
+        backfill("ten", start, now + timedelta(minutes=1), database="default", schedules=defined)
+    with pytest.raises(ValueError, match="no schedule named 'nope'"):
+        backfill("nope", start, end, database="default", schedules=defined)
+    dry = backfill(
+        "ten", start - timedelta(hours=3), end, database="default", schedules=defined, dry_run=True
+    )
+    assert (len(dry.occurrences), dry.enqueued) == (30, 0)
+    assert Job.objects.filter(schedule="ten").count() == 18
+
+
+def test_the_backfill_command_says_what_is_wrong_in_words() -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--backfill needs --from"):
+        call_command("schedules", "--backfill", "nightly")
+    with pytest.raises(CommandError, match="--from 'yesterday' is not a date or a time"):
+        call_command("schedules", "--backfill", "nightly", "--from", "yesterday")
+    with pytest.raises(CommandError, match="no schedule named 'nightly' in the code"):
+        call_command("schedules", "--backfill", "nightly", "--from", "2026-12-01")

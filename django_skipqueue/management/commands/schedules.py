@@ -8,9 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.maintenance.scheduler import schedule_statuses
+from django_skipqueue.maintenance.scheduler import backfill, schedule_statuses
 from django_skipqueue.management.preflight import require_migrated
 from django_skipqueue.models import Schedule
 
@@ -37,10 +38,28 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Resume these schedules from now (occurrences passed while paused are not run).",
         )
+        parser.add_argument(
+            "--backfill",
+            metavar="NAME",
+            help="Enqueue the schedule's past occurrences from --from to --to, each once "
+            "(those enqueued already are skipped); its own progress is left as it is.",
+        )
+        parser.add_argument(
+            "--from", dest="start", metavar="WHEN", help="With --backfill: after this instant."
+        )
+        parser.add_argument(
+            "--to", dest="end", metavar="WHEN", help="With --backfill: up to this instant (now)."
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="With --backfill: list, enqueue nothing."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         database = get_settings().DATABASE_ALIAS
         require_migrated(database)
+        if options["backfill"]:
+            self._backfill(options, database)
+            return
         schedules = Schedule.objects.db_manager(database)
         for verb in ("pause", "resume"):
             names = options[verb]
@@ -85,6 +104,39 @@ class Command(BaseCommand):
             self.stdout.write("  ".join(row[c].ljust(widths[c]) for c in COLUMNS).rstrip())
             if status.next_runs:  # under its row: the expression's meaning, in words
                 self.stdout.write(f"    {status.next_runs}")
+
+    def _backfill(self, options: dict[str, Any], database: str) -> None:
+        if not options["start"]:
+            raise CommandError("--backfill needs --from: the instant the range starts after")
+        start = _instant(options["start"], "--from")
+        end = _instant(options["end"], "--to") if options["end"] else timezone.now()
+        try:
+            done = backfill(
+                options["backfill"], start, end, database=database, dry_run=options["dry_run"]
+            )
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        for occurrence in done.occurrences if options["dry_run"] else ():
+            self.stdout.write(_moment(occurrence))
+        verb = "would enqueue" if options["dry_run"] else "enqueued"
+        count = len(done.occurrences) if options["dry_run"] else done.enqueued
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"{verb} {count} of {len(done.occurrences)} occurrences of "
+                f"{options['backfill']!r} in ({_moment(start)}, {_moment(end)}]"
+            )
+        )
+
+
+def _instant(text: str, option: str) -> datetime:
+    """An ISO 8601 date or time; without an offset, in the project's time zone."""
+    moment = parse_datetime(text)
+    if moment is None:
+        day = parse_date(text)
+        moment = datetime(day.year, day.month, day.day) if day is not None else None
+    if moment is None:
+        raise CommandError(f"{option} {text!r} is not a date or a time like 2026-12-01T09:00")
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
 
 
 def _moment(value: datetime | None) -> str:
