@@ -69,6 +69,24 @@ class FairClaimVerbs(ClaimVerbs):
         its row-by-row fallback, takes this claim's place."""
         if limit < 1:
             return []
+        claimed = self._claim_fair_once(queue, limit, worker, lease, start)
+        if 0 < len(claimed) < limit:
+            # The statement counts each key's share in numbers, not in jobs: keys with
+            # fewer due jobs than their share leave slots over, for the others now.
+            claimed += self._claim_fair_once(queue, limit - len(claimed), worker, lease, start)
+        elif not claimed:  # no keyed job due: those without a key, if any
+            return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
+        sort_in_claim_order(claimed)
+        return claimed
+
+    def _claim_fair_once(
+        self,
+        queue: str,
+        limit: int,
+        worker: WorkerProcess | None,
+        lease: timedelta | None,
+        start: str,
+    ) -> list[Job]:
         values: dict[str, Any] = {
             "queue": queue,
             "start": start,
@@ -90,7 +108,4 @@ class FairClaimVerbs(ClaimVerbs):
                 raise
             logger.error("fair claim failed, claiming in claim order: %s", redact_text(str(error)))
             return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
-        if not claimed:  # no keyed job due: those without a key, if any
-            return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
-        sort_in_claim_order(claimed)
         return claimed
