@@ -988,3 +988,16 @@ def tenant_job(context: TaskContext, tenant: str, n: int = 0, seconds: float = 0
 @task(queue_name="tenants")
 def keyless_tenant_job(n: int = 0) -> int:
     return n
+
+
+@task(
+    queue_name="tenants",
+    rate_limit="20/s",
+    rate_key=("tenant",),
+    fair_key=lambda tenant, n=0: tenant,
+    takes_context=True,
+)
+def rated_tenant_job(context: TaskContext, tenant: str, n: int = 0) -> int:
+    """A tenant's job under a rate per tenant, in the fair queue (tests/chaos)."""
+    Span.objects.create(job_id=context.job_id, key=f"rated-{tenant}", ended_at=Now())
+    return n
