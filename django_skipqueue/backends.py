@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -110,6 +111,12 @@ class Task(DjangoTask):
     #: Fair share in a fair queue: the key its jobs share the workers by, and their weight.
     fair_key: Any = None
     fair_weight: int = 1
+    #: Debounce or throttle: calls of one key join one pending job (seconds).
+    debounce: float | None = None
+    debounce_max_wait: float | None = None
+    debounce_key: Any = None
+    throttle: float | None = None
+    throttle_key: Any = None
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this call, a step of a workflow (chain, group, chord): it
@@ -254,6 +261,11 @@ class SkipQueueBackend(BaseTaskBackend):
                 rate_key=getattr(task, "rate_key", None),
                 fair_key=getattr(task, "fair_key", None),
                 fair_weight=getattr(task, "fair_weight", 1),
+                debounce=_seconds(getattr(task, "debounce", None)),
+                debounce_max_wait=_seconds(getattr(task, "debounce_max_wait", None)),
+                debounce_key=getattr(task, "debounce_key", None),
+                throttle=_seconds(getattr(task, "throttle", None)),
+                throttle_key=getattr(task, "throttle_key", None),
                 django_task=task,
                 unique_key=getattr(task, "unique_key", None),
                 on_conflict=getattr(task, "on_conflict", "existing"),
@@ -368,3 +380,11 @@ class SkipQueueBackend(BaseTaskBackend):
         )
         set_on_frozen(result, "_return_value", job.result)
         return result
+
+
+def _seconds(value: Any) -> Any:
+    """A debounce's or throttle's period given in seconds, as the native task takes it
+    (its own check refuses anything else, naming the option)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    return value

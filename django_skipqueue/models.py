@@ -239,6 +239,16 @@ class Job(Waitable, models.Model):
     )
     # No CHECK (adding one scans the table): the enqueue refuses a weight out of bounds.
     fair_weight = models.SmallIntegerField(default=1, db_default=1)
+    # Debounce and throttle (queue/coalesce.py): at most one pending job per task and
+    # coalesce key; an enqueue that finds one joins it. `coalesce_until`: a debounced
+    # job's latest run time (its first call's time + `debounce_max_wait`).
+    coalesce_key = models.CharField(  # noqa: DJ001  (NULL for "none", as concurrency_key)
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("A debounced or throttled job: the calls that share it join one job."),
+    )
+    coalesce_until = DateTimeField(null=True, blank=True)
     cancel_requested_at = DateTimeField(
         null=True, blank=True, help_text=_("An operator asked a running job to stop.")
     )
@@ -425,6 +435,14 @@ class Job(Waitable, models.Model):
                 fields=["task", "unique_key"],
                 name="skipqueue_job_unique_key",
                 condition=Q(unique_key__isnull=False, state__in=UNFINISHED_STATES),
+            ),
+            # Debounce and throttle (queue/coalesce.py): one pending job per task and key
+            # under any number of concurrent enqueues, the conflict target of their INSERT
+            # ... ON CONFLICT. Partial: only pending jobs with a key are in it.
+            models.UniqueConstraint(
+                fields=["task", "coalesce_key"],
+                name="skipqueue_job_coalesce_key",
+                condition=Q(state="pending", coalesce_key__isnull=False),
             ),
             # Periodic schedules: each occurrence is enqueued once, however many workers
             # tick the schedule at the same time (scheduler.py).

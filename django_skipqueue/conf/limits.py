@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from django_skipqueue.conf import check_entry, get_settings
 from django_skipqueue.exceptions import ConfigurationError
 
-RATE_PATTERN = re.compile(r"\s*([0-9]{1,9})\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*", re.ASCII)
+RATE_PATTERN = re.compile(
+    r"\s*([0-9]{1,9})\s*/\s*([0-9]{1,6})?\s*(s|sec|second|m|min|minute|h|hour)\s*", re.ASCII
+)
 PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 PERIODS |= {"h": 3600.0, "hour": 3600.0}
+#: The longest period of a rate ("1/24h"): a throttle's (queue/coalesce.py) at most.
+MAX_RATE_PERIOD = 24 * 3600.0
 #: The keys a SKIPQUEUE['QUEUE_LIMITS'] entry may have.
 LIMIT_KEYS = frozenset({"concurrency", "rate"})
 #: The most jobs that share a concurrency key may run at once, and a queue's too.
@@ -53,21 +57,28 @@ class QueueLimit:
 
 
 def parse_rate(value: object, where: str = "rate") -> tuple[int, float]:
-    """ "10/s", "100/m" or "5000/h" as (starts, period in seconds); ConfigurationError else."""
+    """ "10/s", "100/m", "5000/h", or with a number of units ("1/30s", "1/5m"), as (starts,
+    period in seconds, at most MAX_RATE_PERIOD); ConfigurationError else."""
     match = RATE_PATTERN.fullmatch(value) if isinstance(value, str) else None
-    if match is None or int(match.group(1)) < 1:
+    units = int(match.group(2)) if match is not None and match.group(2) else 1
+    if match is None or int(match.group(1)) < 1 or units < 1:
         raise ConfigurationError(
             f"{where} must be a positive number of starts per second, minute or hour, "
-            f"written like '10/s', '100/m' or '5000/h'; got {value!r}"
+            f"written like '10/s', '100/m', '5000/h' or '1/30s'; got {value!r}"
         )
-    return int(match.group(1)), PERIODS[match.group(2)]
+    period = units * PERIODS[match.group(3)]
+    if period > MAX_RATE_PERIOD:
+        raise ConfigurationError(f"{where}: a period of at most 24 hours; got {value!r}")
+    return int(match.group(1)), period
 
 
 def canonical_rate(value: object, where: str = "rate") -> str:
-    """A rate as it is stored in a job's row: "10/s", "100/m" or "5000/h" (parse_rate's
-    ConfigurationError for one that is not a rate)."""
+    """A rate as it is stored in a job's row: "10/s", "100/m", "5000/h", or "1/30s" for a
+    period of several seconds (parse_rate's ConfigurationError for one that is not a
+    rate)."""
     starts, period = parse_rate(value, where)
-    return f"{starts}/{ {1.0: 's', 60.0: 'm', 3600.0: 'h'}[period] }"
+    unit = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(period)
+    return f"{starts}/{unit}" if unit is not None else f"{starts}/{period:g}s"
 
 
 def limit_from_setting(queue: str, entry: object) -> QueueLimit:

@@ -286,6 +286,13 @@ class JobSpec:
     fair: bool = False
     fair_key: KeyRule | None = None
     fair_weight: int = 1
+    #: Debounce or throttle (queue/coalesce.py): "debounce", "throttle" or "" (neither);
+    #: the calls of one coalesce key (this rule's, or "" without one) join one pending
+    #: job. A throttle's rate is `rate_limit` (one start per period, per `rate_key_rule`).
+    coalesce: str = ""
+    coalesce_key: KeyRule | None = None
+    debounce: timedelta | None = None
+    debounce_max_wait: timedelta | None = None
 
     @property
     def rate_key(self) -> str | None:
@@ -307,7 +314,7 @@ class JobSpec:
         """Whether its jobs hold no column of their own but the arguments: no unique or
         concurrency key, no rate limit, not in a fair queue (the enqueue's and the
         workflows' shortest statements)."""
-        return self.unique_key is None and not self.keyed and not self.fair
+        return self.unique_key is None and not self.keyed and not self.fair and not self.coalesce
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Refuse (InvalidJobError) a call that does not bind to the task's signature."""
@@ -394,6 +401,9 @@ class JobSpec:
             key = self.fair_key.of(args, kwargs) if self.fair_key is not None else ""
             columns["fair_key"] = key
             columns["fair_weight"] = self.fair_weight
+        if self.coalesce:
+            rule = self.coalesce_key
+            columns["coalesce_key"] = rule.of(args, kwargs) if rule is not None else ""
         return columns
 
     def columns(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -496,11 +496,11 @@ def locked_row(manager: models.Manager[Any], pk: str) -> tuple[Any, datetime] | 
 
 
 #: A token bucket no claim has touched for this long is full again: a rate's period is
-#: an hour at most (conf/limits.py PERIODS) and a bucket owes at most one fill
-#: (`refilled`). A missing bucket is made full at its next claim, so such a bucket is
-#: deleted (`RateBucketManager.prune_full`): a rate limit per key leaves no row per key
-#: behind for anyone to clean up.
-BUCKET_FULL_AFTER = timedelta(hours=2)
+#: a day at most (conf/limits.py MAX_RATE_PERIOD: a throttle's) and a bucket owes at
+#: most one fill (`refilled`). A missing bucket is made full at its next claim, so such
+#: a bucket is deleted (`RateBucketManager.prune_full`): a rate limit per key leaves no
+#: row per key behind for anyone to clean up.
+BUCKET_FULL_AFTER = timedelta(days=2)
 
 
 def refilled(

@@ -51,6 +51,7 @@ from django_skipqueue.queue.base import (
     _no_row_returned,
     _run_at,
 )
+from django_skipqueue.queue.coalesce import enqueue_coalesced
 from django_skipqueue.queue.loading import job_cursor, loaded_job, loaded_jobs
 from django_skipqueue.queue.rows import enqueue_parts, insert_defaults, insert_params, job_template
 
@@ -115,6 +116,8 @@ class EnqueueVerbs(LimitedClaimVerbs):
         with a pre_save or post_save receiver connected for Job, the ORM's save(), so
         that the receivers see it.
         """
+        if spec.coalesce:
+            return enqueue_coalesced(self, spec, args, kwargs)
         receivers = has_receivers(signals.pre_save, self.model) or has_receivers(
             signals.post_save, self.model
         )
@@ -225,6 +228,12 @@ class EnqueueVerbs(LimitedClaimVerbs):
         batch_size: int,
         ids_only: bool,
     ) -> list[Job] | list[int]:
+        if spec.coalesce:  # one statement per call: each may join another's job
+            done = [
+                enqueue_coalesced(self, spec, *_call_pair(spec.name, call, n))
+                for n, call in enumerate(calls)
+            ]
+            return [job.id for job in done] if ids_only else done
         if spec.unique_key is not None:
             return self._enqueue_unique(spec, calls, batch_size=batch_size, ids_only=ids_only)
         if ids_only:

@@ -75,3 +75,26 @@ RETURNING job.unique_key, job.id
 SELECT count(*) FROM (
     SELECT 1 FROM skipqueue_job WHERE state = 'pending' AND queue_name = %s LIMIT %s
 ) AS capped
+
+-- name: COALESCE_INSERT
+-- Debounce and throttle (queue/coalesce.py): one call's job, joined to the pending job of
+-- its task and coalesce key if there is one. The conflict target is the partial unique
+-- index skipqueue_job_coalesce_key (the WHERE repeats its condition so that PostgreSQL
+-- infers it); under concurrent enqueues of one key, PostgreSQL makes the second wait for
+-- the first's commit, then conflict with its row (or insert, if it rolled back). A
+-- debounce moves the pending job's arguments and run time to this call's, never past
+-- its `coalesce_until`; a throttle keeps the first call's (DO NOTHING). A job claimed
+-- meanwhile is pending no longer: the call inserts a job of its own. Raw: the ORM's
+-- upsert cannot name a partial index. The columns are the model's, filled by queue/sql.py.
+INSERT INTO skipqueue_job ({columns}, run_at, created_at, coalesce_until)
+VALUES ({values},
+    COALESCE(%s::timestamptz, statement_timestamp() + %s::interval), statement_timestamp(),
+    statement_timestamp() + %s::interval)
+ON CONFLICT (task, coalesce_key) WHERE coalesce_key IS NOT NULL AND state = 'pending'
+{on_conflict}
+RETURNING id
+
+-- name: COALESCE_HOLDER
+-- A throttled call whose key a pending job holds: that job (Raw, beside the INSERT).
+SELECT id FROM skipqueue_job
+WHERE task = %s AND coalesce_key = %s AND coalesce_key IS NOT NULL AND state = 'pending'

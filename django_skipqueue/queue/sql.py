@@ -349,6 +349,26 @@ def enqueue_one_statement(
 
 UNFINISHED_WITH_KEYS = STATEMENTS["UNFINISHED_WITH_KEYS"]
 
+COALESCE_INSERT = STATEMENTS["COALESCE_INSERT"]
+COALESCE_HOLDER = STATEMENTS["COALESCE_HOLDER"]
+# A debounce's conflict: the later call's arguments and run time, within the first's bound.
+_DEBOUNCED = (
+    "DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,\n"
+    "    run_at = LEAST(EXCLUDED.run_at, COALESCE(skipqueue_job.coalesce_until, EXCLUDED.run_at))"
+)
+
+
+@functools.lru_cache(maxsize=8)
+def coalesce_statement(columns: tuple[str, ...], debounce: bool) -> str:
+    """COALESCE_INSERT for these model columns (each a parameter), then the run time's,
+    the created time's and the bound's: a debounce's form, or a throttle's."""
+    return COALESCE_INSERT.format(
+        columns=", ".join(f'"{column}"' for column in columns),
+        values=", ".join(["%s"] * len(columns)),
+        on_conflict=_DEBOUNCED if debounce else "DO NOTHING",
+    )
+
+
 REPLACE_PENDING = STATEMENTS["REPLACE_PENDING"].format(expires_at=EXPIRES_AT)
 
 

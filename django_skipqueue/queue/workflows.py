@@ -564,6 +564,11 @@ class _Checks:
                 f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
                 f"put its jobs on queues of the table"
             )
+        if spec.coalesce:
+            raise InvalidJobError(
+                f"{spec.name} is debounced or throttled: its calls join one pending job, "
+                f"and a workflow's job must be its own; enqueue it from a step instead"
+            )
         spec.check_bounds()
 
 

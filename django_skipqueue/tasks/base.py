@@ -9,13 +9,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeAlias, TypeVar, overload
 
 from django_skipqueue.conf import get_settings
-from django_skipqueue.conf.limits import MAX_CONCURRENCY, canonical_rate, check_fair_weight
+from django_skipqueue.conf.limits import (
+    MAX_CONCURRENCY,
+    MAX_RATE_PERIOD,
+    canonical_rate,
+    check_fair_weight,
+)
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
 from django_skipqueue.core.retry import RetryPolicy
@@ -129,6 +135,19 @@ class Task(Generic[P, R]):
     #: the queue's jobs without a key share one key, "".
     fair_key: UniqueKey | None = None
     fair_weight: int = 1
+    #: Debounce (queue/coalesce.py): a call waits this long for another of the same
+    #: `debounce_key` (made as `unique_key` is; None: one key for the task); each one
+    #: that comes meanwhile gives the pending job its arguments and starts the wait
+    #: again, up to `debounce_max_wait` after the first. The job runs once, with the
+    #: last call's arguments.
+    debounce: timedelta | None = None
+    debounce_max_wait: timedelta | None = None
+    debounce_key: UniqueKey | None = None
+    #: Throttle: at most one run per this period for each `throttle_key` (None: one key
+    #: for the task); the first call runs at once, and the calls that come while a job
+    #: waits join it (the first call's arguments), which runs once the period has passed.
+    throttle: timedelta | None = None
+    throttle_key: UniqueKey | None = None
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -166,6 +185,7 @@ class Task(Generic[P, R]):
         object.__setattr__(self, "rate_key", self._checked_key(self.rate_key, "rate_key"))
         object.__setattr__(self, "fair_key", self._checked_key(self.fair_key, "fair_key"))
         check_fair_weight(self.fair_weight, self.name)
+        self._check_coalescing()
         if self.rate_key is not None and self.rate_limit is None:
             raise ConfigurationError(
                 f"rate_key of {self.name} names what a rate limit is counted per, but "
@@ -180,6 +200,36 @@ class Task(Generic[P, R]):
             raise InvalidJobError(
                 f"concurrency_limit must be 1 to {MAX_CONCURRENCY}, got {limit!r}"
             )
+
+    def _check_coalescing(self) -> None:
+        """Debounce and throttle: their delays as timedeltas, and the options they cannot
+        go with refused in words (ConfigurationError)."""
+        for option, most in (("debounce", MAX_COALESCE), ("debounce_max_wait", MAX_COALESCE)):
+            object.__setattr__(
+                self, option, _period(getattr(self, option), option, self.name, most)
+            )
+        throttle = _period(self.throttle, "throttle", self.name, timedelta(seconds=MAX_RATE_PERIOD))
+        object.__setattr__(self, "throttle", throttle)
+        for option in ("debounce_key", "throttle_key"):
+            object.__setattr__(self, option, self._checked_key(getattr(self, option), option))
+        problems = []
+        if self.debounce is None and (self.debounce_key is not None or self.debounce_max_wait):
+            problems.append("debounce_key and debounce_max_wait need debounce")
+        if throttle is None and self.throttle_key is not None:
+            problems.append("throttle_key needs throttle")
+        if self.debounce is not None and throttle is not None:
+            problems.append("debounce and throttle do not go together: choose one")
+        if (self.debounce is not None or throttle is not None) and self.unique_key is not None:
+            problems.append(
+                "debounce and throttle keep one pending job per key already: drop unique_key"
+            )
+        if throttle is not None and self.rate_limit is not None:
+            problems.append("throttle is a rate of one run per period: drop rate_limit")
+        wait = self.debounce_max_wait
+        if wait is not None and self.debounce is not None and wait < self.debounce:
+            problems.append("debounce_max_wait is shorter than debounce")
+        if problems:
+            raise ConfigurationError(f"{self.name}: {'; '.join(problems)}")
 
     def _checked_key(self, key: Any, option: str) -> Any:
         if key is None or callable(key):
@@ -250,6 +300,11 @@ class Task(Generic[P, R]):
         """What an enqueue of this task writes, as the queue layer takes it: its options
         resolved against SKIPQUEUE now (options left None take the project's defaults),
         its call rule and its key rules."""
+        options: dict[str, Any] = {
+            "rate_limit": self.rate_limit,
+            "rate_key_rule": self._key_rule(self.rate_key, "rate_key"),
+        }
+        options |= self._coalescing()  # a throttle's rate takes the place of none
         return JobSpec(
             name=self.name,
             queue_name=self.queue_name,
@@ -263,12 +318,32 @@ class Task(Generic[P, R]):
             concurrency_key=self._key_rule(self.concurrency_key, "concurrency_key"),
             concurrency_limit=self.concurrency_limit,
             expires=self.expires,
-            rate_limit=self.rate_limit,
-            rate_key_rule=self._key_rule(self.rate_key, "rate_key"),
             fair=self._fair_queue(),
             fair_key=self._key_rule(self.fair_key, "fair_key"),
             fair_weight=self.fair_weight,
+            **options,
         )
+
+    def _coalescing(self) -> dict[str, Any]:
+        """The spec's debounce or throttle: a throttle is a rate of one start per period,
+        per throttle key (the token buckets of `rate_limit`), whose waiting calls join one
+        pending job."""
+        if self.debounce is not None:
+            return {
+                "coalesce": "debounce",
+                "coalesce_key": self._key_rule(self.debounce_key, "debounce_key"),
+                "debounce": self.debounce,
+                "debounce_max_wait": self.debounce_max_wait,
+            }
+        if self.throttle is not None:
+            rule = self._key_rule(self.throttle_key, "throttle_key")
+            return {
+                "coalesce": "throttle",
+                "coalesce_key": rule,
+                "rate_limit": canonical_rate(f"1/{self.throttle.total_seconds():g}s"),
+                "rate_key_rule": rule,
+            }
+        return {}
 
     def _fair_queue(self) -> bool:
         """Whether this task's queue is fair now; ConfigurationError for a fair key or
@@ -314,6 +389,8 @@ class Task(Generic[P, R]):
         rate_key: UniqueKey | None = None,
         fair_key: UniqueKey | None = None,
         fair_weight: int | None = None,
+        debounce_key: UniqueKey | None = None,
+        throttle_key: UniqueKey | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept.
 
@@ -339,6 +416,8 @@ class Task(Generic[P, R]):
                 "rate_key": rate_key,
                 "fair_key": fair_key,
                 "fair_weight": fair_weight,
+                "debounce_key": debounce_key,
+                "throttle_key": throttle_key,
             }.items()
             if value is not None
         }
@@ -510,6 +589,11 @@ def task(
     rate_key: UniqueKey | None = ...,
     fair_key: UniqueKey | None = ...,
     fair_weight: int = ...,
+    debounce: timedelta | float | None = ...,
+    debounce_max_wait: timedelta | float | None = ...,
+    debounce_key: UniqueKey | None = ...,
+    throttle: timedelta | float | None = ...,
+    throttle_key: UniqueKey | None = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -539,6 +623,11 @@ def task(
     rate_key: UniqueKey | None = None,
     fair_key: UniqueKey | None = None,
     fair_weight: int = 1,
+    debounce: timedelta | float | None = None,
+    debounce_max_wait: timedelta | float | None = None,
+    debounce_key: UniqueKey | None = None,
+    throttle: timedelta | float | None = None,
+    throttle_key: UniqueKey | None = None,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -565,9 +654,10 @@ def task(
                 f"@task on {func.__qualname__} in __main__: a worker cannot import __main__; "
                 f"move it into a module"
             )
+        label = name or f"{func.__module__}.{func.__qualname__}"
         new = Task(
             func=func,
-            name=name or f"{func.__module__}.{func.__qualname__}",
+            name=label,
             queue_name=queue_name,
             priority=priority,
             max_attempts=max_attempts,
@@ -587,6 +677,11 @@ def task(
             rate_key=rate_key,
             fair_key=fair_key,
             fair_weight=fair_weight,
+            debounce=_period(debounce, "debounce", label, MAX_COALESCE),
+            debounce_max_wait=_period(debounce_max_wait, "debounce_max_wait", label, MAX_COALESCE),
+            debounce_key=debounce_key,
+            throttle=_period(throttle, "throttle", label, timedelta(seconds=MAX_RATE_PERIOD)),
+            throttle_key=throttle_key,
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))
@@ -652,3 +747,22 @@ __all__ = [
     "progress_report",
     "task",
 ]
+
+
+#: The longest debounce (and its maximum wait): a week.
+MAX_COALESCE = timedelta(days=7)
+
+
+def _period(value: object, option: str, task_name: str, most: timedelta) -> timedelta | None:
+    """A debounce's or throttle's period as a timedelta (from seconds too), from a tenth
+    of a second to `most`; ConfigurationError naming the option."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        value = timedelta(seconds=min(value, most.total_seconds() + 1))
+    if not isinstance(value, timedelta) or not timedelta(seconds=0.1) <= value <= most:
+        raise ConfigurationError(
+            f"{option} of {task_name} must be a timedelta or seconds from 0.1 to "
+            f"{most.total_seconds():g}, got {value!r}"
+        )
+    return value

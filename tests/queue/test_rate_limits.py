@@ -231,15 +231,15 @@ def test_threads_claiming_at_once_never_start_a_key_past_its_rate():
 
 
 def test_full_buckets_are_deleted_by_the_housekeeping_and_a_key_starts_full_again():
-    """A rate per key makes a bucket per key: a bucket no claim touched for two hours is
-    full (an hour is the longest period, and a bucket owes at most one fill), as a
+    """A rate per key makes a bucket per key: a bucket no claim touched for two days is
+    full (a day is the longest period, and a bucket owes at most one fill), as a
     missing one is, so the prune deletes it. A bucket touched since is kept."""
     from django_skipqueue.maintenance.reaper import MINUTES_KEPT, Reaper
 
     per_tenant(*"aaabbb")
     assert len(claim()[0]) == 4
     RateBucket.objects.filter(key__contains='"a"').update(
-        refilled_at=F("refilled_at") - timedelta(hours=2, seconds=1)
+        refilled_at=F("refilled_at") - timedelta(days=2, seconds=1)
     )
     result = Reaper().prune(minutes_older_than=MINUTES_KEPT)
     assert result.pruned_buckets == 1

@@ -1001,3 +1001,16 @@ def rated_tenant_job(context: TaskContext, tenant: str, n: int = 0) -> int:
     """A tenant's job under a rate per tenant, in the fair queue (tests/chaos)."""
     Span.objects.create(job_id=context.job_id, key=f"rated-{tenant}", ended_at=Now())
     return n
+
+
+# -- debounce and throttle (tests/queue/test_coalesce.py) ----------------------------------
+
+
+@task(debounce=0.5, debounce_key=("user_id",), debounce_max_wait=2)
+def digest(user_id: int, changes: int = 0) -> int:
+    return changes
+
+
+@task(throttle=1, throttle_key=("user_id",))
+def throttled_sync(user_id: int, n: int = 0) -> int:
+    return n
