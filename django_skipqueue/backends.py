@@ -117,6 +117,9 @@ class Task(DjangoTask):
     debounce_key: Any = None
     throttle: float | None = None
     throttle_key: Any = None
+    #: Strict order per key: one at a time, in enqueue order; "hold" or "skip" a failure.
+    ordered_key: Any = None
+    order_failed: str = "hold"
 
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature of this call, a step of a workflow (chain, group, chord): it
@@ -266,6 +269,8 @@ class SkipQueueBackend(BaseTaskBackend):
                 debounce_key=getattr(task, "debounce_key", None),
                 throttle=_seconds(getattr(task, "throttle", None)),
                 throttle_key=getattr(task, "throttle_key", None),
+                ordered_key=getattr(task, "ordered_key", None),
+                order_failed=getattr(task, "order_failed", "hold"),
                 django_task=task,
                 unique_key=getattr(task, "unique_key", None),
                 on_conflict=getattr(task, "on_conflict", "existing"),

@@ -169,7 +169,10 @@ def job_reason(job: Job) -> str:
                 _("its task's rate limit (%(rate)s) is spent: the next start in %(wait)s")
                 % {"rate": job.rate_limit or "?", "wait": _duration(spent[job.rate_key])}
             )
-        full = _keys_full([mine], alias)
+        behind = _in_order_behind(job, alias) if job.order_hold is not None else None
+        if behind is not None:
+            reasons.append(behind)
+        full = _keys_full([mine], alias) if job.order_hold is None else {}
         if job.concurrency_key in full:  # the key itself is the job's data: not shown
             reasons.append(
                 _("its concurrency key is at its limit (%(running)d running)")
@@ -178,6 +181,36 @@ def job_reason(job: Job) -> str:
         if not reasons and job.fair_key is not None and job.concurrency_key is None:
             reasons.append(_fair_share(job, alias))
     return "; ".join(reasons) or _("due: the next free worker thread takes it")
+
+
+def _in_order_behind(job: Job, alias: str) -> str | None:
+    """An ordered job: the first earlier job of its key that holds it, in words (its id
+    and state; the key is the job's data: not shown), or None if it is its key's head."""
+    holder = (
+        Job.objects.using(alias)
+        .filter(
+            Q(state__in=[JobState.PENDING, JobState.RUNNING, JobState.WAITING])
+            | Q(state=JobState.FAILED, order_hold=True),
+            concurrency_key=job.concurrency_key,
+            id__lt=job.id,
+            order_hold__isnull=False,
+        )
+        .order_by("id")
+        .values_list("id", "state")
+        .first()
+    )
+    if holder is None:
+        return None
+    holder_id, state = holder
+    if state == JobState.FAILED:
+        return _(
+            "in order behind job %(id)d of its key, which failed: its retry (or its "
+            "deletion) lets the key go on"
+        ) % {"id": holder_id}
+    return _("in order behind job %(id)d of its key (%(state)s)") % {
+        "id": holder_id,
+        "state": state,
+    }
 
 
 #: The most jobs of its key before a job that its page counts (an index range each).

@@ -249,6 +249,10 @@ class Job(Waitable, models.Model):
         help_text=_("A debounced or throttled job: the calls that share it join one job."),
     )
     coalesce_until = DateTimeField(null=True, blank=True)
+    # Strict order per key (`@task(ordered_key=...)`, queue/base.py claimable_under_limits):
+    # NULL for a job that is not ordered; else whether its failure holds the later jobs
+    # of its key (True) or lets them go on (False). Its key is its concurrency key.
+    order_hold = models.BooleanField(null=True, blank=True)
     cancel_requested_at = DateTimeField(
         null=True, blank=True, help_text=_("An operator asked a running job to stop.")
     )
@@ -371,6 +375,13 @@ class Job(Waitable, models.Model):
                 fields=["queue_name", *CLAIM_ORDER],
                 name="skipqueue_job_keyed_claim_idx",
                 condition=Q(state="pending", concurrency_key__isnull=False),
+            ),
+            # Strict order per key: a key's earlier unfinished (or held failed) jobs, looked
+            # up by the claim for each ordered candidate. Only ordered jobs are in it.
+            models.Index(
+                fields=["concurrency_key", "id"],
+                name="skipqueue_job_ordered_idx",
+                condition=Q(order_hold__isnull=False),
             ),
             # Fair share, the claim of a fair queue (queue/fair.py): its keys one by one
             # (a loose index scan), then each key's first due jobs in claim order. Only

@@ -182,6 +182,20 @@ def _unexpected_keywords(signature: inspect.Signature, kwargs: Mapping[str, Any]
 RATE_KEY_PREFIX = "skipqueue:rate:"
 
 
+#: The concurrency key of an ordered job: its ordered key's, apart from every other
+#: key (an ordered key is held one at a time, in order, on the key's own jobs).
+ORDER_KEY_PREFIX = "skipqueue:order:"
+
+
+def ordered_concurrency_key(value: str) -> str:
+    """`ORDER_KEY_PREFIX` and an ordered key's value, hashed if the column could not hold
+    it. Not the task's name: the tasks that name one key share its order."""
+    key = ORDER_KEY_PREFIX + value
+    if len(key) > UNIQUE_KEY_MAX_LENGTH:
+        key = ORDER_KEY_PREFIX + hashlib.sha256(value.encode()).hexdigest()
+    return key
+
+
 def rate_concurrency_key(task_name: str) -> str:
     """`RATE_KEY_PREFIX` and the task's name, hashed if the column could not hold it."""
     key = RATE_KEY_PREFIX + task_name
@@ -293,6 +307,10 @@ class JobSpec:
     coalesce_key: KeyRule | None = None
     debounce: timedelta | None = None
     debounce_max_wait: timedelta | None = None
+    #: Strict order per key (`@task(ordered_key=...)`): its jobs run one at a time in
+    #: enqueue order; `order_hold`: a failed one holds the later ones (else they go on).
+    ordered_key: KeyRule | None = None
+    order_hold: bool = True
 
     @property
     def rate_key(self) -> str | None:
@@ -307,7 +325,11 @@ class JobSpec:
         """Whether its jobs carry a concurrency key, and so go through the limited claim:
         their own (`concurrency_key`), or, for a rate-limited task without one, a key of
         its own with no concurrency limit (`rate_concurrency_key`)."""
-        return self.concurrency_key is not None or self.rate_limit is not None
+        return (
+            self.concurrency_key is not None
+            or self.rate_limit is not None
+            or self.ordered_key is not None
+        )
 
     @property
     def plain(self) -> bool:
@@ -389,7 +411,11 @@ class JobSpec:
         columns: dict[str, Any] = {}
         if self.unique_key is not None:
             columns["unique_key"] = self.unique_key.of(args, kwargs)
-        if self.concurrency_key is not None:
+        if self.ordered_key is not None:  # one at a time per key, and in order
+            columns["concurrency_key"] = ordered_concurrency_key(self.ordered_key.of(args, kwargs))
+            columns["concurrency_limit"] = 1
+            columns["order_hold"] = self.order_hold
+        elif self.concurrency_key is not None:
             columns["concurrency_key"] = self.concurrency_key.of(args, kwargs)
             columns["concurrency_limit"] = self.concurrency_limit
         elif self.rate_limit is not None:

@@ -353,6 +353,9 @@ class JobQuerySet(models.QuerySet["Job"]):
                 Q(concurrency_key__isnull=True)
                 | Q(concurrency_limit__gt=Coalesce(Subquery(running_of_key), 0))
             )
+            .filter(  # an ordered job: only the first unfinished one of its key
+                Q(order_hold__isnull=True) | ~Exists(_earlier_in_order(self.model))
+            )
             .filter(  # a task whose rate bucket is empty: left out, as a full key is
                 Q(rate_key__isnull=True)
                 | ~Q(
@@ -371,6 +374,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(
             _state_is(JobState.RUNNING), id=job_id, attempts=attempt, leased_until__gt=Now()
         )
+
+
+def _earlier_in_order(model: type[Job]) -> models.QuerySet[Job]:
+    """For an ordered candidate (OuterRef): an earlier job of its key that holds it, an
+    unfinished one, or a failed one whose failure holds the key (`order_hold`). The
+    index skipqueue_job_ordered_idx serves it."""
+    return model._base_manager.filter(
+        Q(state__in=[JobState.PENDING, JobState.RUNNING, JobState.WAITING])
+        | Q(state=JobState.FAILED, order_hold=True),
+        concurrency_key=OuterRef("concurrency_key"),
+        id__lt=OuterRef("id"),
+        order_hold__isnull=False,
+    )
 
 
 def _call_pair(task: str, call: Any, index: int) -> tuple[Sequence[Any], Mapping[str, Any]]:

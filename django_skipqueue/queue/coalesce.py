@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections
 
@@ -32,7 +32,16 @@ from django_skipqueue.queue import sql
 if TYPE_CHECKING:
     from django_skipqueue.core.spec import JobSpec
     from django_skipqueue.models import Job
-    from django_skipqueue.queue.enqueue import EnqueueVerbs
+
+
+class Builds(Protocol):
+    """What this module needs of the job manager (queue/enqueue.py's EnqueueVerbs)."""
+
+    db: str
+    model: type[Job]
+
+    def build(self, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Job: ...
+
 
 #: The columns the statement fills itself (the rest come from the built job).
 OWN_COLUMNS = frozenset({"id", "run_at", "created_at", "coalesce_until"})
@@ -42,7 +51,7 @@ TRIES = 5
 
 
 def enqueue_coalesced(
-    jobs: EnqueueVerbs, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]
+    jobs: Builds, spec: JobSpec, args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> Job:
     """One call of a debounced or throttled task: the pending job it made or joined."""
     if get_settings().RELAY and spec.queue_name in relayed_queues():

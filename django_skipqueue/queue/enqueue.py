@@ -491,6 +491,11 @@ class EnqueueVerbs(LimitedClaimVerbs):
         if spec.fair:
             params["fair_keys"] = encode([one["fair_key"] for one in columns])
             params["fair_weight"] = spec.fair_weight
+        if spec.ordered_key is not None:
+            params["order_hold"] = spec.order_hold
+            with connections[self.db].cursor() as cursor:
+                ordered = sorted({one["concurrency_key"] for one in columns})
+                cursor.execute(sql.LOCK_ORDERED_KEYS, [ordered])
         statement = sql.enqueue_many_statement(
             insert_defaults(self.model),
             keys is not None,
@@ -500,6 +505,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
             trace is not None,
             spec.rate_key_rule is not None,
             spec.fair,
+            spec.ordered_key is not None,
         )
         with job_cursor(self.db) as cursor:
             cursor.execute(statement, params)

@@ -18,12 +18,12 @@
 WITH inserted AS (
     INSERT INTO skipqueue_job (task, args, kwargs, queue_name, priority, state, run_at,
         lease, attempts, max_attempts, expirations, releases, last_error, errors,
-        created_at{key_column}{ck_column}{exp_column}{rate_column}{trace_column}{fair_column})
+        created_at{key_column}{ck_column}{exp_column}{rate_column}{trace_column}{fair_column}{order_column})
     SELECT %(task)s, a, k, %(queue)s, %(priority)s, {state},
         COALESCE(%(run_at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         %(lease)s::interval, {attempts}, %(max_attempts)s, {expirations}, {releases},
         {last_error}, {errors}::jsonb,
-        statement_timestamp(){key_value}{ck_value}{exp_value}{rate_value}{trace_value}{fair_value}
+        statement_timestamp(){key_value}{ck_value}{exp_value}{rate_value}{trace_value}{fair_value}{order_value}
     FROM ROWS FROM (jsonb_array_elements(%(args)s::jsonb),
         jsonb_array_elements(%(kwargs)s::jsonb){key_rows}{ck_rows}{rate_rows}{fair_rows})
         WITH ORDINALITY AS v(a, k, {key_name}{ck_name}{rate_name}{fair_name}n)
@@ -98,3 +98,13 @@ RETURNING id
 -- A throttled call whose key a pending job holds: that job (Raw, beside the INSERT).
 SELECT id FROM skipqueue_job
 WHERE task = %s AND coalesce_key = %s AND coalesce_key IS NOT NULL AND state = 'pending'
+
+-- name: LOCK_ORDERED_KEYS
+-- Strict order per key (queue/enqueue.py): before an ordered job's INSERT, its key's
+-- transaction-level advisory lock, waited for, in key order (no deadlock between two
+-- enqueues of several keys). Held to the caller's commit: a second enqueue of the key
+-- takes its id only after the first committed, so ids follow the commits and the claim
+-- can run a key's jobs in id order. The cost: concurrent enqueues of one key queue up
+-- behind the open transaction of the first. The ORM has no advisory locks.
+SELECT pg_advisory_xact_lock(hashtextextended('skipqueue-order:' || key, 0))
+FROM unnest(%s::text[]) AS key ORDER BY key

@@ -289,6 +289,11 @@ _FAIR_PARTS = {
     "fair_name": "f, ",
 }
 _UNFAIR_PARTS = dict.fromkeys(_FAIR_PARTS, "")
+# Strict order per key: the rows' `order_hold` (their key is their concurrency key).
+_ORDERED_PARTS = {"order_column": ", order_hold", "order_value": ", %(order_hold)s"}
+_UNORDERED_PARTS = dict.fromkeys(_ORDERED_PARTS, "")
+
+LOCK_ORDERED_KEYS = STATEMENTS["LOCK_ORDERED_KEYS"]
 # Traced enqueues (OpenTelemetry): the W3C trace context of the enqueuing span.
 _TRACED_PARTS = {"trace_column": ", trace_context", "trace_value": ", %(trace)s::jsonb"}
 _UNTRACED_PARTS = dict.fromkeys(_TRACED_PARTS, "")
@@ -302,7 +307,7 @@ def _literals(defaults: tuple[tuple[str, object], ...]) -> dict[str, str]:
     }
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def enqueue_many_statement(
     defaults: tuple[tuple[str, object], ...],
     unique: bool = False,
@@ -312,6 +317,7 @@ def enqueue_many_statement(
     traced: bool = False,
     rate_keyed: bool = False,
     fair: bool = False,
+    ordered: bool = False,
 ) -> str:
     """ENQUEUE_MANY with the defaults (column, value) quoted in as literals by psycopg;
     with `unique`, the form for unique jobs (a `keys` parameter: a JSON array of texts);
@@ -328,6 +334,7 @@ def enqueue_many_statement(
         **(rate_parts if rated else _UNRATED_PARTS),
         **(_TRACED_PARTS if traced else _UNTRACED_PARTS),
         **(_FAIR_PARTS if fair else _UNFAIR_PARTS),
+        **(_ORDERED_PARTS if ordered else _UNORDERED_PARTS),
     )
 
 

@@ -564,6 +564,11 @@ class _Checks:
                 f"RabbitMQ: a workflow needs the job table's fenced acks to move on; "
                 f"put its jobs on queues of the table"
             )
+        if spec.ordered_key is not None:
+            raise InvalidJobError(
+                f"{spec.name} has an ordered key: a workflow orders its jobs itself; "
+                f"enqueue it from a step instead"
+            )
         if spec.coalesce:
             raise InvalidJobError(
                 f"{spec.name} is debounced or throttled: its calls join one pending job, "

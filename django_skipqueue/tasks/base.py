@@ -148,6 +148,12 @@ class Task(Generic[P, R]):
     #: waits join it (the first call's arguments), which runs once the period has passed.
     throttle: timedelta | None = None
     throttle_key: UniqueKey | None = None
+    #: Strict order per key: jobs whose calls share this key (made as `unique_key` is)
+    #: run one at a time, in the order they were enqueued, across every worker and
+    #: every task that names the key. `order_failed`: "hold" (a failed job holds the
+    #: later ones until it is retried and ends, or deleted) or "skip" (they go on).
+    ordered_key: UniqueKey | None = None
+    order_failed: str = "hold"
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue_name)
@@ -186,6 +192,16 @@ class Task(Generic[P, R]):
         object.__setattr__(self, "fair_key", self._checked_key(self.fair_key, "fair_key"))
         check_fair_weight(self.fair_weight, self.name)
         self._check_coalescing()
+        object.__setattr__(self, "ordered_key", self._checked_key(self.ordered_key, "ordered_key"))
+        if self.order_failed not in ("hold", "skip"):
+            raise ConfigurationError(
+                f"order_failed of {self.name} is 'hold' or 'skip', got {self.order_failed!r}"
+            )
+        if self.ordered_key is not None and self.concurrency_key is not None:
+            raise ConfigurationError(
+                f"{self.name}: ordered_key runs its key's jobs one at a time already: "
+                f"drop concurrency_key"
+            )
         if self.rate_key is not None and self.rate_limit is None:
             raise ConfigurationError(
                 f"rate_key of {self.name} names what a rate limit is counted per, but "
@@ -321,6 +337,8 @@ class Task(Generic[P, R]):
             fair=self._fair_queue(),
             fair_key=self._key_rule(self.fair_key, "fair_key"),
             fair_weight=self.fair_weight,
+            ordered_key=self._key_rule(self.ordered_key, "ordered_key"),
+            order_hold=self.order_failed == "hold",
             **options,
         )
 
@@ -391,6 +409,7 @@ class Task(Generic[P, R]):
         fair_weight: int | None = None,
         debounce_key: UniqueKey | None = None,
         throttle_key: UniqueKey | None = None,
+        ordered_key: UniqueKey | None = None,
     ) -> Task[P, R]:
         """A copy with these options changed; options left out (None) are kept.
 
@@ -418,6 +437,7 @@ class Task(Generic[P, R]):
                 "fair_weight": fair_weight,
                 "debounce_key": debounce_key,
                 "throttle_key": throttle_key,
+                "ordered_key": ordered_key,
             }.items()
             if value is not None
         }
@@ -594,6 +614,8 @@ def task(
     debounce_key: UniqueKey | None = ...,
     throttle: timedelta | float | None = ...,
     throttle_key: UniqueKey | None = ...,
+    ordered_key: UniqueKey | None = ...,
+    order_failed: str = ...,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -628,6 +650,8 @@ def task(
     debounce_key: UniqueKey | None = None,
     throttle: timedelta | float | None = None,
     throttle_key: UniqueKey | None = None,
+    ordered_key: UniqueKey | None = None,
+    order_failed: str = "hold",
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Register a module-level function as a task, bare (`@task`) or with options.
 
@@ -682,6 +706,8 @@ def task(
             debounce_key=debounce_key,
             throttle=_period(throttle, "throttle", label, timedelta(seconds=MAX_RATE_PERIOD)),
             throttle_key=throttle_key,
+            ordered_key=ordered_key,
+            order_failed=order_failed,
         )
         if schedule is not None:
             new = dataclasses.replace(new, schedules=bind_schedules(new, schedule))

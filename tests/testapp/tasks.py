@@ -1014,3 +1014,27 @@ def digest(user_id: int, changes: int = 0) -> int:
 @task(throttle=1, throttle_key=("user_id",))
 def throttled_sync(user_id: int, n: int = 0) -> int:
     return n
+
+
+# -- strict order per key (tests/queue/test_ordered.py) ------------------------------------
+
+
+@task(ordered_key=("account",), takes_context=True, max_attempts=1)
+def ordered_step(
+    context: TaskContext, account: str, n: int, seconds: float = 0.0, fail: bool = False
+) -> int:
+    """An account's n-th event: records its start (Span), sleeps, fails if asked."""
+    Span.objects.create(job_id=context.job_id, key=f"order-{account}:{n}")
+    if seconds:
+        time.sleep(seconds)
+    Span.objects.filter(job_id=context.job_id).update(ended_at=Now())
+    if fail:
+        raise RuntimeError(f"event {n} of {account} failed")
+    return n
+
+
+@task(ordered_key=("account",), order_failed="skip", max_attempts=1)
+def ordered_skipping(account: str, n: int, fail: bool = False) -> int:
+    if fail:
+        raise RuntimeError(f"event {n} of {account} failed")
+    return n
