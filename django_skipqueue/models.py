@@ -385,11 +385,12 @@ class Job(Waitable, models.Model):
             ),
             # Fair share, the claim of a fair queue (queue/fair.py): its keys one by one
             # (a loose index scan), then each key's first due jobs in claim order. Only
-            # the pending jobs of fair queues are in it (empty unless used).
+            # the pending jobs of fair queues without a concurrency key are in it (the
+            # fair claim leaves those to the limited claim; empty unless used).
             models.Index(
                 fields=["queue_name", "fair_key", *CLAIM_ORDER],
                 name="skipqueue_job_fair_claim_idx",
-                condition=Q(state="pending", fair_key__isnull=False),
+                condition=Q(state="pending", fair_key__isnull=False, concurrency_key__isnull=True),
             ),
             # Flow control, the running jobs of a key (counted under the key's lock).
             models.Index(

@@ -27,7 +27,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from django.conf import settings
@@ -426,6 +426,9 @@ def backfill(
     if cron is None:
         known = ", ".join(sorted(defined)) or "none"
         raise ValueError(f"no schedule named {name!r} in the code (schedules: {known})")
+    # In UTC: the occurrences are counted in the schedule's zone from UTC instants (a
+    # range given in the project's zone was shifted by its offset a second time).
+    start, end = start.astimezone(timezone.utc), end.astimezone(timezone.utc)
     if end <= start:
         raise ValueError(f"the range is empty: {end.isoformat()} is not after {start.isoformat()}")
     now = _database_now(database)
@@ -435,7 +438,10 @@ def backfill(
             f"({now.isoformat()}): a backfill runs past occurrences only"
         )
     zone = cron.zone(default_zone())
-    found = cron.occurrences(start, end, zone, limit=MAX_BACKFILL_OCCURRENCES + 1)
+    try:
+        found = cron.occurrences(start, end, zone, limit=MAX_BACKFILL_OCCURRENCES + 1)
+    except (OverflowError, ValueError) as error:  # a range at the calendar's ends
+        raise ValueError(f"the range cannot be counted in {zone}: {error}") from error
     if len(found) > MAX_BACKFILL_OCCURRENCES:
         raise ValueError(
             f"the range holds more than {MAX_BACKFILL_OCCURRENCES} occurrences of "
@@ -444,14 +450,16 @@ def backfill(
     if dry_run or not found:
         return Backfill(found, 0)
     with transaction.atomic(using=database):
-        enqueued = _enqueue(cron, found, database)
+        enqueued = _enqueue(cron, found, database, expires_from=now)
     logger.info(
         "schedule backfilled name=%s occurrences=%d enqueued=%d", name, len(found), enqueued
     )
     return Backfill(found, enqueued)
 
 
-def _enqueue(cron: Cron, instants: list[datetime], database: str) -> int:
+def _enqueue(
+    cron: Cron, instants: list[datetime], database: str, expires_from: datetime | None = None
+) -> int:
     """The occurrences at `instants`, through the queue layer's verb, from the task's spec
     with the schedule's queue and priority: how many rows were really inserted."""
     task = registry.get(cron.task or "")
@@ -459,7 +467,12 @@ def _enqueue(cron: Cron, instants: list[datetime], database: str) -> int:
         task = task.using(queue_name=cron.queue_name, priority=cron.priority, expires=cron.expires)
     jobs = Job.objects.db_manager(database)
     return jobs.enqueue_occurrences(
-        task.spec(), cron.args, cron.kwargs or {}, schedule=cron.name or "", instants=instants
+        task.spec(),
+        cron.args,
+        cron.kwargs or {},
+        schedule=cron.name or "",
+        instants=instants,
+        expires_from=expires_from,
     )
 
 

@@ -19,7 +19,9 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="job",
             index=models.Index(
-                condition=models.Q(("fair_key__isnull", False), ("state", "pending")),
+                condition=models.Q(
+                    ("concurrency_key__isnull", True), ("fair_key__isnull", False), ("state", "pending")
+                ),
                 fields=["queue_name", "fair_key", "-priority", "run_at", "id"],
                 name="skipqueue_job_fair_claim_idx",
             ),

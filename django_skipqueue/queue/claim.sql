@@ -56,12 +56,16 @@ FROM unnest(%s::text[]) AS key
 -- The locking query of a fair queue's claim (queue/fair.py), which becomes CLAIM's CTE
 -- in place of the QuerySet's: the rest of the claim is CLAIM's own. Raw SQL because
 -- the ORM has no recursive CTE, and the key-by-key walk below needs one. In steps:
--- 1. `keys`: the queue's pending fair keys, one index probe each (a loose index scan of
+-- 1. `keys` (FAIR_WALK): the queue's keys with pending jobs a fair claim may take (no
+--    concurrency key), one index probe each (a loose index scan of
 --    skipqueue_job_fair_claim_idx): those after `start` (the worker's last claim's
---    largest key), then, wrapping round, the rest; at most `max_keys` of them, so that
---    a claim's cost is bounded however many keys there are, and every key comes round.
+--    largest key), then, wrapping round, the rest; at most `max_walk` of them, so that
+--    a claim's cost is bounded however many keys there are.
 -- 2. `heads`: each key's first due job (its weight is the key's), one probe each; a key
---    with none due drops out. `running`: each key's running jobs with a live lease.
+--    with none due drops out (its jobs are scheduled, or expired); the first `max_keys`
+--    keys with one are kept. `running`: each key's running jobs with a live lease.
+--    A claim that finds none in its walk while due jobs wait past it goes on from the
+--    walk's end next time (FAIR_WALK_END): every key comes round.
 -- 3. `slots`: the water-filling, in numbers only: a key's j-th job would have the share
 --    (its running jobs + j) / its weight; the `limit` lowest shares say how many jobs
 --    each key gets (`wanted`), so that each key's jobs are read up to that many only.
@@ -78,35 +82,7 @@ FROM unnest(%s::text[]) AS key
 -- Tried and dropped: the same query in a PL/pgSQL function, for its cached plan (the
 -- statement's planning costs about 1.5 ms): alone it ran in 1.6-2.0 ms against 2.5-3.0,
 -- but drains were no faster with it (0.71-0.75x a plain queue's, against 0.72-0.77x).
-WITH RECURSIVE after_start(fair_key) AS (
-    (SELECT fair_key FROM skipqueue_job
-     WHERE state = 'pending' AND fair_key IS NOT NULL AND queue_name = %(queue)s
-       AND fair_key > %(start)s
-     ORDER BY fair_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.fair_key FROM skipqueue_job AS j
-            WHERE j.state = 'pending' AND j.fair_key IS NOT NULL AND j.queue_name = %(queue)s
-              AND j.fair_key > k.fair_key
-            ORDER BY j.fair_key LIMIT 1)
-    FROM after_start AS k WHERE k.fair_key IS NOT NULL
-), up_to_start(fair_key) AS (
-    (SELECT fair_key FROM skipqueue_job
-     WHERE state = 'pending' AND fair_key IS NOT NULL AND queue_name = %(queue)s
-       AND fair_key <= %(start)s
-     ORDER BY fair_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.fair_key FROM skipqueue_job AS j
-            WHERE j.state = 'pending' AND j.fair_key IS NOT NULL AND j.queue_name = %(queue)s
-              AND j.fair_key > k.fair_key AND j.fair_key <= %(start)s
-            ORDER BY j.fair_key LIMIT 1)
-    FROM up_to_start AS k WHERE k.fair_key IS NOT NULL
-), keys AS (
-    SELECT fair_key FROM (
-        SELECT fair_key FROM after_start UNION ALL SELECT fair_key FROM up_to_start
-    ) AS found
-    WHERE fair_key IS NOT NULL
-    LIMIT %(max_keys)s
-), heads AS (
+{walk}, heads AS (
     SELECT keys.fair_key, GREATEST(h.fair_weight, 1)::float8 AS weight
     FROM keys CROSS JOIN LATERAL (
         SELECT j.fair_weight FROM skipqueue_job AS j
@@ -116,6 +92,7 @@ WITH RECURSIVE after_start(fair_key) AS (
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT 1
     ) AS h
+    LIMIT %(max_keys)s
 ), running AS (
     SELECT fair_key, count(*) AS n FROM skipqueue_job
     WHERE state = 'running' AND leased_until > now() AND queue_name = %(queue)s
@@ -163,3 +140,46 @@ SELECT locked.id FROM picked CROSS JOIN LATERAL (
     FOR NO KEY UPDATE SKIP LOCKED
 ) AS locked
 ORDER BY picked.share, picked.priority DESC, picked.run_at, picked.id
+
+-- name: FAIR_WALK
+-- FAIR_LOCKING's and FAIR_WALK_END's walk over a fair queue's keys (see FAIR_LOCKING).
+WITH RECURSIVE after_start(fair_key) AS (
+    (SELECT fair_key FROM skipqueue_job
+     WHERE state = 'pending' AND fair_key IS NOT NULL AND concurrency_key IS NULL
+       AND queue_name = %(queue)s
+       AND fair_key > %(start)s
+     ORDER BY fair_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.fair_key FROM skipqueue_job AS j
+            WHERE j.state = 'pending' AND j.fair_key IS NOT NULL AND j.concurrency_key IS NULL
+              AND j.queue_name = %(queue)s
+              AND j.fair_key > k.fair_key
+            ORDER BY j.fair_key LIMIT 1)
+    FROM after_start AS k WHERE k.fair_key IS NOT NULL
+), up_to_start(fair_key) AS (
+    (SELECT fair_key FROM skipqueue_job
+     WHERE state = 'pending' AND fair_key IS NOT NULL AND concurrency_key IS NULL
+       AND queue_name = %(queue)s
+       AND fair_key <= %(start)s
+     ORDER BY fair_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.fair_key FROM skipqueue_job AS j
+            WHERE j.state = 'pending' AND j.fair_key IS NOT NULL AND j.concurrency_key IS NULL
+              AND j.queue_name = %(queue)s
+              AND j.fair_key > k.fair_key AND j.fair_key <= %(start)s
+            ORDER BY j.fair_key LIMIT 1)
+    FROM up_to_start AS k WHERE k.fair_key IS NOT NULL
+), keys AS (
+    SELECT fair_key FROM (
+        SELECT fair_key FROM after_start UNION ALL SELECT fair_key FROM up_to_start
+    ) AS found
+    WHERE fair_key IS NOT NULL
+    LIMIT %(max_walk)s
+)
+
+-- name: FAIR_WALK_END
+-- The last key of a fair claim's walk from `start`, or NULL if the walk saw every key:
+-- where the worker's next fair claim starts when this one found no due job in its walk
+-- but the plain claim found some past it (queue/fair.py). Run only then.
+{walk}
+SELECT fair_key FROM keys OFFSET %(max_walk)s - 1 LIMIT 1

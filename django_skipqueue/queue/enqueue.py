@@ -378,6 +378,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
         *,
         schedule: str,
         instants: Sequence[datetime],
+        expires_from: datetime | None = None,
     ) -> int:
         """Insert a schedule's due occurrences (one call of `spec`, at each of `instants`),
         in the caller's transaction; returns how many were inserted.
@@ -387,7 +388,9 @@ class EnqueueVerbs(LimitedClaimVerbs):
         (the occurrence constraint), or whose unique key an unfinished job holds, is
         skipped, each in a savepoint so that the transaction goes on.
         `MAX_PENDING_PER_QUEUE` holds for them as for any enqueue: an occurrence that
-        would pass it is not enqueued, and a warning says so.
+        would pass it is not enqueued, and a warning says so. A schedule's expiry counts
+        from each occurrence, or from `expires_from` (a backfill's now: its occurrences
+        are past, and would all expire unrun).
         """
         jobs = [
             self.model(
@@ -396,7 +399,7 @@ class EnqueueVerbs(LimitedClaimVerbs):
                 schedule=schedule,
                 scheduled_for=instant,
                 # A schedule's expiry is a delay after the occurrence's instant.
-                expires_at=_expires_at(spec.expires, instant),
+                expires_at=_expires_at(spec.expires, expires_from or instant),
             )
             for instant in instants
         ]

@@ -26,7 +26,7 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.core.states import sort_in_claim_order
@@ -41,9 +41,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The most keys one claim of a fair queue looks at: a claim's cost stays bounded with
-#: many thousands of tenants, and the next claim starts where this one's jobs ended.
+#: The most keys with due jobs one claim of a fair queue shares its jobs between, and
+#: the most keys it looks at (those without a due job too: scheduled, expired), so that
+#: a claim's cost stays bounded with many thousands of tenants. The next claim starts
+#: where this one's jobs ended, or, when it found none due, where its walk ended.
 MAX_FAIR_KEYS = 1000
+MAX_FAIR_WALK = 4 * MAX_FAIR_KEYS
 
 
 class FairClaimVerbs(ClaimVerbs):
@@ -67,17 +70,45 @@ class FairClaimVerbs(ClaimVerbs):
         or by an older release) are taken by the plain claim when no keyed job is due;
         if the fair statement fails other than by the connection, the plain claim, with
         its row-by-row fallback, takes this claim's place."""
+        return self.claim_fair_from(
+            queue=queue, limit=limit, worker=worker, lease=lease, start=start
+        )[0]
+
+    def claim_fair_from(
+        self,
+        *,
+        queue: str,
+        limit: int,
+        worker: WorkerProcess | None = None,
+        lease: timedelta | None = None,
+        start: str = "",
+    ) -> tuple[list[Job], str]:
+        """`claim_fair`, and where the next claim of the queue starts looking at its keys:
+        the largest key of the jobs claimed by share; the end of this claim's walk when it
+        found no due job in it but the plain claim found some past it (FAIR_WALK_END: a
+        walk that meets thousands of keys without a due job moves on); else `start`."""
         if limit < 1:
-            return []
+            return [], start
         claimed = self._claim_fair_once(queue, limit, worker, lease, start)
         if 0 < len(claimed) < limit:
             # The statement counts each key's share in numbers, not in jobs: keys with
             # fewer due jobs than their share leave slots over, for the others now.
             claimed += self._claim_fair_once(queue, limit - len(claimed), worker, lease, start)
-        elif not claimed:  # no keyed job due: those without a key, if any
-            return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
-        sort_in_claim_order(claimed)
-        return claimed
+        if claimed:
+            sort_in_claim_order(claimed)
+            return claimed, max(job.fair_key or "" for job in claimed)
+        # No due job in the walk: those without a key, if any, and those past the walk.
+        plain = self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
+        if any(job.fair_key is not None for job in plain):
+            start = self._walk_end(queue, start) or ""
+        return plain, start
+
+    def _walk_end(self, queue: str, start: str) -> str | None:
+        values: dict[str, Any] = {"queue": queue, "start": start, "max_walk": MAX_FAIR_WALK}
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql.FAIR_WALK_END, values)
+            row = cursor.fetchone()
+        return row[0] if row else None
 
     def _claim_fair_once(
         self,
@@ -91,6 +122,7 @@ class FairClaimVerbs(ClaimVerbs):
             "queue": queue,
             "start": start,
             "max_keys": MAX_FAIR_KEYS,
+            "max_walk": MAX_FAIR_WALK,
             "limit": limit,
         }
         locking = (sql.FAIR_LOCKING, [values[name] for name in sql.FAIR_LOCKING_PARAMS])

@@ -200,7 +200,10 @@ def positional(statement: str) -> tuple[str, tuple[str, ...]]:
 
 # The locking query of a fair queue's claim (queue/fair.py), positional, and the names
 # of its parameters in order.
-FAIR_LOCKING, FAIR_LOCKING_PARAMS = positional(STATEMENTS["FAIR_LOCKING"])
+FAIR_WALK = STATEMENTS["FAIR_WALK"].strip()
+FAIR_LOCKING, FAIR_LOCKING_PARAMS = positional(STATEMENTS["FAIR_LOCKING"].format(walk=FAIR_WALK))
+# Where a fair claim's walk ended (queue/fair.py), with named parameters.
+FAIR_WALK_END = STATEMENTS["FAIR_WALK_END"].format(walk=FAIR_WALK)
 
 
 LOCK_WORKFLOWS_OF = STATEMENTS["LOCK_WORKFLOWS_OF"]

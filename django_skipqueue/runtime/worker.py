@@ -479,15 +479,12 @@ class Worker(WorkerLifecycle):
                     got = jobs.claim(queues=plain, limit=limit - len(claimed), worker=self.process)
                     claimed += self._hand_over(got)
                 continue
-            got = jobs.claim_fair(
+            got, self._fair_start[queue] = jobs.claim_fair_from(
                 queue=queue,
                 limit=limit - len(claimed),
                 worker=self.process,
                 start=self._fair_start.get(queue, ""),
             )
-            keys = [job.fair_key for job in got if job.fair_key is not None]
-            if keys:
-                self._fair_start[queue] = max(keys)
             claimed += self._hand_over(got)
         return claimed
 

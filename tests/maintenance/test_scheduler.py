@@ -377,3 +377,39 @@ def test_the_backfill_command_says_what_is_wrong_in_words() -> None:
         call_command("schedules", "--backfill", "nightly", "--from", "yesterday")
     with pytest.raises(CommandError, match="no schedule named 'nightly' in the code"):
         call_command("schedules", "--backfill", "nightly", "--from", "2026-12-01")
+
+
+def test_a_backfill_reads_its_range_in_the_projects_zone_once_and_its_jobs_expire_from_now():
+    """The outside trial: with TIME_ZONE Asia/Tokyo, Dec 1 to Dec 5 of a 02:30 schedule
+    gave Dec 2 to 5 (the range shifted by the offset twice), and a schedule's `expires`
+    counted from each past occurrence cancelled every backfilled job unrun."""
+    from zoneinfo import ZoneInfo
+
+    from django.core.management import call_command
+
+    from django_skipqueue.maintenance.scheduler import backfill
+
+    tokyo = ZoneInfo("Asia/Tokyo")
+    cron = Cron(expression="30 2 * * *", name="nightly", args=[1, 2], expires=600)
+    defined = schedules(cron)
+    with override_settings(TIME_ZONE="Asia/Tokyo"):
+        sync(defined, database="default")
+        start = timezone_aware(2026, 12, 1, tokyo)
+        done = backfill(
+            "nightly", start, timezone_aware(2026, 12, 5, tokyo), database="default",
+            schedules=defined,
+        )  # fmt: skip
+        local = [moment.astimezone(tokyo) for moment in done.occurrences]
+        assert [(m.day, m.hour, m.minute) for m in local] == [(d, 2, 30) for d in (1, 2, 3, 4)]
+        assert done.enqueued == 4
+        now = database_now()
+        expiries = Job.objects.filter(schedule="nightly").values_list("expires_at", flat=True)
+        assert all(now < at <= now + timedelta(seconds=601) for at in expiries)
+        with pytest.raises(Exception, match="'2026-02-30' is not a date or a time"):
+            call_command("schedules", "--backfill", "nightly", "--from", "2026-02-30")
+
+
+def timezone_aware(year: int, month: int, day: int, zone) -> object:
+    from datetime import datetime
+
+    return datetime(year, month, day, tzinfo=zone)

@@ -230,3 +230,29 @@ def test_the_overview_counts_a_fair_queues_keys_and_its_largest_backlog_without_
     text = " ".join(queue_reasons(queue_stats(broker=False))["tenants"])
     assert "fair share between 3 keys with due jobs; the largest backlog holds 20 of 25" in text
     assert "noisy-secret" not in text
+
+
+def test_keys_without_a_due_job_do_not_fill_a_claims_walk_and_the_walk_moves_on(monkeypatch):
+    """The outside trial's starvation: 1,100 tenants with only scheduled jobs sorted
+    before the due ones, and the claim's look at its first 1,000 keys found none due;
+    the plain claim then took a noisy tenant's jobs in claim order, again and again.
+    Keys are now counted by the due ones (up to MAX_FAIR_KEYS) within a longer walk,
+    keys with only rate-limited or keyed jobs are not walked at all, and a claim that
+    found no due job in its walk makes the next start where the walk ended."""
+    monkeypatch.setattr(fair, "MAX_FAIR_KEYS", 5)
+    monkeypatch.setattr(fair, "MAX_FAIR_WALK", 20)
+    for n in range(30):
+        enqueue(f"a{n:02d}", 1, run_after=timedelta(hours=1))
+    tasks.rated_tenant_job.enqueue_many([((f"b{n:02d}",), {}) for n in range(30)])
+    enqueue("zz", 50)
+    for n in range(5):
+        enqueue(f"t{n:02d}", 2)
+    # The first walk meets 20 scheduled keys: no due job in it, so the plain claim takes
+    # three in claim order, and the next walk starts where this one ended.
+    first, start = Job.objects.claim_fair_from(queue="tenants", limit=3, start="")
+    assert [job.fair_key for job in first] == ["zz"] * 3 and start == "a19"
+    second, start = Job.objects.claim_fair_from(queue="tenants", limit=3, start=start)
+    assert sorted(job.fair_key for job in second) == ["t00", "t01", "t02"]
+    third, _ = Job.objects.claim_fair_from(queue="tenants", limit=3, start=start)
+    # zz runs three already: t03's second job comes before zz's fourth.
+    assert sorted(job.fair_key for job in third) == ["t03", "t03", "t04"]

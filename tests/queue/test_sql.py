@@ -15,7 +15,7 @@ QUEUE = Path(sql.__file__).parent
 def test_every_statement_of_the_files_is_bound_in_the_sql_module_and_each_file_is_loaded():
     bound = {value for value in vars(sql).values() if isinstance(value, str)}
     formatted = {"REPLACE_PENDING", "MARK_AWAITED", "FINISHED_AMONG", "RECORD_STEP"}
-    formatted.add("FAIR_LOCKING")  # made positional (sql.positional), to sit inside CLAIM
+    formatted |= {"FAIR_LOCKING", "FAIR_WALK_END", "FAIR_WALK"}  # a part of the two; filled
     unbound = [
         name
         for name, text in sql.STATEMENTS.items()

@@ -130,10 +130,13 @@ class Command(BaseCommand):
 
 def _instant(text: str, option: str) -> datetime:
     """An ISO 8601 date or time; without an offset, in the project's time zone."""
-    moment = parse_datetime(text)
-    if moment is None:
-        day = parse_date(text)
-        moment = datetime(day.year, day.month, day.day) if day is not None else None
+    try:
+        moment = parse_datetime(text)
+        if moment is None:
+            day = parse_date(text)
+            moment = datetime(day.year, day.month, day.day) if day is not None else None
+    except ValueError:  # well formed, not a day of the calendar: 2026-02-30
+        moment = None
     if moment is None:
         raise CommandError(f"{option} {text!r} is not a date or a time like 2026-12-01T09:00")
     return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
