@@ -119,17 +119,24 @@ class ClaimVerbs(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             # slower (issue 53: run_peers.sh, the peer benchmark, three interleaved
             # runs each, median 1.77x PgQueuer's drain at --concurrency 4 with it,
             # 2.22x without; --processes 2, 0.51x and 0.63x pgbench's LIMIT 10).
-            unloadable: list[tuple[int, str]] = []
-            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
-                cursor.execute(statement, params)
-                claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
-            self._fail_unloadable(unloadable)
+            claimed = self._claim_by(statement, params)
         except DatabaseError as error:
             if is_transient(error):
                 raise
             logger.error("claim failed, claiming row by row: %s", redact_text(str(error)))
             claimed = self._claim_row_by_row(names, limit, worker, lease)
         sort_in_claim_order(claimed)
+        return claimed
+
+    def _claim_by(self, statement: str, params: list[Any] | None) -> list[Job]:
+        """Run a claiming statement as its own transaction in autocommit (inside the
+        caller's atomic(), a savepoint of it) and load the claimed rows, failing those
+        Python cannot load (`_fail_unloadable`)."""
+        unloadable: list[tuple[int, str]] = []
+        with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
+            cursor.execute(statement, params)
+            claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
+        self._fail_unloadable(unloadable)
         return claimed
 
     def _bound_claim(

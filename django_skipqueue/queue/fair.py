@@ -32,9 +32,7 @@ from django_skipqueue.core.redaction import redact_text
 from django_skipqueue.core.states import sort_in_claim_order
 from django_skipqueue.faults import is_transient
 from django_skipqueue.queue import sql
-from django_skipqueue.queue.base import _savepoint_if_in_transaction
 from django_skipqueue.queue.claim import ClaimVerbs
-from django_skipqueue.queue.loading import fetch_jobs, job_cursor
 
 if TYPE_CHECKING:
     from django_skipqueue.models import Job, WorkerProcess
@@ -130,14 +128,9 @@ class FairClaimVerbs(ClaimVerbs):
             [queue], limit=limit, worker=worker, lease=lease, locking=locking
         )
         try:
-            unloadable: list[tuple[int, str]] = []
-            with _savepoint_if_in_transaction(self.db), job_cursor(self.db) as cursor:
-                cursor.execute(statement, params)
-                claimed = fetch_jobs(self.model, cursor, self.db, unloadable=unloadable)
-            self._fail_unloadable(unloadable)
+            return self._claim_by(statement, params)
         except DatabaseError as error:
             if is_transient(error):
                 raise
             logger.error("fair claim failed, claiming in claim order: %s", redact_text(str(error)))
             return self.claim(queues=[queue], limit=limit, worker=worker, lease=lease)
-        return claimed

@@ -10,14 +10,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.db.models.functions import Now
 
 from django_skipqueue import group
 from django_skipqueue.exceptions import ConfigurationError
 from django_skipqueue.models import Job, JobState
 from django_skipqueue.queue import fair
-from tests.processes import wait_until
+from tests.processes import run_in_threads, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Span
 
@@ -154,14 +153,8 @@ def test_claims_from_threads_at_once_never_take_a_job_twice_and_share_the_keys()
                 claimed.extend(got)
         except BaseException as error:  # noqa: BLE001  (reported below)
             errors.append(error)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=claims) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_in_threads(claims, 4)
     assert not errors
     assert len({job.id for job in claimed}) == len(claimed)  # none twice
     assert Job.objects.filter(state=JobState.PENDING).count() == 0

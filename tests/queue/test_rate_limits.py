@@ -16,7 +16,7 @@ from django_skipqueue import group, task
 from django_skipqueue.exceptions import ConfigurationError, InvalidJobError
 from django_skipqueue.models import Job, JobState, RateBucket
 from django_skipqueue.runtime.worker import Worker
-from tests.processes import wait_until
+from tests.processes import run_in_threads, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Span
 
@@ -207,8 +207,6 @@ def test_threads_claiming_at_once_never_start_a_key_past_its_rate():
     errors: list[BaseException] = []
 
     def claims() -> None:
-        from django.db import connection
-
         try:
             barrier.wait()
             for _ in range(5):
@@ -216,14 +214,8 @@ def test_threads_claiming_at_once_never_start_a_key_past_its_rate():
                 claimed.extend(got)
         except BaseException as error:  # noqa: BLE001  (reported below)
             errors.append(error)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=claims) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    run_in_threads(claims, 4)
     assert not errors
     started = sorted(job.args[0] for job in claimed)
     assert started == ["a", "a", "b", "b", "c", "c"]
