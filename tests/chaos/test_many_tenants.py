@@ -1,7 +1,8 @@
 """Many tenants under a SIGKILL storm (issue 56): a fair queue with weights, a rate per
-tenant and the fault harness's probe, on four worker processes killed at random. Nothing
-is lost, no job runs more often than its claims allow, and each tenant's rate holds as
-measured from the tasks themselves (their Spans, on the database clock)."""
+tenant, ordered accounts and the fault harness's probe, on four worker processes killed
+at random. Nothing is lost, no job runs more often than its claims allow, each tenant's
+rate and each account's order hold as measured from the tasks themselves (their Spans,
+on the database clock)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ def test_fair_share_and_rates_per_tenant_hold_through_a_sigkill_storm(supervisor
     rated = tasks.rated_tenant_job.using(lease=3.0).enqueue_many(
         [((f"r{n % 3}", n), {}) for n in range(240)]
     )
+    ordered = [
+        tasks.ordered_step.using(lease=3.0, queue_name="tenants").enqueue(account, n, seconds=0.01)
+        for n in range(40)
+        for account in ("o1", "o2")
+    ]
     ids = [job.id for job in jobs]
     deadlocks_before = deadlocks()
     worker_args = ("--queue", "tenants", "--concurrency", str(THREADS), "--reap-interval", "1")
@@ -43,7 +49,7 @@ def test_fair_share_and_rates_per_tenant_hold_through_a_sigkill_storm(supervisor
         time.sleep(rng.uniform(1.0, 2.0))  # the storm's pace, not a synchronisation
         supervisor.kill_random(rng)
         supervisor.start(*worker_args)
-    every = ids + [job.id for job in rated]
+    every = ids + [job.id for job in rated] + [job.id for job in ordered]
     wait_until(
         lambda: not Job.objects.filter(id__in=every).exclude(state__in=["done", "failed"]).exists(),
         timeout=240,
@@ -66,4 +72,19 @@ def test_fair_share_and_rates_per_tenant_hold_through_a_sigkill_storm(supervisor
             # lost to a kill spent its token too, so runs never pass the bucket.
             allowed = 20 + 20 * (moment - origin).total_seconds() + 1
             assert count <= allowed, (tenant, count, (moment - origin).total_seconds())
+    # Strict order through the kills: each account's n-th job first started after the
+    # (n-1)-th last ended (a killed run's job runs again, after its lease, before the next).
+    assert Job.objects.filter(id__in=[job.id for job in ordered], state="done").count() == 80
+    for account in ("o1", "o2"):
+        runs = Span.objects.filter(key__startswith=f"order-{account}:")
+        first_start = dict.fromkeys(range(40))
+        last_end = dict.fromkeys(range(40))
+        for key, started, ended in runs.values_list("key", "started_at", "ended_at"):
+            n = int(key.rsplit(":", 1)[1])
+            if first_start[n] is None or started < first_start[n]:
+                first_start[n] = started
+            if ended is not None and (last_end[n] is None or ended > last_end[n]):
+                last_end[n] = ended
+        for n in range(1, 40):
+            assert last_end[n - 1] <= first_start[n], (account, n)
     assert supervisor.kills >= 7
