@@ -24,7 +24,10 @@
 -- (`attempts <= max_attempts`), and its lease is clamped to the bounds a task may ask
 -- for (a lease of `timedelta.max` would overflow the timestamp). It names the columns it
 -- returns: a column added by a later migration must not reach an older worker. A job
--- parked on a durable sleep or wait (`parked`) is parked no longer once claimed.
+-- parked on a durable sleep or wait (`parked`) is parked no longer once claimed. A
+-- debounced or throttled job leaves its coalesce key at its claim (queue/coalesce.py):
+-- the next call of the key makes the next job, and this one, set back to pending by a
+-- retry, a release or the reaper, never meets that job in the key's unique index.
 --
 -- The rows are updated by their ids as an array (`= ANY(ARRAY(...))`: the primary key's
 -- index), not by a join with the CTE: the planner joined by hashing the whole table, a
@@ -40,7 +43,8 @@ SET state = 'running',
     first_started_at = COALESCE(job.first_started_at, statement_timestamp()),
     started_at = statement_timestamp(),
     leased_until = statement_timestamp() + LEAST(GREATEST(COALESCE(%s, job.lease), %s), %s),
-    parked = ''
+    parked = '',
+    coalesce_key = NULL
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
 RETURNING {columns}
 

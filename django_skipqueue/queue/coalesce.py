@@ -5,6 +5,7 @@ share a task and a coalesce key join one pending job (docs/howto/flow-control.md
   comes while the job is pending gives it its arguments and moves its run time to
   `debounce` after itself, but never past `debounce_max_wait` after the first call. The
   job runs once, with the last call's arguments.
+  Its expiry is the last call's too; its queue and priority stay the first call's.
 - Throttle (leading): at most one start per period per key, the token buckets of rate
   limits per key (`rate_limit` "1/<period>", spec.rate_key_rule); the first call's job
   is due at once, and the calls that come while a job of the key is pending join it.
@@ -13,7 +14,9 @@ One statement per call (`sql.COALESCE_INSERT`, INSERT ... ON CONFLICT on the par
 unique index of pending jobs by task and key), in the caller's transaction: concurrent
 enqueues of one key, in any number of web processes, make one pending job; a rolled
 back call changes nothing; a running job never takes a call (the next call makes the
-next job: a change during a run is not lost).
+next job: a change during a run is not lost). A claimed job leaves its key (the claim
+clears `coalesce_key`): set back to pending by a retry, a release or the reaper, it is
+a job of its own, which calls no longer join.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Builds(Protocol):
 
 
 #: The columns the statement fills itself (the rest come from the built job).
-OWN_COLUMNS = frozenset({"id", "run_at", "created_at", "coalesce_until"})
+OWN_COLUMNS = frozenset({"id", "run_at", "created_at", "coalesce_until", "expires_at"})
 #: How often a throttled call tries again when the pending job it met was claimed
 #: between its INSERT and its look (each a statement; then it inserts its own).
 TRIES = 5
@@ -70,8 +73,11 @@ def enqueue_coalesced(
     if debounced:
         delay += spec.debounce or timedelta(0)
     bound = spec.debounce_max_wait if debounced else None
+    expires = spec.expires
+    expires_at = expires if isinstance(expires, datetime) else None
+    expires_in = expires if isinstance(expires, timedelta) else None
     statement = sql.coalesce_statement(tuple(f.column for f in fields), debounced)
-    params = [*values, at, delay, bound]
+    params = [*values, at, delay, bound, expires_at, expires_in]
     with connections[jobs.db].cursor() as cursor:
         for _ in range(TRIES):
             cursor.execute(statement, params)

@@ -86,10 +86,11 @@ SELECT count(*) FROM (
 -- its `coalesce_until`; a throttle keeps the first call's (DO NOTHING). A job claimed
 -- meanwhile is pending no longer: the call inserts a job of its own. Raw: the ORM's
 -- upsert cannot name a partial index. The columns are the model's, filled by queue/sql.py.
-INSERT INTO skipqueue_job ({columns}, run_at, created_at, coalesce_until)
+INSERT INTO skipqueue_job ({columns}, run_at, created_at, coalesce_until, expires_at)
 VALUES ({values},
     COALESCE(%s::timestamptz, statement_timestamp() + %s::interval), statement_timestamp(),
-    statement_timestamp() + %s::interval)
+    statement_timestamp() + %s::interval,
+    COALESCE(%s::timestamptz, statement_timestamp() + %s::interval))
 ON CONFLICT (task, coalesce_key) WHERE coalesce_key IS NOT NULL AND state = 'pending'
 {on_conflict}
 RETURNING id

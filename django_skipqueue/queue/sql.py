@@ -364,14 +364,17 @@ COALESCE_HOLDER = STATEMENTS["COALESCE_HOLDER"]
 # A debounce's conflict: the later call's arguments and run time, within the first's bound.
 _DEBOUNCED = (
     "DO UPDATE SET args = EXCLUDED.args, kwargs = EXCLUDED.kwargs,\n"
-    "    run_at = LEAST(EXCLUDED.run_at, COALESCE(skipqueue_job.coalesce_until, EXCLUDED.run_at))"
+    "    run_at = LEAST(EXCLUDED.run_at,\n"
+    "        COALESCE(skipqueue_job.coalesce_until, EXCLUDED.run_at)),\n"
+    "    expires_at = EXCLUDED.expires_at"
 )
 
 
 @functools.lru_cache(maxsize=8)
 def coalesce_statement(columns: tuple[str, ...], debounce: bool) -> str:
-    """COALESCE_INSERT for these model columns (each a parameter), then the run time's,
-    the created time's and the bound's: a debounce's form, or a throttle's."""
+    """COALESCE_INSERT for these model columns (each a parameter), then the run time's
+    (an instant, or a delay), the bound's and the expiry's (an instant, or a delay): a
+    debounce's form, or a throttle's."""
     return COALESCE_INSERT.format(
         columns=", ".join(f'"{column}"' for column in columns),
         values=", ".join(["%s"] * len(columns)),

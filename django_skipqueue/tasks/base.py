@@ -241,6 +241,15 @@ class Task(Generic[P, R]):
             )
         if throttle is not None and self.rate_limit is not None:
             problems.append("throttle is a rate of one run per period: drop rate_limit")
+        if throttle is not None and self.rate_key is not None:
+            problems.append("a throttle counts its runs per throttle_key: drop rate_key")
+        if throttle is not None and throttle.total_seconds() % 1:
+            problems.append("throttle is a whole number of seconds")
+        if (self.debounce is not None or throttle is not None) and self.ordered_key is not None:
+            problems.append(
+                "debounce and throttle join calls into one job, which an ordered key "
+                "cannot keep in order: drop one"
+            )
         wait = self.debounce_max_wait
         if wait is not None and self.debounce is not None and wait < self.debounce:
             problems.append("debounce_max_wait is shorter than debounce")

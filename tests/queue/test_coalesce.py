@@ -144,3 +144,48 @@ def test_a_debounced_task_is_refused_in_a_workflow_naming_why():
     with pytest.raises(InvalidJobError, match="debounced or throttled: its calls join one"):
         chain(tasks.add.s(1, 2), tasks.digest.s()).enqueue()
     assert Job.objects.count() == 0
+
+
+def test_a_claimed_job_leaves_its_key_so_its_retry_or_reap_never_meets_the_next_job():
+    """The outside trial: a running debounced job set back to pending (a retry, a
+    release, the reaper) met the newer pending job of its key in the unique index: its
+    outcome could not be written, and the reaper failed it. The claim clears its key."""
+    from django_skipqueue.maintenance.reaper import Reaper
+    from tests.conftest import set_lease
+
+    first = tasks.digest.enqueue(7, changes=1)
+    Job.objects.filter(id=first.id).update(run_at=F("created_at"))
+    [running] = Job.objects.claim(queues=["default"], limit=1)
+    assert running.coalesce_key is None
+    later = tasks.digest.enqueue(7, changes=2)
+    assert later.id != first.id
+    set_lease(first.id, -1)  # its worker died: the reaper takes it back
+    assert Reaper().reap().requeued == 1
+    rows = dict(Job.objects.filter(task=tasks.digest.name).values_list("id", "state"))
+    assert rows == {first.id: JobState.PENDING, later.id: JobState.PENDING}
+    joined = tasks.digest.enqueue(7, changes=3)  # joins the key's pending job, not the retry
+    assert joined.id == later.id
+
+
+def test_a_debounced_jobs_expiry_is_its_last_calls_and_a_delay_is_counted_in_sql():
+    expiring = tasks.digest.using(expires=timedelta(seconds=30))
+    first = expiring.enqueue(7, changes=1)
+    assert first.expires_at is not None
+    assert timedelta(seconds=29) < first.expires_at - first.created_at <= timedelta(seconds=30)
+    time.sleep(0.2)
+    later = tasks.digest.using(expires=timedelta(seconds=60)).enqueue(7, changes=2)
+    assert later.id == first.id
+    assert later.expires_at - first.expires_at > timedelta(seconds=29)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"debounce": 1, "ordered_key": ("user_id",)}, "an ordered key cannot keep in order"),
+        ({"throttle": 0.5}, "throttle is a whole number of seconds"),
+        ({"throttle": 2, "rate_key": ("user_id",)}, "drop rate_key"),
+    ],
+)
+def test_more_options_that_cannot_go_with_debounce_or_throttle(options, message):
+    with pytest.raises(ConfigurationError, match=message):
+        task(**options)(_coalesced)
