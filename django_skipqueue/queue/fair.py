@@ -88,9 +88,11 @@ class FairClaimVerbs(ClaimVerbs):
         if limit < 1:
             return [], start
         claimed = self._claim_fair_once(queue, limit, worker, lease, start)
-        if 0 < len(claimed) < limit:
+        if limit // 2 <= len(claimed) < limit and claimed:
             # The statement counts each key's share in numbers, not in jobs: keys with
-            # fewer due jobs than their share leave slots over, for the others now.
+            # fewer due jobs than their share leave slots over, for the others now. Not
+            # when it took under half: the queue is nearly drained, and a second
+            # statement would mostly find nothing (the next claim takes what is left).
             claimed += self._claim_fair_once(queue, limit - len(claimed), worker, lease, start)
         if claimed:
             sort_in_claim_order(claimed)
