@@ -31,11 +31,16 @@ def test_fair_share_and_rates_per_tenant_hold_through_a_sigkill_storm(supervisor
     heavy = probe.using(fair_weight=3)
     jobs = probe.enqueue_many([((), {"ms": rng.randint(2, 30)}) for _ in range(2000)])
     jobs += heavy.enqueue_many([((), {"ms": 8 * rng.randint(1, 3)}) for _ in range(400)])
-    rated = tasks.rated_tenant_job.using(lease=3.0).enqueue_many(
+    # Ten attempts, as the probe's: a run killed at each of a job's attempts fails it,
+    # and a failed ordered job holds its key (CI: an ordered job of one attempt, killed
+    # once, held its account's 30 others for good).
+    rated = tasks.rated_tenant_job.using(lease=3.0, max_attempts=10).enqueue_many(
         [((f"r{n % 3}", n), {}) for n in range(240)]
     )
     ordered = [
-        tasks.ordered_step.using(lease=3.0, queue_name="tenants").enqueue(account, n, seconds=0.01)
+        tasks.ordered_step.using(lease=3.0, queue_name="tenants", max_attempts=10).enqueue(
+            account, n, seconds=0.01
+        )
         for n in range(40)
         for account in ("o1", "o2")
     ]
