@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from django_skipqueue.conf import check_entry, get_settings
 from django_skipqueue.exceptions import ConfigurationError
@@ -27,13 +28,14 @@ MAX_CONCURRENCY = 32767
 MAX_FAIR_WEIGHT = 1000
 
 
+def whole_number_from_1(value: object, most: int) -> TypeGuard[int]:
+    """Whether `value` is an int (a bool is not) from 1 to `most`: a limit's, a weight's."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+
+
 def check_fair_weight(weight: object, task_name: str) -> int:
     """`weight` if it is a fair-share weight, 1 to MAX_FAIR_WEIGHT; ConfigurationError."""
-    if (
-        isinstance(weight, bool)
-        or not isinstance(weight, int)
-        or not 1 <= weight <= MAX_FAIR_WEIGHT
-    ):
+    if not whole_number_from_1(weight, MAX_FAIR_WEIGHT):
         raise ConfigurationError(
             f"fair_weight of {task_name} must be an integer from 1 to {MAX_FAIR_WEIGHT}, "
             f"got {weight!r}"
@@ -85,11 +87,7 @@ def limit_from_setting(queue: str, entry: object) -> QueueLimit:
     where = f"SKIPQUEUE['QUEUE_LIMITS'][{queue!r}]"
     entry = check_entry(where, entry, LIMIT_KEYS)
     concurrency = entry.get("concurrency")
-    if concurrency is not None and (
-        isinstance(concurrency, bool)
-        or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= MAX_CONCURRENCY
-    ):
+    if concurrency is not None and not whole_number_from_1(concurrency, MAX_CONCURRENCY):
         raise ConfigurationError(
             f"{where}['concurrency'] must be an integer from 1 to {MAX_CONCURRENCY}, "
             f"got {concurrency!r}"

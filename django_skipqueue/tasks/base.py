@@ -21,6 +21,7 @@ from django_skipqueue.conf.limits import (
     MAX_RATE_PERIOD,
     canonical_rate,
     check_fair_weight,
+    whole_number_from_1,
 )
 from django_skipqueue.core.cron import Cron
 from django_skipqueue.core.payload import normalize_arguments
@@ -208,11 +209,7 @@ class Task(Generic[P, R]):
                 f"{self.name} has no rate_limit: give it one, such as rate_limit='100/m'"
             )
         limit = self.concurrency_limit
-        if (
-            isinstance(limit, bool)
-            or not isinstance(limit, int)
-            or not 1 <= limit <= MAX_CONCURRENCY
-        ):
+        if not whole_number_from_1(limit, MAX_CONCURRENCY):
             raise InvalidJobError(
                 f"concurrency_limit must be 1 to {MAX_CONCURRENCY}, got {limit!r}"
             )
